@@ -1,0 +1,260 @@
+//! Shared helpers for the tests that need real services (Kafka, PostgreSQL).
+//!
+//! A missing service FAILS the test with the command that starts it. Only outside CI,
+//! `SLUICE_SKIP_INTEGRATION=1` turns that into an announced skip.
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::ClientConfig;
+
+/// Bootstrap servers of the local broker (`SLUICE_TEST_BROKERS`, default 127.0.0.1:9092).
+pub fn brokers() -> String {
+    std::env::var("SLUICE_TEST_BROKERS").unwrap_or_else(|_| "127.0.0.1:9092".into())
+}
+
+/// PostgreSQL URL of the test database.
+pub fn postgres_url() -> String {
+    std::env::var("SLUICE_TEST_POSTGRES_URL")
+        .unwrap_or_else(|_| "postgres://sluice:sluice@127.0.0.1:55432/sluice_test".into())
+}
+
+fn may_skip(what: &str, fix: &str, why: &str) -> bool {
+    let in_ci = std::env::var("CI").map(|v| !v.is_empty() && v != "false").unwrap_or(false);
+    if !in_ci && std::env::var("SLUICE_SKIP_INTEGRATION").as_deref() == Ok("1") {
+        eprintln!("SKIPPING: {what} is unreachable ({why}) and SLUICE_SKIP_INTEGRATION=1");
+        return true;
+    }
+    panic!("{what} is unreachable ({why}). Start it with `{fix}` (or set SLUICE_SKIP_INTEGRATION=1 outside CI to skip)");
+}
+
+/// Check the broker answers metadata; `false` means skip (only when allowed).
+pub fn require_kafka() -> bool {
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", brokers())
+        .create()
+        .expect("kafka client config");
+    match consumer.fetch_metadata(None, Duration::from_secs(5)) {
+        Ok(_) => true,
+        Err(e) => !may_skip(&format!("Kafka at {}", brokers()), "deploy/local/kafka.sh start", &e.to_string()),
+    }
+}
+
+/// Check PostgreSQL answers; `false` means skip (only when allowed).
+pub async fn require_postgres() -> bool {
+    match tokio_postgres::connect(&postgres_url(), tokio_postgres::NoTls).await {
+        Ok((client, conn)) => {
+            tokio::spawn(conn);
+            let ok = client.simple_query("select 1").await.is_ok();
+            ok || !may_skip("PostgreSQL", "deploy/local/postgres.sh start", "select 1 failed")
+        }
+        Err(e) => !may_skip("PostgreSQL at 127.0.0.1:55432", "deploy/local/postgres.sh start", &e.to_string()),
+    }
+}
+
+/// A random suffix for topic, group and collection names.
+pub fn suffix() -> String {
+    uuid::Uuid::new_v4().simple().to_string()[..12].to_string()
+}
+
+/// The repository root.
+pub fn repo_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).parent().expect("workspace root").to_path_buf()
+}
+
+/// Path of the `sluice` binary built for this test profile (`cargo build --bin sluice`
+/// must have run; the test command does it).
+pub fn sluice_bin() -> PathBuf {
+    let exe = std::env::current_exe().expect("current exe");
+    // target/<profile>/deps/<test> -> target/<profile>/sluice
+    let dir = exe.parent().and_then(|d| d.parent()).expect("target dir");
+    let bin = dir.join("sluice");
+    assert!(bin.exists(), "{} is missing: run `cargo build --bin sluice` first (scripts/test.sh does)", bin.display());
+    bin
+}
+
+/// A per-test environment: unique topic prefix, group and sysdb.
+#[derive(Debug, Clone)]
+pub struct Env {
+    pub prefix: String,
+    pub group: String,
+    pub sysdb: String,
+    pub dir: PathBuf,
+    pub extra: Vec<(String, String)>,
+}
+
+impl Env {
+    /// SQLite sysdb in a fresh temporary directory.
+    pub fn sqlite(name: &str) -> Env {
+        let s = suffix();
+        let dir = std::env::temp_dir().join(format!("sluice-it-{name}-{s}"));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        Env {
+            prefix: format!("it-{name}-{s}"),
+            group: format!("it-{name}-{s}"),
+            sysdb: format!("sqlite://{}", dir.join("sysdb.db").display()),
+            dir,
+            extra: Vec::new(),
+        }
+    }
+
+    /// A fresh PostgreSQL database (created from the test database's server).
+    pub async fn postgres(name: &str) -> Env {
+        let s = suffix();
+        let db = format!("it_{}_{}", name.replace('-', "_"), s);
+        let (client, conn) = tokio_postgres::connect(&postgres_url(), tokio_postgres::NoTls).await.expect("postgres");
+        tokio::spawn(conn);
+        client.batch_execute(&format!("CREATE DATABASE {db}")).await.expect("create database");
+        let base = postgres_url();
+        let url = format!("{}/{db}", &base[..base.rfind('/').expect("db in url")]);
+        let dir = std::env::temp_dir().join(format!("sluice-it-{name}-{s}"));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        Env { prefix: format!("it-{name}-{s}"), group: format!("it-{name}-{s}"), sysdb: url, dir, extra: Vec::new() }
+    }
+
+    pub fn log_topic(&self) -> String {
+        format!("{}.log", self.prefix)
+    }
+    pub fn dlq_topic(&self) -> String {
+        format!("{}.dlq", self.prefix)
+    }
+
+    /// Path of this test's config file (short session timeout so that a killed replica's
+    /// partitions move within seconds).
+    pub fn config_path(&self) -> PathBuf {
+        let p = self.dir.join("sluice.toml");
+        if !p.exists() {
+            std::fs::write(&p, "[kafka]\nsession_timeout_ms = 6000\n[processor]\nshutdown_timeout_ms = 15000\nbatch_max_records = 200\n")
+                .expect("write config");
+        }
+        p
+    }
+
+    /// A `sluice` command with this environment.
+    pub fn cmd(&self) -> Command {
+        let mut c = Command::new(sluice_bin());
+        c.env("SLUICE_CONFIG", self.config_path());
+        c.env("SLUICE_BROKERS", brokers())
+            .env("SLUICE_SYSDB", &self.sysdb)
+            .env("SLUICE_GROUP", &self.group)
+            .env("SLUICE_TOPIC_PREFIX", &self.prefix)
+            .env("SLUICE_HTTP", "")
+            .env_remove("SLUICE_FAILPOINT");
+        for (k, v) in &self.extra {
+            c.env(k, v);
+        }
+        c
+    }
+
+    /// Run a command to completion; panics with its output on failure.
+    pub fn run(&self, args: &[&str]) -> String {
+        let out = self.cmd().args(args).output().expect("spawn sluice");
+        assert!(
+            out.status.success(),
+            "sluice {args:?} failed: {}\nstdout: {}\nstderr: {}",
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// `sluice produce` of the given JSON lines.
+    pub fn produce(&self, lines: &[String]) {
+        let path = self.dir.join(format!("input-{}.jsonl", suffix()));
+        std::fs::write(&path, lines.join("\n")).expect("write input");
+        self.run(&["produce", path.to_str().expect("utf8 path")]);
+    }
+
+    /// Start a `sluice process` replica; its log goes to a file in the test dir.
+    pub fn spawn_replica(&self, name: &str, envs: &[(&str, &str)]) -> Replica {
+        let log = self.dir.join(format!("{name}.log"));
+        let file = std::fs::File::create(&log).expect("log file");
+        let mut c = self.cmd();
+        c.arg("process").stdout(Stdio::null()).stderr(file);
+        for (k, v) in envs {
+            c.env(k, v);
+        }
+        let child = c.spawn().expect("spawn sluice process");
+        Replica { child, log }
+    }
+
+    /// Poll `sluice offsets show` until every partition's lag is 0 and the sysdb positions
+    /// reach the high watermarks, or panic after `timeout`.
+    pub fn wait_caught_up(&self, timeout: Duration) -> serde_json::Value {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let out = self.cmd().args(["offsets", "show", "--format", "json"]).output().expect("offsets show");
+            if out.status.success() {
+                let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("offsets json");
+                let done = v.as_array().map(|rows| {
+                    rows.iter().all(|r| r["lag"].as_i64() == Some(0) && (r["high_watermark"].as_i64() == Some(0) || r["sysdb_next_offset"].as_i64() == r["high_watermark"].as_i64()))
+                });
+                if done == Some(true) {
+                    return v;
+                }
+                if Instant::now() > deadline {
+                    panic!("not caught up after {timeout:?}: {v:#}");
+                }
+            } else if Instant::now() > deadline {
+                panic!("offsets show failed: {}", String::from_utf8_lossy(&out.stderr));
+            }
+            std::thread::sleep(Duration::from_millis(300));
+        }
+    }
+}
+
+/// A running `sluice process`.
+pub struct Replica {
+    pub child: Child,
+    pub log: PathBuf,
+}
+
+impl Replica {
+    /// SIGKILL, like a crash.
+    pub fn kill9(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// SIGTERM and wait; returns the exit status code.
+    pub fn terminate(&mut self, timeout: Duration) -> Option<i32> {
+        let _ = Command::new("kill").arg("-TERM").arg(self.child.id().to_string()).status();
+        let deadline = Instant::now() + timeout;
+        while Instant::now() < deadline {
+            if let Ok(Some(s)) = self.child.try_wait() {
+                return s.code();
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        self.kill9();
+        None
+    }
+
+    /// Wait for the process to exit by itself (e.g. at a fail point).
+    pub fn wait_exit(&mut self, timeout: Duration) -> Option<std::process::ExitStatus> {
+        let deadline = Instant::now() + timeout;
+        while Instant::now() < deadline {
+            if let Ok(Some(s)) = self.child.try_wait() {
+                return Some(s);
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        None
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for Replica {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}

@@ -1,0 +1,326 @@
+//! Implementations of the subcommands.
+
+use std::io::{BufRead, Write};
+use std::sync::Arc;
+
+use anyhow::{bail, Context, Result};
+use serde_json::json;
+use tracing::info;
+
+use super::jsonl;
+use super::{CollectionsCmd, Format, OffsetsCmd};
+use crate::config::{redacted_librdkafka, Config};
+use crate::kafka::admin::{ensure_topic, MetadataClient, TopicOutcome};
+use crate::kafka::producer::{Outgoing, Producer};
+use crate::processor::client_settings;
+use crate::record::framing::{frame, Framing};
+use crate::record::validate::validate;
+use crate::record::{codec, partitioner::partition_for};
+use crate::sysdb::{redact_url, Sysdb};
+
+pub async fn open_sysdb(config: &Config) -> Result<Sysdb> {
+    Sysdb::open(&config.sysdb.url)
+        .await
+        .with_context(|| format!("cannot open the sysdb at {}", redact_url(&config.sysdb.url)))
+}
+
+pub async fn init(config: &Config, partitions: Option<i32>, rf: Option<i32>) -> Result<()> {
+    let settings = client_settings(config);
+    let partitions = partitions.unwrap_or(config.kafka.partitions);
+    let rf = rf.unwrap_or(config.kafka.replication_factor);
+    let log = config.kafka.log_topic();
+    let sysdb = open_sysdb(config).await?;
+    let mut actual = partitions;
+    for (topic, n) in [(log.clone(), partitions), (config.kafka.backfill_topic(), partitions), (config.kafka.dlq_topic(), partitions)] {
+        match ensure_topic(&settings, &topic, n, rf, &[]).await? {
+            TopicOutcome::Created => println!("created topic {topic} ({n} partitions, replication factor {rf})"),
+            TopicOutcome::AlreadyExists { partitions: have } => {
+                println!("topic {topic} exists ({have} partitions)");
+                if topic == log {
+                    actual = have;
+                }
+            }
+        }
+    }
+    if let Some(known) = sysdb.topic_partitions(&log).await? {
+        if known != actual {
+            bail!("the sysdb records {known} partitions for {log} but the topic has {actual}: collections would move partitions; refusing (partition counts are fixed)");
+        }
+    }
+    sysdb.set_topic_partitions(&log, actual).await?;
+    println!("sysdb {} migrated; {log} has {actual} partitions", sysdb.backend());
+    Ok(())
+}
+
+pub async fn produce(config: &Config, input: &str) -> Result<()> {
+    let settings = client_settings(config);
+    let producer = Producer::new(&settings, &[])?;
+    let topic = config.kafka.log_topic();
+    let reader: Box<dyn BufRead> = if input == "-" {
+        Box::new(std::io::BufReader::new(std::io::stdin()))
+    } else {
+        Box::new(std::io::BufReader::new(
+            std::fs::File::open(input).with_context(|| format!("cannot open {input}"))?,
+        ))
+    };
+    let mut invalid: Vec<(usize, String)> = Vec::new();
+    let mut undelivered: Vec<(usize, String)> = Vec::new();
+    let mut delivered = 0usize;
+    let mut pending: Vec<(usize, String, Vec<u8>)> = Vec::new();
+    for (i, line) in reader.lines().enumerate() {
+        let n = i + 1;
+        let line = line.with_context(|| format!("cannot read line {n}"))?;
+        if line.trim().is_empty() {
+            continue;
+        }
+        let rec = match jsonl::parse_line(&line).and_then(|r| validate(&r, &config.limits).map(|_| r).map_err(|e| e.to_string())) {
+            Ok(r) => r,
+            Err(e) => {
+                invalid.push((n, e));
+                continue;
+            }
+        };
+        let datum = codec::encode(&rec);
+        let payload = match config.kafka.framing {
+            Framing::Plain => datum,
+            f => frame(f, config.kafka.confluent_schema_id, &datum),
+        };
+        pending.push((n, rec.collection_id, payload));
+        if pending.len() >= 20_000 {
+            let (bad, ok) = deliver(&producer, &topic, std::mem::take(&mut pending)).await;
+            undelivered.extend(bad);
+            delivered += ok;
+        }
+    }
+    let (bad, ok) = deliver(&producer, &topic, pending).await;
+    undelivered.extend(bad);
+    delivered += ok;
+    eprintln!("delivered {delivered} records to {topic}");
+    for (n, e) in invalid.iter().take(20) {
+        eprintln!("line {n}: invalid: {e}");
+    }
+    for (n, e) in undelivered.iter().take(20) {
+        eprintln!("line {n}: not delivered: {e}");
+    }
+    if !invalid.is_empty() || !undelivered.is_empty() {
+        let lines: Vec<String> = invalid.iter().chain(&undelivered).map(|(n, _)| n.to_string()).take(100).collect();
+        bail!(
+            "{} invalid and {} undelivered lines (line numbers: {}{})",
+            invalid.len(),
+            undelivered.len(),
+            lines.join(","),
+            if invalid.len() + undelivered.len() > 100 { ",..." } else { "" }
+        );
+    }
+    Ok(())
+}
+
+/// Produce `(line number, key, payload)` items; returns the failed lines and the count delivered.
+async fn deliver(producer: &Producer, topic: &str, pending: Vec<(usize, String, Vec<u8>)>) -> (Vec<(usize, String)>, usize) {
+    let items: Vec<Outgoing<'_>> = pending
+        .iter()
+        .map(|(_, key, payload)| Outgoing { topic, partition: None, key: Some(key.as_bytes()), payload, headers: &[] })
+        .collect();
+    let results = producer.send_all(&items).await;
+    let mut bad = Vec::new();
+    let mut ok = 0;
+    for ((line, _, _), r) in pending.iter().zip(results) {
+        match r {
+            Ok(_) => ok += 1,
+            Err(e) => bad.push((*line, e.to_string())),
+        }
+    }
+    (bad, ok)
+}
+
+pub async fn records(config: &Config, collection: &str, format: Format) -> Result<()> {
+    let sysdb = open_sysdb(config).await?;
+    if sysdb.collection(collection).await?.is_none() {
+        bail!("collection {collection:?} is not known to the sysdb (see `sluice collections list`)");
+    }
+    let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+    let mut after: Option<String> = None;
+    loop {
+        let page = sysdb.list_records(collection, after.as_deref(), 1000).await?;
+        for r in &page {
+            match format {
+                Format::Human => writeln!(out, "{}\t{}", r.id, jsonl::record_to_json(r))?,
+                _ => writeln!(out, "{}", jsonl::record_to_json(r))?,
+            }
+        }
+        match page.last() {
+            Some(l) if page.len() == 1000 => after = Some(l.id.clone()),
+            _ => break,
+        }
+    }
+    Ok(())
+}
+
+pub async fn collections(config: &Config, cmd: CollectionsCmd) -> Result<()> {
+    let CollectionsCmd::List { format } = cmd;
+    let sysdb = open_sysdb(config).await?;
+    let rows = sysdb.collections().await?;
+    if format == Format::Human {
+        println!("{:<40} {:>9} {:>12} {:>9} {:>9}", "COLLECTION", "PARTITION", "LOG_POSITION", "RECORDS", "DIMENSION");
+        for r in &rows {
+            println!(
+                "{:<40} {:>9} {:>12} {:>9} {:>9}",
+                r.id,
+                r.partition,
+                r.log_position,
+                r.record_count,
+                r.dimension.map(|d| d.to_string()).unwrap_or_else(|| "-".into())
+            );
+        }
+    } else {
+        let v: Vec<_> = rows
+            .iter()
+            .map(|r| json!({"id": r.id, "partition": r.partition, "log_position": r.log_position, "records": r.record_count, "dimension": r.dimension}))
+            .collect();
+        println!("{}", serde_json::to_string_pretty(&v)?);
+    }
+    Ok(())
+}
+
+/// One row of `offsets show`.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct OffsetRow {
+    pub topic: String,
+    pub partition: i32,
+    pub sysdb_next_offset: Option<i64>,
+    pub group_offset: Option<i64>,
+    pub high_watermark: i64,
+    /// high watermark − sysdb position (the authoritative lag).
+    pub lag: i64,
+}
+
+pub async fn offset_rows(config: &Config, sysdb: &Sysdb) -> Result<Vec<OffsetRow>> {
+    let topic = config.kafka.log_topic();
+    let positions = sysdb.positions(&topic).await?;
+    let settings = client_settings(config);
+    let group = config.kafka.group.clone();
+    let t = topic.clone();
+    let (n, group_offsets, marks) = tokio::task::spawn_blocking(move || -> Result<_> {
+        let md = MetadataClient::new(&settings, Some(&group))?;
+        let n = md.partition_count(&t)?;
+        let ps: Vec<i32> = (0..n).collect();
+        let g = md.group_offsets(&t, &ps)?;
+        let marks = ps.iter().map(|p| md.watermarks(&t, *p)).collect::<Result<Vec<_>, _>>()?;
+        Ok((n, g, marks))
+    })
+    .await??;
+    Ok((0..n)
+        .map(|p| {
+            let (low, high) = marks[p as usize];
+            let s = positions.get(&p).copied();
+            OffsetRow {
+                topic: topic.clone(),
+                partition: p,
+                sysdb_next_offset: s,
+                group_offset: group_offsets.get(&p).copied(),
+                high_watermark: high,
+                lag: high - s.unwrap_or(low).max(low.min(s.unwrap_or(low))),
+            }
+        })
+        .collect())
+}
+
+pub async fn offsets(config: &Config, cmd: OffsetsCmd) -> Result<()> {
+    let sysdb = open_sysdb(config).await?;
+    let topic = config.kafka.log_topic();
+    match cmd {
+        OffsetsCmd::Show { format } => {
+            let rows = offset_rows(config, &sysdb).await?;
+            if format == Format::Human {
+                println!("{:<24} {:>9} {:>12} {:>12} {:>14} {:>8}", "TOPIC", "PARTITION", "SYSDB_NEXT", "GROUP", "HIGH_WATERMARK", "LAG");
+                let o = |v: Option<i64>| v.map(|v| v.to_string()).unwrap_or_else(|| "-".into());
+                for r in &rows {
+                    println!(
+                        "{:<24} {:>9} {:>12} {:>12} {:>14} {:>8}",
+                        r.topic, r.partition, o(r.sysdb_next_offset), o(r.group_offset), r.high_watermark, r.lag
+                    );
+                }
+            } else {
+                println!("{}", serde_json::to_string_pretty(&rows)?);
+            }
+        }
+        OffsetsCmd::Reconcile => {
+            let positions: Vec<(i32, i64)> = sysdb.positions(&topic).await?.into_iter().collect();
+            let settings = client_settings(config);
+            let group = config.kafka.group.clone();
+            let t = topic.clone();
+            let n = positions.len();
+            tokio::task::spawn_blocking(move || MetadataClient::new(&settings, Some(&group))?.commit_group_offsets(&t, &positions))
+                .await??;
+            println!("pushed {n} sysdb positions into group {}", config.kafka.group);
+        }
+        OffsetsCmd::Reset { partition, to, reason } => {
+            if to < 0 {
+                bail!("--to must be >= 0 (a Kafka offset: the next record to read)");
+            }
+            let actor = std::env::var("USER").unwrap_or_else(|_| "unknown".into());
+            let prev = sysdb.reset_position(&topic, partition, to, &actor, &reason).await?;
+            info!(partition, to, ?prev, "sysdb position reset");
+            println!(
+                "partition {partition}: sysdb next_offset {} -> {to} (audited; restart the replicas that own it)",
+                prev.map(|p| p.to_string()).unwrap_or_else(|| "none".into())
+            );
+        }
+    }
+    Ok(())
+}
+
+pub fn config_show(config: &Config) -> Result<()> {
+    let c = config;
+    let v = json!({
+        "kafka": {
+            "brokers": c.kafka.brokers, "group": c.kafka.group, "topic_prefix": c.kafka.topic_prefix,
+            "framing": format!("{:?}", c.kafka.framing).to_lowercase(), "partitions": c.kafka.partitions,
+            "replication_factor": c.kafka.replication_factor,
+            "rebalance_protocol": format!("{:?}", c.kafka.rebalance_protocol).to_lowercase(),
+            "auto_offset_reset": format!("{:?}", c.kafka.auto_offset_reset).to_lowercase(),
+        },
+        "sysdb": { "url": redact_url(&c.sysdb.url) },
+        "processor": {
+            "batch_max_records": c.processor.batch_max_records, "batch_max_bytes": c.processor.batch_max_bytes,
+            "batch_linger_ms": c.processor.batch_linger_ms,
+            "unknown_collections": format!("{:?}", c.processor.unknown_collections).to_lowercase(),
+            "on_data_loss": format!("{:?}", c.processor.on_data_loss).to_lowercase(),
+        },
+        "http": { "listen": c.http.listen },
+        "librdkafka": redacted_librdkafka(&c.librdkafka),
+    });
+    println!("{}", serde_json::to_string_pretty(&v)?);
+    Ok(())
+}
+
+pub fn workload(spec: &crate::workload::WorkloadSpec) -> Result<()> {
+    let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+    for r in crate::workload::generate(spec) {
+        writeln!(out, "{}", jsonl::log_record_to_json(&r))?;
+    }
+    Ok(())
+}
+
+pub async fn process(config: Config) -> Result<()> {
+    let sysdb = Arc::new(open_sysdb(&config).await?);
+    let counters = Arc::new(crate::processor::stats::Counters::default());
+    crate::processor::run(config, sysdb, counters, shutdown_signal()).await
+}
+
+async fn shutdown_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = match signal(SignalKind::terminate()) {
+        Ok(s) => s,
+        Err(_) => return std::future::pending().await,
+    };
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = tokio::signal::ctrl_c() => {}
+    }
+}
+
+/// Keep `partition_for` reachable from the CLI for scripts (`sluice` prints nothing here).
+pub fn partition_of(collection: &str, partitions: u32) -> u32 {
+    partition_for(collection.as_bytes(), partitions)
+}

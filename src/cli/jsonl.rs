@@ -1,0 +1,138 @@
+//! The JSON-lines input of `sluice produce` and the JSON output of records.
+//!
+//! Input, one object per line:
+//! `{"collection": str, "id": str, "operation": "add|update|upsert|delete",
+//!   "embedding": [numbers]|null, "metadata": {str: str|int|float|bool|null}|null,
+//!   "document": str|null}`.
+
+use serde_json::{json, Map, Value};
+
+use crate::record::{Encoding, LogRecord, MetaValue, Metadata, Operation, Record};
+
+/// Parse one input line into a log record (not yet validated against limits).
+pub fn parse_line(line: &str) -> Result<LogRecord, String> {
+    let v: Value = serde_json::from_str(line).map_err(|e| format!("not valid JSON: {e}"))?;
+    let obj = v.as_object().ok_or("expected a JSON object")?;
+    for k in obj.keys() {
+        if !["collection", "id", "operation", "embedding", "metadata", "document"].contains(&k.as_str()) {
+            return Err(format!("unknown field {k:?}"));
+        }
+    }
+    let s = |k: &str| -> Result<String, String> {
+        obj.get(k).and_then(Value::as_str).map(str::to_string).ok_or_else(|| format!("field {k:?} must be a string"))
+    };
+    let operation = match s("operation")?.to_ascii_lowercase().as_str() {
+        "add" => Operation::Add,
+        "update" => Operation::Update,
+        "upsert" => Operation::Upsert,
+        "delete" => Operation::Delete,
+        other => return Err(format!("operation {other:?} is not one of add, update, upsert, delete")),
+    };
+    let embedding = match obj.get("embedding") {
+        None | Some(Value::Null) => None,
+        Some(Value::Array(a)) => Some(
+            a.iter()
+                .enumerate()
+                .map(|(i, x)| x.as_f64().map(|f| f as f32).ok_or_else(|| format!("embedding[{i}] is not a number")))
+                .collect::<Result<Vec<f32>, String>>()?,
+        ),
+        Some(_) => return Err("embedding must be an array of numbers or null".into()),
+    };
+    let metadata = match obj.get("metadata") {
+        None | Some(Value::Null) => None,
+        Some(Value::Object(m)) => Some(
+            m.iter()
+                .map(|(k, v)| Ok((k.clone(), meta_from_json(k, v)?)))
+                .collect::<Result<Metadata, String>>()?,
+        ),
+        Some(_) => return Err("metadata must be an object or null".into()),
+    };
+    let document = match obj.get("document") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(d)) => Some(d.clone()),
+        Some(_) => return Err("document must be a string or null".into()),
+    };
+    Ok(LogRecord {
+        collection_id: s("collection")?,
+        id: s("id")?,
+        operation,
+        embedding,
+        encoding: Encoding::Float32,
+        metadata,
+        document,
+        backfill: None,
+    })
+}
+
+fn meta_from_json(k: &str, v: &Value) -> Result<MetaValue, String> {
+    Ok(match v {
+        Value::Null => MetaValue::Null,
+        Value::Bool(b) => MetaValue::Bool(*b),
+        Value::String(s) => MetaValue::String(s.clone()),
+        Value::Number(n) => match n.as_i64() {
+            Some(i) => MetaValue::Long(i),
+            None => MetaValue::Double(n.as_f64().ok_or_else(|| format!("metadata {k:?}: number out of range"))?),
+        },
+        _ => return Err(format!("metadata {k:?}: nested values are not supported")),
+    })
+}
+
+pub fn meta_to_json(v: &MetaValue) -> Value {
+    match v {
+        MetaValue::Null => Value::Null,
+        MetaValue::Bool(b) => Value::Bool(*b),
+        MetaValue::String(s) => Value::String(s.clone()),
+        MetaValue::Long(i) => json!(i),
+        MetaValue::Double(d) => serde_json::Number::from_f64(*d).map(Value::Number).unwrap_or(Value::Null),
+    }
+}
+
+/// A materialized record as `{"id", "embedding", "metadata", "document"}`.
+pub fn record_to_json(r: &Record) -> Value {
+    let metadata: Map<String, Value> = r.metadata.iter().map(|(k, v)| (k.clone(), meta_to_json(v))).collect();
+    json!({
+        "id": r.id,
+        "embedding": r.embedding,
+        "metadata": if metadata.is_empty() { Value::Null } else { Value::Object(metadata) },
+        "document": r.document,
+    })
+}
+
+/// A log record as an input line (the inverse of [`parse_line`] for data records).
+pub fn log_record_to_json(r: &LogRecord) -> Value {
+    json!({
+        "collection": r.collection_id,
+        "id": r.id,
+        "operation": r.operation.symbol().to_ascii_lowercase(),
+        "embedding": r.embedding,
+        "metadata": r.metadata.as_ref().map(|m| m.iter().map(|(k, v)| (k.clone(), meta_to_json(v))).collect::<Map<_, _>>()),
+        "document": r.document,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_every_field_and_rejects_bad_lines() {
+        let r = parse_line(r#"{"collection":"c","id":"1","operation":"upsert","embedding":[1,2.5],"metadata":{"a":1,"b":1.5,"c":"x","d":true,"e":null},"document":"doc"}"#).unwrap();
+        assert_eq!(r.operation, Operation::Upsert);
+        assert_eq!(r.embedding, Some(vec![1.0, 2.5]));
+        let m = r.metadata.unwrap();
+        assert_eq!(m["a"], MetaValue::Long(1));
+        assert_eq!(m["b"], MetaValue::Double(1.5));
+        assert_eq!(m["e"], MetaValue::Null);
+        assert!(parse_line("{").is_err());
+        assert!(parse_line(r#"{"collection":"c","id":"1","operation":"merge"}"#).unwrap_err().contains("merge"));
+        assert!(parse_line(r#"{"collection":"c","id":"1","operation":"add","extra":1}"#).unwrap_err().contains("extra"));
+        assert!(parse_line(r#"{"collection":"c","id":"1","operation":"add","embedding":["x"]}"#).is_err());
+    }
+
+    #[test]
+    fn round_trips_through_log_record_json() {
+        let line = r#"{"collection":"c","id":"1","operation":"add","embedding":[0.5],"metadata":{"k":"v"},"document":null}"#;
+        let r = parse_line(line).unwrap();
+        assert_eq!(parse_line(&log_record_to_json(&r).to_string()).unwrap(), r);
+    }
+}

@@ -1,0 +1,369 @@
+//! Configuration: a TOML file (`--config`), overridden by environment variables
+//! (`SLUICE_BROKERS`, `SLUICE_SYSDB`, `SLUICE_GROUP`, `SLUICE_TOPIC_PREFIX`, `SLUICE_HTTP`),
+//! overridden by command-line flags. Unknown keys are rejected. Every field's doc comment
+//! is the user's reference (`docs/configuration.md` mirrors it).
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use serde::Deserialize;
+use thiserror::Error;
+
+use crate::record::framing::Framing;
+use crate::record::validate::Limits;
+
+#[derive(Debug, Error)]
+pub enum ConfigError {
+    #[error("cannot read config file {path}: {source}")]
+    Read { path: String, source: std::io::Error },
+    #[error("invalid config file {path}: {message}")]
+    Parse { path: String, message: String },
+    #[error("invalid configuration: {0}")]
+    Invalid(String),
+}
+
+/// The whole configuration.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    pub kafka: KafkaConfig,
+    pub sysdb: SysdbConfig,
+    pub processor: ProcessorConfig,
+    /// Validation limits applied to every log record (oversized input goes to the DLQ).
+    pub limits: Limits,
+    pub http: HttpConfig,
+    /// librdkafka options passed through unchanged to every client (consumer, producer,
+    /// admin): SASL/SSL settings, `client.id`, tuning. Values are strings. Sluice's own
+    /// settings (`enable.auto.commit`, `enable.auto.offset.store`, `partitioner`, ...)
+    /// win over these where correctness depends on them.
+    pub librdkafka: BTreeMap<String, String>,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            kafka: KafkaConfig::default(),
+            sysdb: SysdbConfig::default(),
+            processor: ProcessorConfig::default(),
+            limits: Limits::default(),
+            http: HttpConfig::default(),
+            librdkafka: BTreeMap::new(),
+        }
+    }
+}
+
+/// How a replica's partitions are shared in the consumer group.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RebalanceProtocol {
+    /// `cooperative-sticky`: incremental rebalances, only moved partitions stop.
+    Cooperative,
+    /// `range`: every rebalance revokes everything (eager).
+    Eager,
+}
+
+/// Where a partition with no sysdb row and no group offset starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ResetPolicy {
+    Earliest,
+    Latest,
+}
+
+/// What to do when the sysdb position is below the partition's log-start offset
+/// (retention deleted records that were never processed).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OnDataLoss {
+    /// Stop the partition with an error and a metric until an operator decides
+    /// (`sluice offsets reset`).
+    Halt,
+    /// Record the gap (partition, from, to, time) in the sysdb and continue.
+    Skip,
+}
+
+/// What happens to records of a collection the sysdb does not know.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum UnknownCollections {
+    /// Register it on the partition it arrived on (if that is its murmur2 partition).
+    Register,
+    /// Send its records to the DLQ (reason `unknown_collection`).
+    Reject,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct KafkaConfig {
+    /// Bootstrap servers, comma separated. Env: `SLUICE_BROKERS`.
+    pub brokers: String,
+    /// Consumer group of the processor replicas. Env: `SLUICE_GROUP`.
+    pub group: String,
+    /// Topic names are `<prefix>.log`, `<prefix>.backfill`, `<prefix>.dlq`.
+    /// Env: `SLUICE_TOPIC_PREFIX`.
+    pub topic_prefix: String,
+    /// Framing of log record values: `plain` (Avro datum) or `confluent` (magic byte 0 +
+    /// 4-byte schema id + datum). Never guessed.
+    pub framing: Framing,
+    /// Schema id written in the Confluent header by `sluice produce` when
+    /// `framing = "confluent"` (the id your schema registry gave `schemas/log_record.avsc`).
+    pub confluent_schema_id: u32,
+    /// Partition count `sluice init` creates the log topic with.
+    pub partitions: i32,
+    /// Replication factor `sluice init` creates topics with.
+    pub replication_factor: i32,
+    /// `cooperative` (default) or `eager`.
+    pub rebalance_protocol: RebalanceProtocol,
+    /// Start of a partition with neither a sysdb row nor a group offset.
+    pub auto_offset_reset: ResetPolicy,
+    /// librdkafka `session.timeout.ms` (librdkafka default 45000).
+    pub session_timeout_ms: u32,
+    /// librdkafka `max.poll.interval.ms` (librdkafka default 300000).
+    pub max_poll_interval_ms: u32,
+    /// Timeout for metadata, watermark and committed-offset requests.
+    pub request_timeout_ms: u32,
+}
+
+impl Default for KafkaConfig {
+    fn default() -> Self {
+        KafkaConfig {
+            brokers: "127.0.0.1:9092".into(),
+            group: "sluice".into(),
+            topic_prefix: "sluice".into(),
+            framing: Framing::Plain,
+            confluent_schema_id: 1,
+            partitions: 8,
+            replication_factor: 1,
+            rebalance_protocol: RebalanceProtocol::Cooperative,
+            auto_offset_reset: ResetPolicy::Earliest,
+            session_timeout_ms: 45_000,
+            max_poll_interval_ms: 300_000,
+            request_timeout_ms: 10_000,
+        }
+    }
+}
+
+impl KafkaConfig {
+    pub fn log_topic(&self) -> String {
+        format!("{}.log", self.topic_prefix)
+    }
+    pub fn backfill_topic(&self) -> String {
+        format!("{}.backfill", self.topic_prefix)
+    }
+    pub fn dlq_topic(&self) -> String {
+        format!("{}.dlq", self.topic_prefix)
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SysdbConfig {
+    /// `sqlite://PATH` (embedded default) or `postgres://USER:PASS@HOST:PORT/DB`.
+    /// Env: `SLUICE_SYSDB`. The password is never logged.
+    pub url: String,
+}
+
+impl Default for SysdbConfig {
+    fn default() -> Self {
+        SysdbConfig { url: "sqlite://sluice.db".into() }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ProcessorConfig {
+    /// A batch closes at this many records...
+    pub batch_max_records: usize,
+    /// ...or this many payload bytes...
+    pub batch_max_bytes: usize,
+    /// ...or this long after its first record arrived.
+    pub batch_linger_ms: u64,
+    /// `register` (default) or `reject` records of collections the sysdb does not know.
+    pub unknown_collections: UnknownCollections,
+    /// `halt` (default) or `skip` when retention deleted unprocessed records.
+    pub on_data_loss: OnDataLoss,
+    /// Upper bound for a graceful shutdown (SIGTERM/SIGINT) before the process exits.
+    pub shutdown_timeout_ms: u64,
+}
+
+impl Default for ProcessorConfig {
+    fn default() -> Self {
+        ProcessorConfig {
+            batch_max_records: 5_000,
+            batch_max_bytes: 16 << 20,
+            batch_linger_ms: 20,
+            unknown_collections: UnknownCollections::Register,
+            on_data_loss: OnDataLoss::Halt,
+            shutdown_timeout_ms: 20_000,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct HttpConfig {
+    /// Listen address of `/metrics`, `/healthz`, `/readyz` and the admin API.
+    /// Env: `SLUICE_HTTP`. Empty disables the server.
+    pub listen: String,
+}
+
+impl Default for HttpConfig {
+    fn default() -> Self {
+        HttpConfig { listen: "127.0.0.1:9464".into() }
+    }
+}
+
+/// Overrides from the environment and the command line, highest precedence last.
+#[derive(Debug, Clone, Default)]
+pub struct Overrides {
+    pub brokers: Option<String>,
+    pub sysdb: Option<String>,
+    pub group: Option<String>,
+    pub topic_prefix: Option<String>,
+    pub http: Option<String>,
+}
+
+impl Overrides {
+    /// Read `SLUICE_BROKERS`, `SLUICE_SYSDB`, `SLUICE_GROUP`, `SLUICE_TOPIC_PREFIX`,
+    /// `SLUICE_HTTP`.
+    pub fn from_env() -> Overrides {
+        let var = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
+        Overrides {
+            brokers: var("SLUICE_BROKERS"),
+            sysdb: var("SLUICE_SYSDB"),
+            group: var("SLUICE_GROUP"),
+            topic_prefix: var("SLUICE_TOPIC_PREFIX"),
+            http: var("SLUICE_HTTP"),
+        }
+    }
+
+    /// `other`'s values win where set.
+    pub fn then(mut self, other: Overrides) -> Overrides {
+        self.brokers = other.brokers.or(self.brokers);
+        self.sysdb = other.sysdb.or(self.sysdb);
+        self.group = other.group.or(self.group);
+        self.topic_prefix = other.topic_prefix.or(self.topic_prefix);
+        self.http = other.http.or(self.http);
+        self
+    }
+}
+
+impl Config {
+    pub fn from_toml(text: &str, path: &str) -> Result<Config, ConfigError> {
+        toml::from_str(text).map_err(|e| ConfigError::Parse { path: path.into(), message: e.to_string() })
+    }
+
+    /// Load the file (if any), apply overrides, validate.
+    pub fn load(path: Option<&Path>, overrides: Overrides) -> Result<Config, ConfigError> {
+        let mut config = match path {
+            Some(p) => {
+                let text = std::fs::read_to_string(p)
+                    .map_err(|source| ConfigError::Read { path: p.display().to_string(), source })?;
+                Config::from_toml(&text, &p.display().to_string())?
+            }
+            None => Config::default(),
+        };
+        config.apply(overrides);
+        config.validate()?;
+        Ok(config)
+    }
+
+    pub fn apply(&mut self, o: Overrides) {
+        if let Some(v) = o.brokers {
+            self.kafka.brokers = v;
+        }
+        if let Some(v) = o.sysdb {
+            self.sysdb.url = v;
+        }
+        if let Some(v) = o.group {
+            self.kafka.group = v;
+        }
+        if let Some(v) = o.topic_prefix {
+            self.kafka.topic_prefix = v;
+        }
+        if let Some(v) = o.http {
+            self.http.listen = v;
+        }
+    }
+
+    /// Cross-field checks at start-up.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let p = &self.processor;
+        if p.batch_max_records == 0 || p.batch_max_bytes == 0 {
+            return Err(ConfigError::Invalid("processor.batch_max_records and batch_max_bytes must be > 0".into()));
+        }
+        if self.kafka.partitions <= 0 || self.kafka.replication_factor <= 0 {
+            return Err(ConfigError::Invalid("kafka.partitions and kafka.replication_factor must be > 0".into()));
+        }
+        if self.kafka.brokers.trim().is_empty() {
+            return Err(ConfigError::Invalid("kafka.brokers is empty: set it or SLUICE_BROKERS".into()));
+        }
+        if u64::from(self.kafka.max_poll_interval_ms) <= p.batch_linger_ms {
+            return Err(ConfigError::Invalid("kafka.max_poll_interval_ms must exceed processor.batch_linger_ms".into()));
+        }
+        if p.shutdown_timeout_ms >= u64::from(self.kafka.session_timeout_ms) * 4 {
+            return Err(ConfigError::Invalid(
+                "processor.shutdown_timeout_ms must be well below 4x kafka.session_timeout_ms".into(),
+            ));
+        }
+        for key in ["enable.auto.commit", "enable.auto.offset.store", "group.id", "bootstrap.servers"] {
+            if self.librdkafka.contains_key(key) {
+                return Err(ConfigError::Invalid(format!(
+                    "[librdkafka] must not set {key:?}: Sluice controls it (use the [kafka] section)"
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Whether a librdkafka option holds a secret (its value is never logged).
+pub fn is_secret_key(key: &str) -> bool {
+    let k = key.to_ascii_lowercase();
+    k.contains("password") || k.contains("secret") || k.ends_with(".key.pem") || k.contains("sasl.oauthbearer.config")
+}
+
+/// The librdkafka options with secret values replaced, for logs and `config show`.
+pub fn redacted_librdkafka(map: &BTreeMap<String, String>) -> BTreeMap<String, String> {
+    map.iter()
+        .map(|(k, v)| (k.clone(), if is_secret_key(k) { "***".to_string() } else { v.clone() }))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unknown_keys_are_rejected() {
+        let err = Config::from_toml("[kafka]\nbrokerz = \"x\"\n", "t.toml").unwrap_err();
+        assert!(err.to_string().contains("brokerz"), "{err}");
+        assert!(Config::from_toml("nope = 1\n", "t.toml").is_err());
+    }
+
+    #[test]
+    fn file_then_env_then_flags() {
+        let mut c = Config::from_toml("[kafka]\nbrokers = \"file:1\"\ngroup = \"g\"\n", "t").unwrap();
+        let env = Overrides { brokers: Some("env:1".into()), ..Default::default() };
+        let flags = Overrides { group: Some("flag".into()), ..Default::default() };
+        c.apply(env.then(flags));
+        assert_eq!(c.kafka.brokers, "env:1");
+        assert_eq!(c.kafka.group, "flag");
+        assert_eq!(c.kafka.log_topic(), "sluice.log");
+    }
+
+    #[test]
+    fn librdkafka_passthrough_and_redaction() {
+        let c = Config::from_toml(
+            "[librdkafka]\n\"security.protocol\" = \"SASL_SSL\"\n\"sasl.password\" = \"hunter2\"\n",
+            "t",
+        )
+        .unwrap();
+        c.validate().unwrap();
+        let r = redacted_librdkafka(&c.librdkafka);
+        assert_eq!(r["sasl.password"], "***");
+        assert_eq!(r["security.protocol"], "SASL_SSL");
+        let bad = Config::from_toml("[librdkafka]\n\"enable.auto.commit\" = \"true\"\n", "t").unwrap();
+        assert!(bad.validate().is_err());
+    }
+}

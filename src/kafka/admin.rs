@@ -1,0 +1,136 @@
+//! Topic administration and read-only offset queries (watermarks, group offsets), on
+//! clients that are not members of the processor's consumer group.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
+use rdkafka::error::RDKafkaErrorCode;
+use rdkafka::{Offset, TopicPartitionList};
+
+use super::{broker_err, ClientSettings, KafkaError};
+
+/// Outcome of creating one topic.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TopicOutcome {
+    Created,
+    AlreadyExists { partitions: i32 },
+}
+
+/// Create `topic` with `partitions` and `replication` unless it exists (idempotent).
+/// `configs` are topic-level settings such as `retention.ms`.
+pub async fn ensure_topic(
+    settings: &ClientSettings,
+    topic: &str,
+    partitions: i32,
+    replication: i32,
+    configs: &[(&str, &str)],
+) -> Result<TopicOutcome, KafkaError> {
+    let admin: AdminClient<DefaultClientContext> =
+        settings.client_config().create().map_err(|e| KafkaError::Config(e.to_string()))?;
+    let mut new = NewTopic::new(topic, partitions, TopicReplication::Fixed(replication));
+    for (k, v) in configs {
+        new = new.set(k, v);
+    }
+    let opts = AdminOptions::new().operation_timeout(Some(settings.timeout()));
+    let results = admin.create_topics([&new], &opts).await.map_err(|e| broker_err(format!("create topic {topic}"), e))?;
+    for r in results {
+        match r {
+            Ok(_) => return Ok(TopicOutcome::Created),
+            Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {
+                let partitions = partition_count(settings, topic)?;
+                return Ok(TopicOutcome::AlreadyExists { partitions });
+            }
+            Err((t, code)) => return Err(broker_err(format!("create topic {t}"), code)),
+        }
+    }
+    Err(broker_err(format!("create topic {topic}"), "no result from the broker"))
+}
+
+/// Delete topics (tests and tooling).
+pub async fn delete_topics(settings: &ClientSettings, topics: &[&str]) -> Result<(), KafkaError> {
+    let admin: AdminClient<DefaultClientContext> =
+        settings.client_config().create().map_err(|e| KafkaError::Config(e.to_string()))?;
+    let opts = AdminOptions::new().operation_timeout(Some(settings.timeout()));
+    admin.delete_topics(topics, &opts).await.map_err(|e| broker_err("delete topics", e))?;
+    Ok(())
+}
+
+/// A blocking metadata client (no group membership). Call from a blocking context.
+pub struct MetadataClient {
+    consumer: BaseConsumer,
+    timeout: Duration,
+}
+
+impl MetadataClient {
+    /// `group` is only used to read or write that group's committed offsets.
+    pub fn new(settings: &ClientSettings, group: Option<&str>) -> Result<Self, KafkaError> {
+        let mut c = settings.client_config();
+        c.set("enable.auto.commit", "false");
+        c.set("enable.auto.offset.store", "false");
+        if let Some(g) = group {
+            c.set("group.id", g);
+        }
+        let consumer: BaseConsumer = c.create().map_err(|e| KafkaError::Config(e.to_string()))?;
+        Ok(MetadataClient { consumer, timeout: settings.timeout() })
+    }
+
+    pub fn partition_count(&self, topic: &str) -> Result<i32, KafkaError> {
+        let md = self
+            .consumer
+            .fetch_metadata(Some(topic), self.timeout)
+            .map_err(|e| broker_err(format!("metadata of {topic}"), e))?;
+        let t = md.topics().iter().find(|t| t.name() == topic);
+        match t {
+            Some(t) if t.error().is_none() && !t.partitions().is_empty() => Ok(t.partitions().len() as i32),
+            _ => Err(broker_err(format!("metadata of {topic}"), "topic does not exist; run `sluice init`")),
+        }
+    }
+
+    /// `(low, high)` watermarks of a partition.
+    pub fn watermarks(&self, topic: &str, partition: i32) -> Result<(i64, i64), KafkaError> {
+        self.consumer
+            .fetch_watermarks(topic, partition, self.timeout)
+            .map_err(|e| broker_err(format!("watermarks of {topic}/{partition}"), e))
+    }
+
+    /// Committed group offsets (next to read) of the given partitions; absent = none.
+    pub fn group_offsets(&self, topic: &str, partitions: &[i32]) -> Result<HashMap<i32, i64>, KafkaError> {
+        let mut tpl = TopicPartitionList::new();
+        for p in partitions {
+            tpl.add_partition(topic, *p);
+        }
+        let tpl = self
+            .consumer
+            .committed_offsets(tpl, self.timeout)
+            .map_err(|e| broker_err(format!("committed offsets of {topic}"), e))?;
+        Ok(tpl
+            .elements()
+            .iter()
+            .filter_map(|e| match e.offset() {
+                Offset::Offset(o) => Some((e.partition(), o)),
+                _ => None,
+            })
+            .collect())
+    }
+
+    /// Commit offsets for the configured group from outside the group (`offsets reconcile`).
+    /// The broker refuses this while the group has active members.
+    pub fn commit_group_offsets(&self, topic: &str, offsets: &[(i32, i64)]) -> Result<(), KafkaError> {
+        let mut tpl = TopicPartitionList::new();
+        for (p, o) in offsets {
+            tpl.add_partition_offset(topic, *p, Offset::Offset(*o))
+                .map_err(|e| broker_err("build offsets", e))?;
+        }
+        self.consumer
+            .commit(&tpl, CommitMode::Sync)
+            .map_err(|e| broker_err(format!("commit group offsets of {topic} (is the group empty? stop the replicas first)"), e))
+    }
+}
+
+/// Partition count of a topic (blocking).
+pub fn partition_count(settings: &ClientSettings, topic: &str) -> Result<i32, KafkaError> {
+    MetadataClient::new(settings, None)?.partition_count(topic)
+}

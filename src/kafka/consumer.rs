@@ -1,0 +1,537 @@
+//! The processor's group consumer, polled on a dedicated OS thread.
+//!
+//! Why a thread: rebalance callbacks run inside `poll`, on whatever thread polls
+//! (PITFALLS.md item 1). Here that thread is ours, so the callback may block on a channel
+//! reply from the async processor (which reads the sysdb) without stalling the tokio
+//! runtime, and the async side never waits on this thread, so nothing can deadlock.
+//!
+//! Assignment (invariant 1): the `rebalance` override asks the processor for each
+//! partition's starting offset (the sysdb `next_offset`; the group offset or the reset
+//! policy only when the sysdb has no row), **writes those offsets into the partition list
+//! and only then assigns** (`incremental_assign` for cooperative-sticky, `assign` for
+//! eager) — never assign-then-seek (item 2). `auto.offset.reset=error`, so an
+//! out-of-range position is reported, never silently reset (item 11).
+//!
+//! Ordering: events and messages share one bounded channel, so a `Revoke` is seen after
+//! every message fetched before it. Each assignment and seek bumps the partition's
+//! *generation*; messages carry it and the processor drops stale ones.
+//!
+//! Back-pressure: when the channel is full the thread keeps the overflow locally, pauses
+//! its partitions and keeps polling (heartbeats and rebalances go on; item 7); it resumes
+//! once the channel is half empty (hysteresis).
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{mpsc as std_mpsc, Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use rdkafka::config::RDKafkaLogLevel;
+use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, RebalanceProtocol};
+use rdkafka::error::{KafkaError as RdError, KafkaResult, RDKafkaErrorCode};
+use rdkafka::message::Message;
+use rdkafka::types::RDKafkaRespErr;
+use rdkafka::{ClientContext, Offset, TopicPartitionList};
+use tokio::sync::{mpsc, oneshot};
+use tracing::{debug, error, info, warn};
+
+use super::admin::MetadataClient;
+use super::{ClientSettings, KafkaError, Msg, PartitionInfo};
+
+/// Consumer settings (from `[kafka]`).
+#[derive(Debug, Clone)]
+pub struct ConsumerSettings {
+    pub client: ClientSettings,
+    pub group: String,
+    pub topic: String,
+    pub cooperative: bool,
+    pub session_timeout_ms: u32,
+    pub max_poll_interval_ms: u32,
+    /// Capacity of the event channel, in events (a message chunk is one event).
+    pub channel_capacity: usize,
+}
+
+/// The processor's answer for one partition being assigned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StartDecision {
+    pub partition: i32,
+    /// Next offset to read.
+    pub offset: i64,
+    /// Assign but keep paused (partition halted, e.g. on a data-loss gap).
+    pub paused: bool,
+}
+
+/// What the consumer thread tells the processor, in order.
+#[derive(Debug)]
+pub enum Event {
+    /// Partitions are being assigned; reply with where each starts. The consumer thread
+    /// waits for the reply, then assigns.
+    Assign { partitions: Vec<PartitionInfo>, reply: oneshot::Sender<Vec<StartDecision>> },
+    /// The assignment took effect with these generations.
+    Assigned { partitions: Vec<(StartDecision, u64)> },
+    /// Partitions are being revoked; stop their work and answer on `done` (the thread
+    /// waits a bounded time, then unassigns anyway).
+    Revoke { partitions: Vec<i32>, done: std_mpsc::SyncSender<()> },
+    /// Messages, in fetch order.
+    Messages(Vec<Msg>),
+    /// A seek took effect; messages of older generations are stale.
+    Seeked { partition: i32, offset: i64, generation: u64 },
+    /// A fetch position was out of range (retention deleted records); check watermarks.
+    OffsetOutOfRange,
+    /// The consumer failed for good (authentication, fatal error).
+    Fatal(String),
+}
+
+/// Commands to the consumer thread.
+#[derive(Debug)]
+pub enum Command {
+    /// Commit these group offsets (next to read), asynchronously. Best effort.
+    Commit(Vec<(i32, i64)>),
+    Pause(Vec<i32>),
+    Resume(Vec<i32>),
+    Seek { partition: i32, offset: i64 },
+    /// Leave the group and stop the thread.
+    Shutdown,
+}
+
+/// Sends commands to the consumer thread; cheap to clone.
+#[derive(Debug, Clone)]
+pub struct Commander(std_mpsc::Sender<Command>);
+
+impl Commander {
+    pub fn send(&self, cmd: Command) {
+        let _ = self.0.send(cmd);
+    }
+}
+
+/// Counters the thread maintains (read by the metrics module).
+#[derive(Debug, Default)]
+pub struct ConsumerStats {
+    pub commits_ok: AtomicU64,
+    pub commits_failed: AtomicU64,
+    pub rebalances_assign: AtomicU64,
+    pub rebalances_revoke: AtomicU64,
+    pub backpressure_pauses: AtomicU64,
+}
+
+/// Handle of the consumer thread.
+pub struct ConsumerHandle {
+    commands: std_mpsc::Sender<Command>,
+    thread: Option<JoinHandle<()>>,
+    pub stats: Arc<ConsumerStats>,
+}
+
+impl ConsumerHandle {
+    /// Create the consumer, subscribe, and start polling on a new thread.
+    pub fn start(settings: ConsumerSettings) -> Result<(ConsumerHandle, mpsc::Receiver<Event>), KafkaError> {
+        let (tx, rx) = mpsc::channel(settings.channel_capacity.max(4));
+        let (cmd_tx, cmd_rx) = std_mpsc::channel();
+        let stats = Arc::new(ConsumerStats::default());
+        let metadata = MetadataClient::new(&settings.client, Some(&settings.group))?;
+        let ctx = Ctx {
+            topic: settings.topic.clone(),
+            events: tx,
+            state: Mutex::new(State::default()),
+            metadata,
+            stats: stats.clone(),
+            capacity: settings.channel_capacity.max(4),
+        };
+        let mut c = settings.client.client_config();
+        c.set("group.id", &settings.group)
+            .set("enable.auto.commit", "false")
+            .set("enable.auto.offset.store", "false")
+            .set("auto.offset.reset", "error")
+            .set("enable.partition.eof", "false")
+            .set("session.timeout.ms", settings.session_timeout_ms.to_string())
+            .set("max.poll.interval.ms", settings.max_poll_interval_ms.to_string())
+            .set(
+                "partition.assignment.strategy",
+                if settings.cooperative { "cooperative-sticky" } else { "range" },
+            )
+            .set_log_level(RDKafkaLogLevel::Warning);
+        let consumer: BaseConsumer<Ctx> =
+            c.create_with_context(ctx).map_err(|e| KafkaError::Config(e.to_string()))?;
+        consumer
+            .subscribe(&[&settings.topic])
+            .map_err(|e| super::broker_err(format!("subscribe to {}", settings.topic), e))?;
+        let thread = std::thread::Builder::new()
+            .name("sluice-consumer".into())
+            .spawn(move || poll_loop(consumer, cmd_rx))
+            .map_err(|e| KafkaError::Config(format!("cannot spawn consumer thread: {e}")))?;
+        Ok((ConsumerHandle { commands: cmd_tx, thread: Some(thread), stats }, rx))
+    }
+
+    pub fn send(&self, cmd: Command) {
+        // The thread only goes away on shutdown; a send error then is harmless.
+        let _ = self.commands.send(cmd);
+    }
+
+    /// A cloneable sender of commands, for the partition workers.
+    pub fn commander(&self) -> Commander {
+        Commander(self.commands.clone())
+    }
+
+    /// Leave the group and join the thread, waiting at most `timeout` (the thread is
+    /// detached after that; PITFALLS.md item 6).
+    pub fn shutdown(mut self, timeout: Duration) {
+        let _ = self.commands.send(Command::Shutdown);
+        if let Some(t) = self.thread.take() {
+            let deadline = Instant::now() + timeout;
+            while !t.is_finished() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            if t.is_finished() {
+                let _ = t.join();
+            } else {
+                warn!("consumer thread did not stop within {timeout:?}; leaving it behind");
+            }
+        }
+    }
+}
+
+#[derive(Default)]
+struct State {
+    generations: HashMap<i32, u64>,
+    next_generation: u64,
+    /// Events that did not fit in the channel, in order.
+    overflow: VecDeque<Event>,
+    assigned: HashSet<i32>,
+    /// Paused on the processor's request (halted); back-pressure never resumes these.
+    held: HashSet<i32>,
+    backpressure_paused: bool,
+}
+
+impl State {
+    fn bump(&mut self, partition: i32) -> u64 {
+        self.next_generation += 1;
+        self.generations.insert(partition, self.next_generation);
+        self.next_generation
+    }
+}
+
+struct Ctx {
+    topic: String,
+    events: mpsc::Sender<Event>,
+    state: Mutex<State>,
+    metadata: MetadataClient,
+    stats: Arc<ConsumerStats>,
+    capacity: usize,
+}
+
+impl Ctx {
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        // A panic while holding the lock would already have ended the thread.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Send in order: first any overflow, then `ev`, blocking (used by callbacks, which
+    /// need the processor to see the event before they continue).
+    fn send_blocking(&self, ev: Event) -> bool {
+        let overflow: Vec<Event> = self.state().overflow.drain(..).collect();
+        for e in overflow {
+            if self.events.blocking_send(e).is_err() {
+                return false;
+            }
+        }
+        self.events.blocking_send(ev).is_ok()
+    }
+
+    fn tpl(&self, partitions: impl IntoIterator<Item = i32>) -> TopicPartitionList {
+        let mut tpl = TopicPartitionList::new();
+        for p in partitions {
+            tpl.add_partition(&self.topic, p);
+        }
+        tpl
+    }
+
+    fn on_assign(&self, consumer: &BaseConsumer<Ctx>, tpl: &mut TopicPartitionList) {
+        self.stats.rebalances_assign.fetch_add(1, Ordering::Relaxed);
+        let partitions: Vec<i32> =
+            tpl.elements().iter().filter(|e| e.topic() == self.topic).map(|e| e.partition()).collect();
+        let infos = match self.partition_infos(&partitions) {
+            Ok(i) => i,
+            Err(e) => {
+                // Without watermarks we cannot check for gaps; fail loudly rather than
+                // guess. The group will reassign after the session times out.
+                error!(%e, "cannot read partition info during assignment");
+                self.send_blocking(Event::Fatal(format!("assignment failed: {e}")));
+                return;
+            }
+        };
+        let (reply_tx, reply_rx) = oneshot::channel();
+        if !self.send_blocking(Event::Assign { partitions: infos, reply: reply_tx }) {
+            return;
+        }
+        let Ok(decisions) = reply_rx.blocking_recv() else {
+            warn!("processor went away during assignment");
+            return;
+        };
+        for d in &decisions {
+            if let Err(e) = tpl.set_partition_offset(&self.topic, d.partition, Offset::Offset(d.offset)) {
+                error!(%e, partition = d.partition, "cannot set the starting offset");
+            }
+        }
+        let assigned = match consumer.rebalance_protocol() {
+            RebalanceProtocol::Cooperative => consumer.incremental_assign(tpl),
+            _ => consumer.assign(tpl),
+        };
+        if let Err(e) = assigned {
+            error!(%e, "assign failed");
+            self.send_blocking(Event::Fatal(format!("assign failed: {e}")));
+            return;
+        }
+        let held: Vec<i32> = decisions.iter().filter(|d| d.paused).map(|d| d.partition).collect();
+        if !held.is_empty() {
+            if let Err(e) = consumer.pause(&self.tpl(held.iter().copied())) {
+                error!(%e, "cannot pause halted partitions");
+            }
+        }
+        let with_gen = {
+            let mut st = self.state();
+            st.held.extend(held.iter().copied());
+            decisions
+                .iter()
+                .map(|d| {
+                    st.assigned.insert(d.partition);
+                    (*d, st.bump(d.partition))
+                })
+                .collect::<Vec<_>>()
+        };
+        info!(partitions = ?partitions, "assigned");
+        self.send_blocking(Event::Assigned { partitions: with_gen });
+    }
+
+    fn partition_infos(&self, partitions: &[i32]) -> Result<Vec<PartitionInfo>, KafkaError> {
+        let group = self.metadata.group_offsets(&self.topic, partitions)?;
+        partitions
+            .iter()
+            .map(|&p| {
+                let (low, high) = self.metadata.watermarks(&self.topic, p)?;
+                Ok(PartitionInfo { partition: p, group_offset: group.get(&p).copied(), low, high })
+            })
+            .collect()
+    }
+
+    fn on_revoke(&self, consumer: &BaseConsumer<Ctx>, tpl: &TopicPartitionList) {
+        self.stats.rebalances_revoke.fetch_add(1, Ordering::Relaxed);
+        let partitions: Vec<i32> =
+            tpl.elements().iter().filter(|e| e.topic() == self.topic).map(|e| e.partition()).collect();
+        {
+            let mut st = self.state();
+            for p in &partitions {
+                st.bump(*p); // anything fetched before is stale from now on
+                st.assigned.remove(p);
+                st.held.remove(p);
+            }
+        }
+        let (done_tx, done_rx) = std_mpsc::sync_channel(1);
+        if self.send_blocking(Event::Revoke { partitions: partitions.clone(), done: done_tx }) {
+            // Let in-flight batches finish their sysdb commit (bounded).
+            if done_rx.recv_timeout(Duration::from_secs(10)).is_err() {
+                warn!(partitions = ?partitions, "processor did not confirm the revoke in 10s; unassigning anyway");
+            }
+        }
+        let r = match consumer.rebalance_protocol() {
+            RebalanceProtocol::Cooperative => consumer.incremental_unassign(tpl),
+            _ => consumer.unassign(),
+        };
+        if let Err(e) = r {
+            warn!(%e, "unassign failed");
+        }
+        info!(partitions = ?partitions, "revoked");
+    }
+}
+
+impl ClientContext for Ctx {
+    fn error(&self, error: RdError, reason: &str) {
+        if let RdError::Global(code) = &error {
+            if matches!(
+                code,
+                RDKafkaErrorCode::Authentication | RDKafkaErrorCode::SaslAuthenticationFailed | RDKafkaErrorCode::Fatal
+            ) {
+                let _ = self.events.try_send(Event::Fatal(format!("{error}: {reason}")));
+            }
+        }
+        warn!(%error, reason, "kafka client error");
+    }
+}
+
+impl ConsumerContext for Ctx {
+    fn rebalance(&self, consumer: &BaseConsumer<Self>, err: RDKafkaRespErr, tpl: &mut TopicPartitionList) {
+        match err {
+            RDKafkaRespErr::RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS => self.on_assign(consumer, tpl),
+            RDKafkaRespErr::RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS => self.on_revoke(consumer, tpl),
+            other => {
+                error!(error = ?other, "rebalance error; dropping the assignment");
+                let _ = consumer.unassign();
+            }
+        }
+    }
+
+    fn commit_callback(&self, result: KafkaResult<()>, offsets: &TopicPartitionList) {
+        match result {
+            Ok(()) => {
+                self.stats.commits_ok.fetch_add(1, Ordering::Relaxed);
+            }
+            Err(e) => {
+                // Expected around revokes (ILLEGAL_GENERATION, "Erroneous state"):
+                // group offsets are best effort (invariant 3).
+                self.stats.commits_failed.fetch_add(1, Ordering::Relaxed);
+                debug!(%e, offsets = ?offsets.to_topic_map(), "group offset commit failed (best effort)");
+            }
+        }
+    }
+}
+
+/// How many messages one `Messages` event carries at most.
+const CHUNK: usize = 512;
+
+fn poll_loop(consumer: BaseConsumer<Ctx>, commands: std_mpsc::Receiver<Command>) {
+    let ctx = consumer.context();
+    let topic = ctx.topic.clone();
+    let mut last_commit: HashMap<i32, i64> = HashMap::new();
+    let mut shutting_down = false;
+    loop {
+        // 1. Commands.
+        while let Ok(cmd) = commands.try_recv() {
+            match cmd {
+                Command::Commit(offsets) => {
+                    let mut tpl = TopicPartitionList::new();
+                    let assigned = ctx.state().assigned.clone();
+                    for (p, o) in offsets {
+                        // Never backwards, and only for partitions we own.
+                        if assigned.contains(&p) && crate::positions::group_commit_advances(last_commit.get(&p).copied(), o) {
+                            let _ = tpl.add_partition_offset(&topic, p, Offset::Offset(o));
+                            last_commit.insert(p, o);
+                        }
+                    }
+                    if tpl.count() > 0 {
+                        if let Err(e) = consumer.commit(&tpl, CommitMode::Async) {
+                            ctx.stats.commits_failed.fetch_add(1, Ordering::Relaxed);
+                            debug!(%e, "group offset commit refused (best effort)");
+                        }
+                    }
+                }
+                Command::Pause(ps) => {
+                    ctx.state().held.extend(ps.iter().copied());
+                    let _ = consumer.pause(&ctx.tpl(ps));
+                }
+                Command::Resume(ps) => {
+                    let mut st = ctx.state();
+                    for p in &ps {
+                        st.held.remove(p);
+                    }
+                    if !st.backpressure_paused {
+                        let _ = consumer.resume(&ctx.tpl(ps));
+                    }
+                }
+                Command::Seek { partition, offset } => {
+                    let generation = ctx.state().bump(partition);
+                    match consumer.seek(&topic, partition, Offset::Offset(offset), Duration::from_secs(5)) {
+                        Ok(()) => {
+                            ctx.send_blocking(Event::Seeked { partition, offset, generation });
+                        }
+                        Err(e) => error!(%e, partition, offset, "seek failed"),
+                    }
+                }
+                Command::Shutdown => shutting_down = true,
+            }
+        }
+        if shutting_down {
+            break;
+        }
+
+        // 2. Flush overflow; pause/resume for back-pressure.
+        flush_overflow(&consumer);
+
+        // 3. Poll.
+        let mut chunk: Vec<Msg> = Vec::new();
+        let mut timeout = Duration::from_millis(100);
+        while chunk.len() < CHUNK {
+            match consumer.poll(timeout) {
+                None => break,
+                Some(Ok(m)) => {
+                    let generation = ctx.state().generations.get(&m.partition()).copied();
+                    if let Some(generation) = generation {
+                        chunk.push(Msg {
+                            partition: m.partition(),
+                            offset: m.offset(),
+                            generation,
+                            key: m.key().map(<[u8]>::to_vec),
+                            payload: m.payload().map(<[u8]>::to_vec),
+                            timestamp_ms: m.timestamp().to_millis(),
+                        });
+                    }
+                }
+                Some(Err(RdError::MessageConsumption(RDKafkaErrorCode::AutoOffsetReset)))
+                | Some(Err(RdError::MessageConsumption(RDKafkaErrorCode::OffsetOutOfRange))) => {
+                    warn!("fetch offset out of range: records were deleted before they were processed");
+                    push(ctx, Event::OffsetOutOfRange);
+                }
+                Some(Err(e)) => {
+                    if matches!(e, RdError::MessageConsumptionFatal(_)) {
+                        push(ctx, Event::Fatal(e.to_string()));
+                    }
+                    warn!(%e, "consumer error");
+                }
+            }
+            timeout = Duration::ZERO;
+        }
+        if !chunk.is_empty() {
+            push(ctx, Event::Messages(chunk));
+        }
+    }
+    // Leave the group: runs the revoke path through our callback, bounded.
+    if let Err(e) = consumer.close_queue() {
+        warn!(%e, "closing the consumer queue failed");
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !consumer.closed() && Instant::now() < deadline {
+        let _ = consumer.poll(Duration::from_millis(100));
+    }
+    drop(consumer);
+    info!("consumer stopped");
+}
+
+/// Queue an event without blocking: into the channel if it has room and nothing is
+/// waiting ahead of it, else into the overflow.
+fn push(ctx: &Ctx, ev: Event) {
+    let mut st = ctx.state();
+    if st.overflow.is_empty() {
+        match ctx.events.try_send(ev) {
+            Ok(()) => return,
+            Err(mpsc::error::TrySendError::Full(ev)) => st.overflow.push_back(ev),
+            Err(mpsc::error::TrySendError::Closed(_)) => {}
+        }
+    } else {
+        st.overflow.push_back(ev);
+    }
+}
+
+fn flush_overflow(consumer: &BaseConsumer<Ctx>) {
+    let ctx = consumer.context();
+    let mut st = ctx.state();
+    while let Some(ev) = st.overflow.pop_front() {
+        match ctx.events.try_send(ev) {
+            Ok(()) => {}
+            Err(mpsc::error::TrySendError::Full(ev)) => {
+                st.overflow.push_front(ev);
+                break;
+            }
+            Err(mpsc::error::TrySendError::Closed(_)) => {
+                st.overflow.clear();
+                break;
+            }
+        }
+    }
+    if !st.overflow.is_empty() && !st.backpressure_paused {
+        let ps: Vec<i32> = st.assigned.iter().copied().collect();
+        st.backpressure_paused = true;
+        ctx.stats.backpressure_pauses.fetch_add(1, Ordering::Relaxed);
+        let _ = consumer.pause(&ctx.tpl(ps));
+    } else if st.overflow.is_empty() && st.backpressure_paused && ctx.events.capacity() * 2 >= ctx.capacity {
+        let ps: Vec<i32> = st.assigned.iter().filter(|p| !st.held.contains(p)).copied().collect();
+        st.backpressure_paused = false;
+        let _ = consumer.resume(&ctx.tpl(ps));
+    }
+}

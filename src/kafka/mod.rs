@@ -1,0 +1,81 @@
+//! Everything that touches rdkafka. No rdkafka type leaves this module: the rest of the
+//! code sees plain structs ([`Msg`], [`consumer::Event`], [`PartitionInfo`]) and
+//! channel-based handles.
+
+pub mod admin;
+pub mod consumer;
+pub mod producer;
+
+use std::collections::BTreeMap;
+
+use rdkafka::config::ClientConfig;
+use thiserror::Error;
+
+/// One consumed log message, owned.
+#[derive(Debug, Clone)]
+pub struct Msg {
+    pub partition: i32,
+    pub offset: i64,
+    /// Assignment generation of the partition when the message was fetched; the processor
+    /// drops messages of an older generation (after a revoke, a re-assign or a seek).
+    pub generation: u64,
+    pub key: Option<Vec<u8>>,
+    pub payload: Option<Vec<u8>>,
+    /// Producer (create) timestamp in ms, if any.
+    pub timestamp_ms: Option<i64>,
+}
+
+/// What the broker says about a partition when it is assigned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PartitionInfo {
+    pub partition: i32,
+    /// The group's committed offset (next to read), if any.
+    pub group_offset: Option<i64>,
+    /// Log-start offset (first offset still stored).
+    pub low: i64,
+    /// High watermark (next offset to be written).
+    pub high: i64,
+}
+
+/// Kafka errors, classified for the caller.
+#[derive(Debug, Error)]
+pub enum KafkaError {
+    #[error("kafka client configuration: {0}")]
+    Config(String),
+    #[error("kafka broker request failed ({what}): {message}; is the broker running? (deploy/local/kafka.sh start)")]
+    Broker { what: String, message: String },
+    #[error("delivery to {topic} failed: {message}")]
+    Delivery { topic: String, message: String },
+}
+
+/// Connection settings shared by every client Sluice creates.
+#[derive(Debug, Clone)]
+pub struct ClientSettings {
+    pub brokers: String,
+    /// Passed through unchanged (SASL/SSL, tuning).
+    pub librdkafka: BTreeMap<String, String>,
+    pub request_timeout_ms: u32,
+}
+
+impl ClientSettings {
+    pub fn new(brokers: impl Into<String>) -> Self {
+        ClientSettings { brokers: brokers.into(), librdkafka: BTreeMap::new(), request_timeout_ms: 10_000 }
+    }
+
+    pub(crate) fn client_config(&self) -> ClientConfig {
+        let mut c = ClientConfig::new();
+        for (k, v) in &self.librdkafka {
+            c.set(k, v);
+        }
+        c.set("bootstrap.servers", &self.brokers);
+        c
+    }
+
+    pub(crate) fn timeout(&self) -> std::time::Duration {
+        std::time::Duration::from_millis(u64::from(self.request_timeout_ms))
+    }
+}
+
+pub(crate) fn broker_err(what: impl Into<String>, e: impl std::fmt::Display) -> KafkaError {
+    KafkaError::Broker { what: what.into(), message: e.to_string() }
+}

@@ -1,0 +1,14 @@
+//! Sluice: a Kafka-backed stream processor for collection logs.
+//!
+//! See `ARCHITECTURE.md` for the code map and the invariants each module keeps.
+
+pub mod materialize;
+pub mod record;
+pub mod positions;
+pub mod sysdb;
+pub mod config;
+pub mod kafka;
+pub mod failpoint;
+pub mod processor;
+pub mod cli;
+pub mod workload;

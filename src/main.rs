@@ -1,0 +1,69 @@
+//! The `sluice` binary: parses the command line, loads the configuration, sets up logs,
+//! and dispatches. Errors are printed with their context chain and exit code 1.
+
+use clap::Parser;
+use sluice::cli::{commands, Cli, Cmd, ConfigCmd, LogFormat};
+use sluice::config::{Config, Overrides};
+use tracing_subscriber::EnvFilter;
+
+fn main() -> std::process::ExitCode {
+    let cli = Cli::parse();
+    let filter = EnvFilter::try_from_env("SLUICE_LOG").unwrap_or_else(|_| EnvFilter::new("info,rdkafka=warn"));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    match cli.global.log_format {
+        LogFormat::Human => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+    let g = &cli.global;
+    let flags = Overrides {
+        brokers: g.brokers.clone(),
+        sysdb: g.sysdb.clone(),
+        group: g.group.clone(),
+        topic_prefix: g.topic_prefix.clone(),
+        http: g.http.clone(),
+    };
+    let config = match Config::load(g.config.as_deref(), Overrides::from_env().then(flags)) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("sluice: {e}");
+            return std::process::ExitCode::from(2);
+        }
+    };
+    let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("sluice: cannot start the async runtime: {e}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    let result = rt.block_on(async move {
+        match cli.command {
+            Cmd::Init { partitions, replication_factor } => commands::init(&config, partitions, replication_factor).await,
+            Cmd::Process => commands::process(config).await,
+            Cmd::Produce { input } => commands::produce(&config, &input).await,
+            Cmd::Records { collection, format } => commands::records(&config, &collection, format).await,
+            Cmd::Collections { command } => commands::collections(&config, command).await,
+            Cmd::Offsets { command } => commands::offsets(&config, command).await,
+            Cmd::Config { command: ConfigCmd::Show } => commands::config_show(&config),
+            Cmd::Workload { records, collections, dim, ids_per_collection, seed, collection_prefix } => {
+                commands::workload(&sluice::workload::WorkloadSpec {
+                    records,
+                    collections,
+                    dim,
+                    ids_per_collection,
+                    seed,
+                    collection_prefix,
+                    ..Default::default()
+                })
+            }
+        }
+    });
+    rt.shutdown_timeout(std::time::Duration::from_secs(2));
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("sluice: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,393 @@
+//! The materializer: a pure fold of one batch of one collection's log records
+//! into record changes (DESIGN.md section 4).
+//!
+//! [`fold_batch`] takes the collection's state before the batch (a [`RecordView`]),
+//! the collection's embedding dimension (if fixed yet) and the batch's log records
+//! in offset order, and returns a [`BatchOutcome`]: the applied [`Change`]s, the
+//! ignored and rejected records, the control records, and the dimension after the
+//! batch. It does no I/O and reads no clock: the same input always yields the same
+//! outcome, so a batch whose sysdb commit failed can simply be folded again.
+//!
+//! # Semantics
+//!
+//! Per record, in offset order, against the state left by the records before it
+//! (the view for the first touch of an id, the batch's own earlier changes after):
+//!
+//! | operation   | id currently live         | id absent (never, or deleted) |
+//! | ----------- | ------------------------- | ----------------------------- |
+//! | ADD         | ignored (`add_existing`)  | insert                        |
+//! | UPDATE      | merge                     | ignored (`update_missing`)    |
+//! | UPSERT      | merge                     | insert                        |
+//! | DELETE      | remove                    | ignored (`delete_missing`)    |
+//! | BACKFILL_FN | control record, skipped   | control record, skipped       |
+//!
+//! - **Insert**: the record is built from the log record alone; metadata keys whose
+//!   value is `Null` are dropped (materialized records never hold `Null`). A DELETE
+//!   then ADD of one id is therefore a fresh record with no trace of the old one.
+//! - **Merge**: metadata is merged key by key and a key whose new value is `Null` is
+//!   removed; the document and the embedding are replaced when the log record carries
+//!   them (`Some`) and kept when it does not (`None`).
+//! - Every applied record (insert, merge, remove) yields one [`Change`] and sets the
+//!   record's `offset` to its own offset, even a merge that changes nothing else.
+//!   Ignored and rejected records change nothing, offsets included.
+//! - **Dimension**: a collection's embedding dimension is fixed by its first
+//!   *applied* insert or merge that carries an embedding (an ignored record, or a
+//!   DELETE, whose embedding is never stored, does not fix it). Once fixed — before
+//!   the batch or earlier in it — any data record carrying an embedding of another
+//!   length is [`Rejected`] (DLQ reason `dimension_mismatch`), whatever its operation
+//!   and whether or not it would have been ignored. A rejected record has no effect.
+//! - **BACKFILL_FN** is never materialized: the processor diverts it (DESIGN.md
+//!   section 5). The fold only reports its offset in [`BatchOutcome::controls`]; its
+//!   payload, embedding included, is not looked at.
+//!
+//! The materializer does not validate records beyond this (empty ids, empty
+//! embeddings, NaNs are the decoder's and validator's business, in `record/`): an
+//! embedding's length is taken as it is, zero included.
+//!
+//! # Cost
+//!
+//! The view is asked at most once per distinct id per batch; after that the id's
+//! state lives in a local overlay keyed by the borrowed id. Per record the work is a
+//! hash lookup plus the merge itself. Embeddings are cloned only into the `Change`s
+//! (the `after` of an insert or merge, and the `before` of an id changed twice or
+//! more in the batch; the first `before` is moved out of the view's answer).
+//!
+//! The reference model in [`model`] is the independent oracle the property tests
+//! (and end-to-end tests) compare this fold against.
+
+pub mod model;
+
+#[cfg(test)]
+mod proptests;
+#[cfg(test)]
+mod tests;
+
+use std::collections::{BTreeMap, HashMap};
+use std::hash::BuildHasher;
+
+use crate::record::{LogRecord, MetaValue, Metadata, Operation, Record};
+
+/// Read access to a collection's records as they are before a batch.
+///
+/// Implemented for `HashMap<String, Record>`, `BTreeMap<String, Record>` and any
+/// `Fn(&str) -> Option<Record>`, so the processor can hand over whatever it preloaded
+/// from the sysdb.
+pub trait RecordView {
+    /// The record `id` before the batch, `None` if it was never written or is deleted.
+    fn get(&self, id: &str) -> Option<Record>;
+}
+
+impl<S: BuildHasher> RecordView for HashMap<String, Record, S> {
+    fn get(&self, id: &str) -> Option<Record> {
+        HashMap::get(self, id).cloned()
+    }
+}
+
+impl RecordView for BTreeMap<String, Record> {
+    fn get(&self, id: &str) -> Option<Record> {
+        BTreeMap::get(self, id).cloned()
+    }
+}
+
+impl<F: Fn(&str) -> Option<Record>> RecordView for F {
+    fn get(&self, id: &str) -> Option<Record> {
+        self(id)
+    }
+}
+
+/// One applied log record: the state of `id` just before and just after it.
+///
+/// `before == None` is an insert, `after == None` a removal, both `Some` a merge.
+/// Attached functions consume these (DESIGN.md section 5).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Change {
+    /// The record's id.
+    pub id: String,
+    /// State just before this log record (`None`: absent).
+    pub before: Option<Record>,
+    /// State just after this log record (`None`: deleted). Its `offset` is `offset`.
+    pub after: Option<Record>,
+    /// Offset of the log record that made the change.
+    pub offset: i64,
+}
+
+/// Why a data record was ignored (table in the module doc). Counted, not an error.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum IgnoreReason {
+    /// ADD of an id that is live.
+    AddExisting,
+    /// UPDATE of an id that is absent.
+    UpdateMissing,
+    /// DELETE of an id that is absent.
+    DeleteMissing,
+}
+
+impl IgnoreReason {
+    /// Every reason, for pre-registering metric label values.
+    pub const ALL: [IgnoreReason; 3] = [
+        IgnoreReason::AddExisting,
+        IgnoreReason::UpdateMissing,
+        IgnoreReason::DeleteMissing,
+    ];
+
+    /// The metric label value (`sluice_..._ignored_total{reason=...}`).
+    pub fn label(self) -> &'static str {
+        match self {
+            IgnoreReason::AddExisting => "add_existing",
+            IgnoreReason::UpdateMissing => "update_missing",
+            IgnoreReason::DeleteMissing => "delete_missing",
+        }
+    }
+}
+
+/// A data record whose embedding length differs from the collection's dimension.
+/// It had no effect; the processor sends it to the DLQ.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rejected {
+    /// Offset of the rejected log record.
+    pub offset: i64,
+    /// Its record id.
+    pub id: String,
+    /// The collection's dimension at that point.
+    pub expected: usize,
+    /// The length of the record's embedding.
+    pub actual: usize,
+}
+
+impl Rejected {
+    /// DLQ error kind and metric label value for a rejected record.
+    pub const REASON: &'static str = "dimension_mismatch";
+}
+
+/// What folding one batch produced. Every record of the batch appears in exactly one
+/// of `changes`, `ignored`, `rejected`, `controls`.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct BatchOutcome {
+    /// One per applied record, in offset order; an id may appear several times.
+    pub changes: Vec<Change>,
+    /// Ignored data records: `(offset, reason)`, in offset order.
+    pub ignored: Vec<(i64, IgnoreReason)>,
+    /// Records rejected for a dimension mismatch, in offset order.
+    pub rejected: Vec<Rejected>,
+    /// Offsets of the BACKFILL_FN control records, in offset order.
+    pub controls: Vec<i64>,
+    /// The collection's embedding dimension after the batch.
+    pub dimension: Option<usize>,
+}
+
+impl BatchOutcome {
+    /// Per id changed in the batch, its state at the end of the batch (`None`:
+    /// deleted), in id order — what the store writes. Ids only ignored or rejected
+    /// are absent. Derived from `changes` (the last change of each id).
+    pub fn final_states(&self) -> BTreeMap<&str, Option<&Record>> {
+        self.changes
+            .iter()
+            .map(|c| (c.id.as_str(), c.after.as_ref()))
+            .collect()
+    }
+}
+
+/// A batch that breaks [`fold_batch`]'s preconditions. Both are bugs in the caller
+/// (internal, not retryable): the whole batch is refused and nothing is produced.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum FoldError {
+    /// Offsets must be strictly increasing within a batch.
+    #[error("log records out of order: offset {offset} after offset {previous}")]
+    OffsetNotIncreasing {
+        /// The offset of the record before.
+        previous: i64,
+        /// The offending offset.
+        offset: i64,
+    },
+    /// A batch must hold records of one collection only.
+    #[error("batch of collection {expected:?} holds a record of {found:?} at offset {offset}")]
+    MixedCollections {
+        /// The collection of the batch's first record.
+        expected: String,
+        /// The collection of the offending record.
+        found: String,
+        /// The offending record's offset.
+        offset: i64,
+    },
+}
+
+/// Folds one batch of one collection's log records (module doc for the semantics).
+///
+/// - `view`: the collection's records before the batch.
+/// - `dimension`: the collection's embedding dimension before the batch, if fixed.
+/// - `records`: `(offset, log record)` pairs of a single collection, offsets strictly
+///   increasing (gaps allowed: other collections share the partition).
+///
+/// # Errors
+///
+/// A record out of offset order (or repeated) or of another collection refuses the
+/// whole batch with a [`FoldError`]; nothing partial is returned. The check is two
+/// comparisons per record, cheap next to the fold, and a silent misorder would
+/// corrupt the authoritative store.
+pub fn fold_batch<'a, V>(
+    view: &V,
+    dimension: Option<usize>,
+    records: impl IntoIterator<Item = (i64, &'a LogRecord)>,
+) -> Result<BatchOutcome, FoldError>
+where
+    V: RecordView + ?Sized,
+{
+    let mut out = BatchOutcome {
+        dimension,
+        ..BatchOutcome::default()
+    };
+    let mut overlay: HashMap<&'a str, Slot> = HashMap::new();
+    let mut first: Option<(&'a str, i64)> = None;
+
+    for (offset, rec) in records {
+        match first {
+            None => first = Some((rec.collection_id.as_str(), offset)),
+            Some((collection, previous)) => {
+                if rec.collection_id != collection {
+                    return Err(FoldError::MixedCollections {
+                        expected: collection.to_owned(),
+                        found: rec.collection_id.clone(),
+                        offset,
+                    });
+                }
+                if offset <= previous {
+                    return Err(FoldError::OffsetNotIncreasing { previous, offset });
+                }
+                first = Some((collection, offset));
+            }
+        }
+
+        let Some(op) = DataOp::of(rec.operation) else {
+            out.controls.push(offset);
+            continue;
+        };
+
+        if let (Some(expected), Some(embedding)) = (out.dimension, rec.embedding.as_ref()) {
+            if embedding.len() != expected {
+                out.rejected.push(Rejected {
+                    offset,
+                    id: rec.id.clone(),
+                    expected,
+                    actual: embedding.len(),
+                });
+                continue;
+            }
+        }
+
+        let slot = overlay
+            .entry(rec.id.as_str())
+            .or_insert_with(|| Slot::Base(view.get(&rec.id)));
+        let current = match slot {
+            Slot::Base(base) => base.as_ref(),
+            Slot::Changed(i) => out.changes[*i].after.as_ref(),
+        };
+
+        let after = match (op, current) {
+            (DataOp::Add, Some(_)) => Err(IgnoreReason::AddExisting),
+            (DataOp::Update, None) => Err(IgnoreReason::UpdateMissing),
+            (DataOp::Delete, None) => Err(IgnoreReason::DeleteMissing),
+            (DataOp::Add | DataOp::Upsert, None) => Ok(Some(insert(offset, rec))),
+            (DataOp::Update | DataOp::Upsert, Some(live)) => Ok(Some(merge(live, offset, rec))),
+            (DataOp::Delete, Some(_)) => Ok(None),
+        };
+        let after = match after {
+            Ok(after) => after,
+            Err(reason) => {
+                out.ignored.push((offset, reason));
+                continue;
+            }
+        };
+
+        if out.dimension.is_none() {
+            // An applied insert or merge stores the embedding it carries; a DELETE's
+            // embedding is never stored and fixes nothing.
+            if let (Some(_), Some(embedding)) = (&after, &rec.embedding) {
+                out.dimension = Some(embedding.len());
+            }
+        }
+
+        let before = match slot {
+            Slot::Base(base) => base.take(),
+            Slot::Changed(i) => out.changes[*i].after.clone(),
+        };
+        *slot = Slot::Changed(out.changes.len());
+        out.changes.push(Change {
+            id: rec.id.clone(),
+            before,
+            after,
+            offset,
+        });
+    }
+    Ok(out)
+}
+
+/// The state of one id inside a batch.
+enum Slot {
+    /// As the view gave it; not changed yet in this batch (`None`: absent).
+    Base(Option<Record>),
+    /// Changed in this batch; the current state is `changes[i].after`.
+    Changed(usize),
+}
+
+/// The data operations, so the fold's table match is exhaustive without a
+/// BACKFILL_FN arm.
+#[derive(Clone, Copy)]
+enum DataOp {
+    Add,
+    Update,
+    Upsert,
+    Delete,
+}
+
+impl DataOp {
+    fn of(op: Operation) -> Option<DataOp> {
+        match op {
+            Operation::Add => Some(DataOp::Add),
+            Operation::Update => Some(DataOp::Update),
+            Operation::Upsert => Some(DataOp::Upsert),
+            Operation::Delete => Some(DataOp::Delete),
+            Operation::BackfillFn => None,
+        }
+    }
+}
+
+/// A fresh record from `rec` alone; `Null` metadata values are dropped.
+fn insert(offset: i64, rec: &LogRecord) -> Record {
+    let metadata: Metadata = rec
+        .metadata
+        .iter()
+        .flatten()
+        .filter(|(_, v)| !matches!(v, MetaValue::Null))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    Record {
+        id: rec.id.clone(),
+        embedding: rec.embedding.clone(),
+        metadata,
+        document: rec.document.clone(),
+        offset,
+    }
+}
+
+/// `live` merged with `rec`: metadata key by key (`Null` removes the key), document
+/// and embedding replaced when `rec` carries them. Clones each field once.
+fn merge(live: &Record, offset: i64, rec: &LogRecord) -> Record {
+    let mut metadata = live.metadata.clone();
+    for (key, value) in rec.metadata.iter().flatten() {
+        match value {
+            MetaValue::Null => {
+                metadata.remove(key);
+            }
+            value => {
+                metadata.insert(key.clone(), value.clone());
+            }
+        }
+    }
+    Record {
+        id: live.id.clone(),
+        embedding: rec.embedding.as_ref().or(live.embedding.as_ref()).cloned(),
+        metadata,
+        document: rec.document.as_ref().or(live.document.as_ref()).cloned(),
+        offset,
+    }
+}

@@ -1,0 +1,290 @@
+//! Turning one partition's batch of messages into a [`BatchCommit`] plus DLQ entries.
+//! Pure: the worker loads what it needs from the sysdb and hands it in.
+
+use std::collections::{BTreeMap, HashMap};
+
+use crate::config::UnknownCollections;
+use crate::kafka::Msg;
+use crate::materialize::{fold_batch, BatchOutcome, FoldError, IgnoreReason, RecordView};
+use crate::positions::PositionDelta;
+use crate::record::framing::{unframe, Framing};
+use crate::record::partitioner::partition_for;
+use crate::record::validate::{validate, Limits};
+use crate::record::{codec, LogRecord, Operation, Record};
+use crate::sysdb::{BatchCommit, CollectionRow, CollectionUpdate};
+
+/// A record that goes to the dead-letter topic, with why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DlqEntry {
+    pub offset: i64,
+    /// Stable snake_case reason (metric label and `sluice.error.kind` header).
+    pub kind: &'static str,
+    pub message: String,
+}
+
+/// DLQ kinds the processor itself assigns (decode and validation errors carry their own).
+pub mod kinds {
+    pub const EMPTY_PAYLOAD: &str = "empty_payload";
+    pub const MISROUTED: &str = "misrouted";
+    pub const KEY_MISMATCH: &str = "key_mismatch";
+    pub const UNKNOWN_COLLECTION: &str = "unknown_collection";
+    pub const DIMENSION_MISMATCH: &str = "dimension_mismatch";
+}
+
+/// Decode and validate every message; bad ones become DLQ entries.
+pub fn decode_all(msgs: &[Msg], framing: Framing, limits: &Limits) -> Vec<(i64, Result<LogRecord, DlqEntry>)> {
+    msgs.iter().map(|m| (m.offset, decode_one(m, framing, limits))).collect()
+}
+
+fn decode_one(m: &Msg, framing: Framing, limits: &Limits) -> Result<LogRecord, DlqEntry> {
+    let bad = |kind: &'static str, message: String| DlqEntry { offset: m.offset, kind, message };
+    let payload = m.payload.as_deref().unwrap_or_default();
+    if payload.is_empty() {
+        return Err(bad(kinds::EMPTY_PAYLOAD, "message has no value".into()));
+    }
+    let (_, datum) = unframe(framing, payload).map_err(|e| bad(e.kind(), e.to_string()))?;
+    let rec = codec::decode(datum).map_err(|e| bad(e.kind(), e.to_string()))?;
+    validate(&rec, limits).map_err(|e| bad(e.kind(), e.to_string()))?;
+    if let Some(key) = &m.key {
+        if key.as_slice() != rec.collection_id.as_bytes() {
+            return Err(bad(
+                kinds::KEY_MISMATCH,
+                format!(
+                    "message key {:?} is not the record's collection id {:?}; producers must key by collection id",
+                    String::from_utf8_lossy(key),
+                    rec.collection_id
+                ),
+            ));
+        }
+    }
+    Ok(rec)
+}
+
+/// Everything the batch needs to know about a collection before folding.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Known {
+    Registered(CollectionRow),
+    Unknown,
+}
+
+/// Collections of one batch, split for folding, plus what went to the DLQ on the way.
+#[derive(Debug, Default)]
+pub struct Routed {
+    /// Per collection (id order): its row if registered, and its records in offset order.
+    pub collections: BTreeMap<String, (Option<CollectionRow>, Vec<(i64, LogRecord)>)>,
+    pub dlq: Vec<DlqEntry>,
+}
+
+/// Check each record's collection against the partition it arrived on.
+pub fn route(
+    decoded: Vec<(i64, Result<LogRecord, DlqEntry>)>,
+    partition: i32,
+    topic_partitions: i32,
+    known: &HashMap<String, Known>,
+    policy: UnknownCollections,
+) -> Routed {
+    let mut out = Routed::default();
+    for (offset, r) in decoded {
+        let rec = match r {
+            Ok(rec) => rec,
+            Err(e) => {
+                out.dlq.push(e);
+                continue;
+            }
+        };
+        let row = match known.get(&rec.collection_id) {
+            Some(Known::Registered(row)) => {
+                if row.partition != partition {
+                    out.dlq.push(DlqEntry {
+                        offset,
+                        kind: kinds::MISROUTED,
+                        message: format!(
+                            "collection {:?} is registered on partition {} but this record arrived on partition {partition}",
+                            rec.collection_id, row.partition
+                        ),
+                    });
+                    continue;
+                }
+                Some(row.clone())
+            }
+            _ => {
+                if policy == UnknownCollections::Reject {
+                    out.dlq.push(DlqEntry {
+                        offset,
+                        kind: kinds::UNKNOWN_COLLECTION,
+                        message: format!(
+                            "collection {:?} is not registered and processor.unknown_collections = \"reject\"",
+                            rec.collection_id
+                        ),
+                    });
+                    continue;
+                }
+                let home = partition_for(rec.collection_id.as_bytes(), topic_partitions as u32) as i32;
+                if home != partition {
+                    out.dlq.push(DlqEntry {
+                        offset,
+                        kind: kinds::MISROUTED,
+                        message: format!(
+                            "collection {:?} belongs on partition {home} (murmur2 of its id over {topic_partitions}) but arrived on partition {partition}; set partitioner=murmur2_random",
+                            rec.collection_id
+                        ),
+                    });
+                    continue;
+                }
+                None
+            }
+        };
+        out.collections.entry(rec.collection_id.clone()).or_insert_with(|| (row, Vec::new())).1.push((offset, rec));
+    }
+    out
+}
+
+/// Per-batch counts for metrics and logs.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct BatchCounts {
+    pub by_operation: BTreeMap<&'static str, u64>,
+    pub ignored: BTreeMap<&'static str, u64>,
+    pub controls: u64,
+}
+
+/// Fold one collection's records over its current records and produce its update.
+/// Returns `None` for the update if nothing of the collection was applied.
+pub fn fold_collection(
+    id: &str,
+    row: Option<&CollectionRow>,
+    partition: i32,
+    records: &[(i64, LogRecord)],
+    current: &HashMap<String, Record>,
+    counts: &mut BatchCounts,
+    dlq: &mut Vec<DlqEntry>,
+) -> Result<(Option<CollectionUpdate>, BatchOutcome), FoldError> {
+    let dimension = row.and_then(|r| r.dimension).map(|d| d as usize);
+    let outcome = fold_batch(current, dimension, records.iter().map(|(o, r)| (*o, r)))?;
+    for rj in &outcome.rejected {
+        dlq.push(DlqEntry {
+            offset: rj.offset,
+            kind: kinds::DIMENSION_MISMATCH,
+            message: format!(
+                "record {:?}: embedding has {} dimensions but collection {id:?} has {}",
+                rj.id, rj.actual, rj.expected
+            ),
+        });
+    }
+    for (_, reason) in &outcome.ignored {
+        *counts.ignored.entry(IgnoreReason::label(*reason)).or_default() += 1;
+    }
+    counts.controls += outcome.controls.len() as u64;
+    let rejected: std::collections::HashSet<i64> = outcome.rejected.iter().map(|r| r.offset).collect();
+    let mut last_applied = None;
+    for (o, r) in records {
+        if !rejected.contains(o) {
+            last_applied = Some(*o);
+            if r.operation != Operation::BackfillFn {
+                *counts.by_operation.entry(r.operation.symbol()).or_default() += 1;
+            }
+        }
+    }
+    let Some(log_position) = last_applied else {
+        return Ok((None, outcome));
+    };
+    let mut record_count_delta = 0i64;
+    let writes: Vec<(String, Option<Record>)> = outcome
+        .final_states()
+        .into_iter()
+        .map(|(rid, state)| {
+            let was = RecordView::get(current, rid).is_some();
+            record_count_delta += i64::from(state.is_some()) - i64::from(was);
+            (rid.to_string(), state.cloned())
+        })
+        .collect();
+    let update = CollectionUpdate {
+        id: id.to_string(),
+        partition: row.map(|r| r.partition).unwrap_or(partition),
+        dimension: outcome.dimension.map(|d| d as u32),
+        log_position: log_position.max(row.map(|r| r.log_position).unwrap_or(-1)),
+        record_count_delta,
+        writes,
+    };
+    Ok((Some(update), outcome))
+}
+
+/// Assemble the commit.
+pub fn commit(topic: &str, delta: PositionDelta, collections: Vec<CollectionUpdate>) -> BatchCommit {
+    BatchCommit { topic: topic.to_string(), delta, collections }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::record::{codec::encode, MetaValue};
+
+    fn msg(offset: i64, key: Option<&str>, payload: Vec<u8>) -> Msg {
+        Msg { partition: 0, offset, generation: 1, key: key.map(|k| k.as_bytes().to_vec()), payload: Some(payload), timestamp_ms: None }
+    }
+
+    fn rec(c: &str, id: &str, op: Operation) -> LogRecord {
+        let mut r = LogRecord::data(c, id, op);
+        r.metadata = Some([("k".to_string(), MetaValue::Long(1))].into_iter().collect());
+        r
+    }
+
+    #[test]
+    fn bad_input_becomes_dlq_entries_with_kinds() {
+        let good = encode(&rec("c", "a", Operation::Add));
+        let msgs = vec![
+            msg(0, Some("c"), good.clone()),
+            msg(1, Some("c"), vec![0xff, 0xff, 0xff]),
+            msg(2, Some("c"), good[..good.len() - 3].to_vec()),
+            msg(3, Some("other"), good.clone()),
+            msg(4, Some("c"), Vec::new()),
+        ];
+        let d = decode_all(&msgs, Framing::Plain, &Limits::default());
+        assert!(d[0].1.is_ok());
+        let kinds: Vec<&str> = d[1..].iter().map(|(_, r)| r.as_ref().unwrap_err().kind).collect();
+        assert_eq!(kinds[2], kinds::KEY_MISMATCH);
+        assert_eq!(kinds[3], kinds::EMPTY_PAYLOAD);
+        assert!(kinds[..2].iter().all(|k| !k.is_empty()));
+    }
+
+    #[test]
+    fn misrouted_and_unknown_collections() {
+        // Find a collection id whose home partition (of 4) is 1.
+        let home1 = (0..).map(|i| format!("c{i}")).find(|c| partition_for(c.as_bytes(), 4) == 1).unwrap();
+        let other = (0..).map(|i| format!("c{i}")).find(|c| partition_for(c.as_bytes(), 4) == 2).unwrap();
+        let decoded = vec![(10, Ok(rec(&home1, "a", Operation::Add))), (11, Ok(rec(&other, "a", Operation::Add)))];
+        let r = route(decoded.clone(), 1, 4, &HashMap::new(), UnknownCollections::Register);
+        assert_eq!(r.collections.len(), 1);
+        assert_eq!(r.dlq.len(), 1);
+        assert_eq!((r.dlq[0].offset, r.dlq[0].kind), (11, kinds::MISROUTED));
+
+        let rejected = route(decoded.clone(), 1, 4, &HashMap::new(), UnknownCollections::Reject);
+        assert_eq!(rejected.dlq.iter().map(|d| d.kind).collect::<Vec<_>>(), vec![kinds::UNKNOWN_COLLECTION; 2]);
+
+        // A registered collection on another partition is misrouted whatever its hash.
+        let mut known = HashMap::new();
+        known.insert(
+            home1.clone(),
+            Known::Registered(CollectionRow { id: home1.clone(), partition: 3, dimension: None, log_position: -1, record_count: 0 }),
+        );
+        let r = route(decoded, 1, 4, &known, UnknownCollections::Register);
+        assert_eq!(r.dlq.iter().map(|d| d.offset).collect::<Vec<_>>(), vec![10, 11]);
+    }
+
+    #[test]
+    fn fold_counts_and_positions() {
+        let records = vec![
+            (5, rec("c", "a", Operation::Add)),
+            (7, rec("c", "a", Operation::Add)),
+            (8, rec("c", "b", Operation::Delete)),
+            (9, rec("c", "b", Operation::Upsert)),
+        ];
+        let mut counts = BatchCounts::default();
+        let mut dlq = Vec::new();
+        let (u, _) = fold_collection("c", None, 0, &records, &HashMap::new(), &mut counts, &mut dlq).unwrap();
+        let u = u.unwrap();
+        assert_eq!((u.log_position, u.record_count_delta, u.writes.len()), (9, 2, 2));
+        assert_eq!(counts.ignored.get("add_existing"), Some(&1));
+        assert_eq!(counts.ignored.get("delete_missing"), Some(&1));
+        assert!(dlq.is_empty());
+    }
+}

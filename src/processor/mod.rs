@@ -1,0 +1,283 @@
+//! `sluice process`: the consumer-group replica's main loop.
+//!
+//! The router receives the consumer thread's events in order, answers assignments from
+//! the sysdb ([`start::resolve_start`]), runs one [`partition::Worker`] task per assigned
+//! partition, and stops workers on revoke before the consumer unassigns.
+
+pub mod batch;
+pub mod partition;
+pub mod start;
+pub mod stats;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{anyhow, Context};
+use tokio::sync::{mpsc, oneshot};
+use tokio::task::JoinHandle;
+use tracing::{error, info, warn};
+
+use crate::config::Config;
+use crate::kafka::admin::MetadataClient;
+use crate::kafka::consumer::{Command, ConsumerHandle, ConsumerSettings, Event, StartDecision};
+use crate::kafka::producer::Producer;
+use crate::kafka::{ClientSettings, Msg, PartitionInfo};
+use crate::sysdb::Sysdb;
+use partition::{Shared, Worker, WorkerMsg};
+use start::{resolve_start, HaltReason, Start};
+use stats::Counters;
+
+/// Inbox size of a worker, in message chunks.
+const WORKER_INBOX: usize = 64;
+
+/// Kafka client settings from the config.
+pub fn client_settings(config: &Config) -> ClientSettings {
+    ClientSettings {
+        brokers: config.kafka.brokers.clone(),
+        librdkafka: config.librdkafka.clone(),
+        request_timeout_ms: config.kafka.request_timeout_ms,
+    }
+}
+
+struct WorkerHandle {
+    inbox: mpsc::Sender<WorkerMsg>,
+    task: JoinHandle<()>,
+}
+
+/// Run the processor until `shutdown` resolves (then leave the group and return Ok).
+pub async fn run(
+    config: Config,
+    sysdb: Arc<Sysdb>,
+    counters: Arc<Counters>,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> anyhow::Result<()> {
+    let settings = client_settings(&config);
+    let topic = config.kafka.log_topic();
+    let topic_partitions = match sysdb.topic_partitions(&topic).await? {
+        Some(n) => n,
+        None => {
+            let s = settings.clone();
+            let t = topic.clone();
+            tokio::task::spawn_blocking(move || crate::kafka::admin::partition_count(&s, &t))
+                .await?
+                .with_context(|| format!("topic {topic} not found: run `sluice init` first"))?
+        }
+    };
+    let producer = Producer::new(&settings, &[])?;
+    let metadata = Arc::new(std::sync::Mutex::new(MetadataClient::new(&settings, Some(&config.kafka.group))?));
+    let (consumer, mut events) = ConsumerHandle::start(ConsumerSettings {
+        client: settings.clone(),
+        group: config.kafka.group.clone(),
+        topic: topic.clone(),
+        cooperative: config.kafka.rebalance_protocol == crate::config::RebalanceProtocol::Cooperative,
+        session_timeout_ms: config.kafka.session_timeout_ms,
+        max_poll_interval_ms: config.kafka.max_poll_interval_ms,
+        channel_capacity: 256,
+    })?;
+    let shared = Arc::new(Shared {
+        dlq_topic: config.kafka.dlq_topic(),
+        config: config.clone(),
+        sysdb: sysdb.clone(),
+        producer,
+        commander: consumer.commander(),
+        counters: counters.clone(),
+        metadata,
+        topic: topic.clone(),
+        topic_partitions,
+    });
+    info!(topic = %topic, group = %config.kafka.group, sysdb = sysdb.backend(), "processor started");
+
+    let mut workers: HashMap<i32, WorkerHandle> = HashMap::new();
+    tokio::pin!(shutdown);
+    let mut stopping = false;
+    let mut fatal: Option<String> = None;
+    let shutdown_timeout = Duration::from_millis(config.processor.shutdown_timeout_ms);
+    let mut stop_deadline: Option<tokio::time::Instant> = None;
+    loop {
+        let ev = tokio::select! {
+            ev = events.recv() => ev,
+            _ = &mut shutdown, if !stopping => {
+                info!("shutdown requested: committing in-flight batches and leaving the group");
+                stopping = true;
+                stop_deadline = Some(tokio::time::Instant::now() + shutdown_timeout);
+                consumer.send(Command::Shutdown);
+                continue;
+            }
+            _ = sleep_until_opt(stop_deadline) => {
+                warn!("shutdown timeout reached; exiting");
+                break;
+            }
+        };
+        let Some(ev) = ev else { break };
+        match ev {
+            Event::Assign { partitions, reply } => {
+                let decisions = assign(&shared, &mut workers, partitions).await;
+                match decisions {
+                    Ok(d) => {
+                        let _ = reply.send(d);
+                    }
+                    Err(e) => {
+                        error!(error = %e, "cannot load positions for the assignment; exiting so another replica takes over");
+                        fatal = Some(e.to_string());
+                        consumer.send(Command::Shutdown);
+                        stopping = true;
+                        stop_deadline = Some(tokio::time::Instant::now() + shutdown_timeout);
+                        drop(reply);
+                    }
+                }
+            }
+            Event::Assigned { partitions } => {
+                for (d, generation) in partitions {
+                    if let Some(w) = workers.get(&d.partition) {
+                        let _ = w.inbox.send(WorkerMsg::Generation(generation)).await;
+                    }
+                }
+            }
+            Event::Revoke { partitions, done } => {
+                stop_workers(&mut workers, &partitions).await;
+                let _ = done.send(());
+            }
+            Event::Messages(msgs) => route_messages(&workers, msgs).await,
+            Event::Seeked { partition, offset, generation } => {
+                if let Some(w) = workers.get(&partition) {
+                    let _ = w.inbox.send(WorkerMsg::Seeked { offset, generation }).await;
+                }
+            }
+            Event::OffsetOutOfRange => {
+                for w in workers.values() {
+                    let _ = w.inbox.send(WorkerMsg::CheckGap).await;
+                }
+            }
+            Event::Fatal(msg) => {
+                error!(error = %msg, "fatal consumer error");
+                fatal = Some(msg);
+                if !stopping {
+                    consumer.send(Command::Shutdown);
+                    stopping = true;
+                    stop_deadline = Some(tokio::time::Instant::now() + shutdown_timeout);
+                }
+            }
+        }
+    }
+    let all: Vec<i32> = workers.keys().copied().collect();
+    stop_workers(&mut workers, &all).await;
+    tokio::task::spawn_blocking(move || consumer.shutdown(Duration::from_secs(5))).await?;
+    info!("processor stopped");
+    match fatal {
+        Some(m) => Err(anyhow!("processor stopped on a fatal error: {m}")),
+        None => Ok(()),
+    }
+}
+
+async fn sleep_until_opt(deadline: Option<tokio::time::Instant>) {
+    match deadline {
+        Some(d) => tokio::time::sleep_until(d).await,
+        None => std::future::pending().await,
+    }
+}
+
+async fn route_messages(workers: &HashMap<i32, WorkerHandle>, msgs: Vec<Msg>) {
+    let mut by_partition: HashMap<i32, Vec<Msg>> = HashMap::new();
+    for m in msgs {
+        by_partition.entry(m.partition).or_default().push(m);
+    }
+    for (p, ms) in by_partition {
+        if let Some(w) = workers.get(&p) {
+            let _ = w.inbox.send(WorkerMsg::Messages(ms)).await;
+        }
+    }
+}
+
+async fn stop_workers(workers: &mut HashMap<i32, WorkerHandle>, partitions: &[i32]) {
+    let mut waits = Vec::new();
+    for p in partitions {
+        if let Some(w) = workers.remove(p) {
+            let (tx, rx) = oneshot::channel();
+            let _ = w.inbox.send(WorkerMsg::Stop(tx)).await;
+            waits.push((w.task, rx));
+        }
+    }
+    for (task, rx) in waits {
+        let _ = tokio::time::timeout(Duration::from_secs(9), rx).await;
+        task.abort();
+    }
+}
+
+/// Answer an assignment: read the sysdb positions, decide each partition's start, create
+/// missing rows, record skipped gaps, and start the workers.
+async fn assign(
+    shared: &Arc<Shared>,
+    workers: &mut HashMap<i32, WorkerHandle>,
+    partitions: Vec<PartitionInfo>,
+) -> anyhow::Result<Vec<StartDecision>> {
+    let cfg = &shared.config;
+    let positions = retry_sysdb(|| shared.sysdb.positions(&shared.topic)).await?;
+    let mut decisions = Vec::new();
+    for info in partitions {
+        let mut s: Start =
+            resolve_start(positions.get(&info.partition).copied(), info, cfg.kafka.auto_offset_reset, cfg.processor.on_data_loss);
+        if s.group_ahead {
+            shared.counters.add(stats::GROUP_AHEAD, &info.partition.to_string(), 1);
+            warn!(partition = info.partition, sysdb = s.offset, group = ?info.group_offset, "group offset is AHEAD of the sysdb position; the sysdb wins (records after it will be re-read and applied once)");
+        }
+        if s.needs_row {
+            let from = s.gap.map(|(from, _)| from).unwrap_or(s.offset);
+            let stored = retry_sysdb(|| shared.sysdb.init_position(&shared.topic, info.partition, from)).await?;
+            if stored != from {
+                // Another replica created the row meanwhile: decide again from it.
+                s = resolve_start(Some(stored), info, cfg.kafka.auto_offset_reset, cfg.processor.on_data_loss);
+            }
+        }
+        if let Some((from, to)) = s.gap {
+            retry_sysdb(|| shared.sysdb.record_gap(&shared.topic, info.partition, from, to)).await?;
+            shared.counters.add(stats::GAPS, &info.partition.to_string(), 1);
+            warn!(partition = info.partition, from, to, "records deleted before processing; gap recorded and skipped (on_data_loss = \"skip\")");
+        }
+        match s.halted {
+            Some(HaltReason::DataLoss { from, to }) => {
+                shared.counters.add(stats::GAPS, &info.partition.to_string(), 1);
+                error!(partition = info.partition, from, to, "records [{from}, {to}) were deleted by retention before being processed: partition HALTED (on_data_loss = \"halt\"). To accept the loss: `sluice offsets reset --partition {} --to {to}` (or set on_data_loss = \"skip\")", info.partition);
+            }
+            Some(HaltReason::AheadOfLog { sysdb, high }) => {
+                error!(partition = info.partition, sysdb, high, "the sysdb position is beyond the partition's high watermark (topic recreated or broker data lost): partition HALTED; fix with `sluice offsets reset`");
+            }
+            None => {}
+        }
+        let halted = s.halted.is_some();
+        let (tx, rx) = mpsc::channel(WORKER_INBOX);
+        let worker = Worker::new(info.partition, shared.clone(), s.offset, halted);
+        let task = tokio::spawn(worker.run(rx));
+        if let Some(old) = workers.insert(info.partition, WorkerHandle { inbox: tx, task }) {
+            old.task.abort();
+        }
+        info!(partition = info.partition, offset = s.offset, source = ?s.source, halted, "partition starts");
+        // The group offset only lags; bring it up to the sysdb right away so that lag tools
+        // agree even when no new record arrives (never backwards: the thread checks).
+        if !halted && info.group_offset.is_none_or(|g| g < s.offset) {
+            shared.commander.send(crate::kafka::consumer::Command::Commit(vec![(info.partition, s.offset)]));
+        }
+        decisions.push(StartDecision { partition: info.partition, offset: s.offset, paused: halted });
+    }
+    Ok(decisions)
+}
+
+/// Retry a retryable sysdb call with backoff for up to ~30 s.
+async fn retry_sysdb<T, F, Fut>(mut f: F) -> Result<T, crate::sysdb::SysdbError>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, crate::sysdb::SysdbError>>,
+{
+    let mut backoff = Duration::from_millis(100);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        match f().await {
+            Err(e) if e.is_retryable() && tokio::time::Instant::now() < deadline => {
+                warn!(%e, "sysdb unavailable; retrying");
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(3));
+            }
+            other => return other,
+        }
+    }
+}

@@ -1,0 +1,471 @@
+//! Tests of the hand-written codec: examples for each error, property tests against the
+//! apache-avro generic path, and robustness against arbitrary and mutated input.
+
+use super::*;
+use crate::record::avro::{decode_generic, encode_generic};
+use proptest::prelude::*;
+
+// ---------------------------------------------------------------------------------------
+// Helpers
+// ---------------------------------------------------------------------------------------
+
+/// Equality that compares floats by bit pattern, so NaN payloads must survive too.
+fn bitwise_eq(a: &LogRecord, b: &LogRecord) -> bool {
+    fn f32s(x: &Option<Vec<f32>>) -> Option<Vec<u32>> {
+        x.as_ref().map(|v| v.iter().map(|f| f.to_bits()).collect())
+    }
+    fn meta(x: &Option<Metadata>) -> Option<Vec<(String, String)>> {
+        x.as_ref().map(|m| {
+            m.iter()
+                .map(|(k, v)| {
+                    let v = match v {
+                        MetaValue::Double(d) => format!("Double(bits {:#018x})", d.to_bits()),
+                        other => format!("{other:?}"),
+                    };
+                    (k.clone(), v)
+                })
+                .collect()
+        })
+    }
+    a.collection_id == b.collection_id
+        && a.id == b.id
+        && a.operation == b.operation
+        && f32s(&a.embedding) == f32s(&b.embedding)
+        && a.encoding == b.encoding
+        && meta(&a.metadata) == meta(&b.metadata)
+        && a.document == b.document
+        && a.backfill == b.backfill
+}
+
+fn long(v: i64) -> Vec<u8> {
+    let mut out = Vec::new();
+    put_long(&mut out, v);
+    out
+}
+
+fn string(s: &str) -> Vec<u8> {
+    let mut out = Vec::new();
+    put_str(&mut out, s);
+    out
+}
+
+/// `collection_id`, `id`, `operation = ADD`, `embedding = null`, `encoding = FLOAT32`:
+/// the prefix of a record, to which a test appends the metadata onward.
+fn prefix() -> Vec<u8> {
+    [string("c"), string("i"), long(0), long(0), long(0)].concat()
+}
+
+fn sample() -> LogRecord {
+    let mut r = LogRecord::data("coll-1", "rec-1", Operation::Upsert);
+    r.embedding = Some(vec![0.5, -1.0, f32::NAN]);
+    r.metadata = Some(Metadata::from([
+        ("k1".to_string(), MetaValue::String("v".into())),
+        ("k2".to_string(), MetaValue::Double(2.5)),
+        ("k3".to_string(), MetaValue::Bool(true)),
+    ]));
+    r.document = Some("a document".into());
+    r
+}
+
+// ---------------------------------------------------------------------------------------
+// Examples
+// ---------------------------------------------------------------------------------------
+
+#[test]
+fn encodes_the_avro_spec_zigzag_varints() {
+    for (v, bytes) in [
+        (0i64, vec![0x00]),
+        (-1, vec![0x01]),
+        (1, vec![0x02]),
+        (-64, vec![0x7f]),
+        (64, vec![0x80, 0x01]),
+        (i64::MAX, vec![0xfe, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01]),
+        (i64::MIN, vec![0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01]),
+    ] {
+        assert_eq!(long(v), bytes, "encoding {v}");
+        let mut r = Reader { buf: &bytes, pos: 0 };
+        assert_eq!(r.long("x"), Ok(v));
+        assert_eq!(r.pos, bytes.len());
+    }
+}
+
+#[test]
+fn minimal_record_roundtrips_and_matches_generic_bytes() {
+    let r = LogRecord::data("c", "i", Operation::Add);
+    let bytes = encode(&r);
+    assert_eq!(bytes, [prefix(), long(0), long(0), long(0)].concat());
+    assert_eq!(bytes, encode_generic(&r).expect("generic encode"));
+    assert_eq!(decode(&bytes), Ok(r));
+}
+
+#[test]
+fn nan_embedding_and_metadata_roundtrip_bit_for_bit() {
+    let mut r = sample();
+    r.embedding = Some(vec![f32::from_bits(0x7fc0_1234), f32::from_bits(0xffff_ffff), -0.0]);
+    r.metadata = Some(Metadata::from([("n".to_string(), MetaValue::Double(f64::from_bits(0xfff0_0000_0000_0001)))]));
+    let decoded = decode(&encode(&r)).expect("decode");
+    assert!(bitwise_eq(&decoded, &r), "{decoded:?} != {r:?}");
+}
+
+#[test]
+fn map_in_several_blocks_with_negative_counts_decodes_like_apache_avro() {
+    // Block 1: count -2 with a byte size; block 2: count 1; then the end block.
+    let entries_a = [string("a"), long(2), long(7), string("b"), long(0)].concat();
+    let entries_b = [string("c"), long(4), vec![1]].concat();
+    let bytes = [
+        prefix(),
+        long(1),
+        long(-2),
+        long(entries_a.len() as i64),
+        entries_a,
+        long(1),
+        entries_b,
+        long(0),
+        long(0),
+        long(0),
+    ]
+    .concat();
+    let mut expected = LogRecord::data("c", "i", Operation::Add);
+    expected.metadata = Some(Metadata::from([
+        ("a".to_string(), MetaValue::Long(7)),
+        ("b".to_string(), MetaValue::Null),
+        ("c".to_string(), MetaValue::Bool(true)),
+    ]));
+    assert_eq!(decode(&bytes), Ok(expected.clone()));
+    assert_eq!(decode_generic(&bytes).expect("apache-avro agrees"), expected);
+}
+
+fn err(bytes: &[u8]) -> DecodeError {
+    match decode(bytes) {
+        Ok(r) => panic!("decoded {r:?}"),
+        Err(e) => e,
+    }
+}
+
+#[test]
+fn truncated_input_names_the_field_and_its_start() {
+    let bytes = encode(&sample());
+    assert_eq!(err(&[]), DecodeError::Truncated { field: "collection_id", pos: 0 });
+    // Cut inside the document string: the length says more than what remains.
+    let doc_start = bytes.len() - 1 - "a document".len() - 1;
+    let e = err(&bytes[..bytes.len() - 3]);
+    assert_eq!(e.kind(), "length_overflow");
+    assert_eq!(e, DecodeError::LengthOverflow { field: "document", len: 10, max: 8, pos: doc_start });
+    // Cut before the last union index.
+    assert_eq!(err(&bytes[..bytes.len() - 1]), DecodeError::Truncated { field: "backfill", pos: bytes.len() - 1 });
+}
+
+#[test]
+fn lying_lengths_are_rejected_before_allocating() {
+    // i64::MAX-long collection id in a 10-byte input.
+    let e = err(&long(i64::MAX));
+    assert_eq!(e, DecodeError::LengthOverflow { field: "collection_id", len: i64::MAX as u64, max: 0, pos: 0 });
+    assert_eq!(err(&long(-5)), DecodeError::NegativeLength { field: "collection_id", len: -5, pos: 0 });
+    // 2^62 map entries.
+    let e = err(&[prefix(), long(1), long(1 << 62)].concat());
+    assert_eq!(e.kind(), "length_overflow");
+    // i64::MIN entries (negation overflows in naive code).
+    let e = err(&[prefix(), long(1), long(i64::MIN), long(0)].concat());
+    assert_eq!(e.kind(), "length_overflow");
+    // Huge declared block size.
+    let e = err(&[prefix(), long(1), long(-1), long(i64::MAX), string("a"), long(0), long(0)].concat());
+    assert_eq!(e.kind(), "length_overflow");
+    // Huge embedding.
+    let e = err(&[string("c"), string("i"), long(0), long(1), long(i64::MAX)].concat());
+    assert!(matches!(e, DecodeError::LengthOverflow { field: "embedding", .. }));
+}
+
+#[test]
+fn each_malformed_item_gets_its_kind_and_position() {
+    let p = prefix().len();
+    let cases: Vec<(Vec<u8>, DecodeError)> = vec![
+        (vec![0xff; 11], DecodeError::VarintOverflow { field: "collection_id", pos: 0 }),
+        (
+            [vec![0xff; 9], vec![0x02]].concat(),
+            DecodeError::VarintOverflow { field: "collection_id", pos: 0 },
+        ),
+        ([string("c"), long(1), vec![0xff]].concat(), DecodeError::InvalidUtf8 { field: "id", pos: 3 }),
+        (
+            [string("c"), string("i"), long(5)].concat(),
+            DecodeError::BadEnumIndex { field: "operation", index: 5, symbols: 5, pos: 4 },
+        ),
+        (
+            [string("c"), string("i"), long(-1)].concat(),
+            DecodeError::BadEnumIndex { field: "operation", index: -1, symbols: 5, pos: 4 },
+        ),
+        (
+            [string("c"), string("i"), long(0), long(2)].concat(),
+            DecodeError::BadUnionIndex { field: "embedding", index: 2, branches: 2, pos: 5 },
+        ),
+        (
+            [string("c"), string("i"), long(0), long(1), long(5), vec![0; 5]].concat(),
+            DecodeError::EmbeddingNotMultipleOf4 { len: 5, pos: 7 },
+        ),
+        (
+            [string("c"), string("i"), long(0), long(0), long(1)].concat(),
+            DecodeError::BadEnumIndex { field: "encoding", index: 1, symbols: 1, pos: 6 },
+        ),
+        (
+            [prefix(), long(1), long(1), string("k"), long(5)].concat(),
+            DecodeError::BadUnionIndex { field: "metadata.value", index: 5, branches: 5, pos: p + 4 },
+        ),
+        (
+            [prefix(), long(1), long(1), string("k"), long(4), vec![2]].concat(),
+            DecodeError::BadBool { field: "metadata.value", byte: 2, pos: p + 5 },
+        ),
+        (
+            [prefix(), long(1), long(1), string("k"), long(3), vec![0; 7]].concat(),
+            DecodeError::Truncated { field: "metadata.value", pos: p + 5 },
+        ),
+        (
+            [prefix(), long(1), long(2), string("k"), long(0), string("k"), long(0), long(0)].concat(),
+            DecodeError::DuplicateMapKey { field: "metadata", pos: p + 5 },
+        ),
+        (
+            [prefix(), long(1), long(-1), long(5), string("k"), long(0), long(0), long(0), long(0), long(0)]
+                .concat(),
+            DecodeError::BadBlockSize { field: "metadata", declared: 5, actual: 3, pos: p + 1 },
+        ),
+        (
+            [prefix(), long(1), long(-1), long(-3)].concat(),
+            DecodeError::NegativeLength { field: "metadata", len: -3, pos: p + 2 },
+        ),
+        (
+            [prefix(), long(0), long(0), long(0), vec![9, 9]].concat(),
+            DecodeError::TrailingBytes { count: 2, pos: p + 3 },
+        ),
+    ];
+    for (bytes, expected) in cases {
+        let got = err(&bytes);
+        assert_eq!(got, expected, "input {bytes:02x?}");
+        assert_eq!(got.pos(), expected.pos());
+        assert!(!got.to_string().is_empty());
+    }
+}
+
+#[test]
+fn error_kinds_are_distinct_snake_case_labels() {
+    let kinds = [
+        DecodeError::Truncated { field: "f", pos: 0 }.kind(),
+        DecodeError::VarintOverflow { field: "f", pos: 0 }.kind(),
+        DecodeError::NegativeLength { field: "f", len: -1, pos: 0 }.kind(),
+        DecodeError::LengthOverflow { field: "f", len: 1, max: 0, pos: 0 }.kind(),
+        DecodeError::BadUnionIndex { field: "f", index: 9, branches: 2, pos: 0 }.kind(),
+        DecodeError::BadEnumIndex { field: "f", index: 9, symbols: 2, pos: 0 }.kind(),
+        DecodeError::InvalidUtf8 { field: "f", pos: 0 }.kind(),
+        DecodeError::BadBool { field: "f", byte: 2, pos: 0 }.kind(),
+        DecodeError::BadBlockSize { field: "f", declared: 1, actual: 2, pos: 0 }.kind(),
+        DecodeError::DuplicateMapKey { field: "f", pos: 0 }.kind(),
+        DecodeError::EmbeddingNotMultipleOf4 { len: 3, pos: 0 }.kind(),
+        DecodeError::TrailingBytes { count: 1, pos: 0 }.kind(),
+    ];
+    let unique: std::collections::BTreeSet<_> = kinds.iter().collect();
+    assert_eq!(unique.len(), kinds.len());
+    for k in kinds {
+        assert!(k.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_'), "{k}");
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Property tests
+// ---------------------------------------------------------------------------------------
+
+/// Strings drawn from all of Unicode (`any::<char>()` favours unusual planes and edges).
+fn unicode(max: usize) -> impl Strategy<Value = String> {
+    prop::collection::vec(any::<char>(), 0..max).prop_map(|cs| cs.into_iter().collect())
+}
+
+fn meta_value() -> impl Strategy<Value = MetaValue> {
+    prop_oneof![
+        Just(MetaValue::Null),
+        unicode(24).prop_map(MetaValue::String),
+        any::<i64>().prop_map(MetaValue::Long),
+        // Every f64 bit pattern, NaNs with payloads and infinities included.
+        any::<u64>().prop_map(|b| MetaValue::Double(f64::from_bits(b))),
+        any::<bool>().prop_map(MetaValue::Bool),
+    ]
+}
+
+pub(crate) fn log_record() -> impl Strategy<Value = LogRecord> {
+    let embedding = prop::option::of(prop::collection::vec(any::<u32>().prop_map(f32::from_bits), 0..48));
+    let metadata = prop::option::of(prop::collection::btree_map(unicode(12), meta_value(), 0..6));
+    let backfill = prop::option::of((unicode(16), unicode(16)).prop_map(|(request_id, function_id)| {
+        BackfillRef { request_id, function_id }
+    }));
+    (
+        unicode(16),
+        unicode(40),
+        prop::sample::select(Operation::ALL.to_vec()),
+        embedding,
+        metadata,
+        prop::option::of(unicode(64)),
+        backfill,
+    )
+        .prop_map(|(collection_id, id, operation, embedding, metadata, document, backfill)| LogRecord {
+            collection_id,
+            id,
+            operation,
+            embedding,
+            encoding: Encoding::Float32,
+            metadata,
+            document,
+            backfill,
+        })
+}
+
+/// A valid encoding damaged by a few edits: byte overwrites, truncation, insertion, and
+/// splicing in a maximal varint (the edits most likely to reach deep decoder states).
+fn mutated_encoding() -> impl Strategy<Value = Vec<u8>> {
+    let edit = (0u8..4, any::<prop::sample::Index>(), any::<u8>());
+    (log_record(), prop::collection::vec(edit, 1..4)).prop_map(|(r, edits)| {
+        let mut bytes = encode(&r);
+        for (op, at, byte) in edits {
+            let i = at.index(bytes.len() + 1);
+            match op {
+                0 if i < bytes.len() => bytes[i] = byte,
+                1 => bytes.truncate(i),
+                2 => bytes.insert(i, byte),
+                _ => {
+                    let v = if byte % 2 == 0 { i64::MAX } else { i64::MIN + i64::from(byte) };
+                    let tail = bytes.split_off(i.min(bytes.len()));
+                    bytes.extend(long(v));
+                    bytes.extend(tail);
+                }
+            }
+        }
+        bytes
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(2000))]
+
+    #[test]
+    fn fast_and_generic_paths_agree(r in log_record()) {
+        let generic = encode_generic(&r).expect("generic encode");
+        let fast = encode(&r);
+
+        let from_generic = decode(&generic).expect("fast decodes generic bytes");
+        prop_assert!(bitwise_eq(&from_generic, &r), "{from_generic:?} != {r:?}");
+        let from_fast = decode_generic(&fast).expect("generic decodes fast bytes");
+        prop_assert!(bitwise_eq(&from_fast, &r), "{from_fast:?} != {r:?}");
+
+        // apache-avro writes a HashMap's entries in arbitrary order, so the bytes can only
+        // be identical when that order is unique; otherwise they are a permutation of map
+        // entries (same length, and decoding to the same record was checked above).
+        if r.metadata.as_ref().map_or(0, |m| m.len()) <= 1 {
+            prop_assert_eq!(&fast, &generic);
+        } else {
+            prop_assert_eq!(fast.len(), generic.len());
+        }
+    }
+
+    #[test]
+    fn decode_never_panics_on_arbitrary_bytes(bytes in prop::collection::vec(any::<u8>(), 0..512)) {
+        let _ = decode(&bytes);
+    }
+
+    #[test]
+    fn decode_never_panics_on_mutated_encodings(bytes in mutated_encoding()) {
+        if let Ok(r) = decode(&bytes) {
+            // Whatever decodes is a whole record: it survives a canonical roundtrip.
+            let again = decode(&encode(&r)).expect("re-encoding decodes");
+            prop_assert!(bitwise_eq(&again, &r), "{again:?} != {r:?}");
+        }
+    }
+
+    #[test]
+    fn every_strict_prefix_of_an_encoding_is_an_error(r in log_record()) {
+        let bytes = encode(&r);
+        for cut in 0..bytes.len() {
+            prop_assert!(decode(&bytes[..cut]).is_err(), "prefix of {} bytes decoded", cut);
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// One million inputs (run with `scripts/fuzz-decoder-1m.sh`)
+// ---------------------------------------------------------------------------------------
+
+/// xorshift64*: deterministic, dependency-free and fast enough for a million inputs.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n.max(1) as u64) as usize
+    }
+}
+
+#[test]
+#[ignore = "slow in debug builds; run with scripts/fuzz-decoder-1m.sh"]
+fn decoder_survives_one_million_arbitrary_inputs() {
+    use proptest::strategy::ValueTree;
+    use proptest::test_runner::{Config, TestRunner};
+
+    const INPUTS: usize = 1_000_000;
+    let seed = std::env::var("SLUICE_FUZZ_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(0x5eed_u64);
+    let mut rng = Rng(seed | 1);
+
+    // A pool of valid encodings from the property-test strategy, to mutate.
+    let mut runner = TestRunner::new(Config::default());
+    let strategy = log_record();
+    let mut pool: Vec<Vec<u8>> = Vec::new();
+    for _ in 0..512 {
+        let r = strategy.new_tree(&mut runner).expect("strategy").current();
+        pool.push(encode(&r));
+    }
+    pool.push(encode(&sample()));
+
+    let started = std::time::Instant::now();
+    let mut kinds: std::collections::BTreeMap<&'static str, usize> = Default::default();
+    let mut input = Vec::new();
+    for n in 0..INPUTS {
+        input.clear();
+        match n % 4 {
+            // Arbitrary bytes.
+            0 => {
+                let len = rng.below(256);
+                input.extend((0..len).map(|_| rng.next() as u8));
+            }
+            // A valid encoding with 1-4 random byte edits.
+            1 | 2 => {
+                input.extend_from_slice(&pool[rng.below(pool.len())]);
+                for _ in 0..1 + rng.below(4) {
+                    let i = rng.below(input.len());
+                    match rng.below(3) {
+                        0 if !input.is_empty() => input[i] = rng.next() as u8,
+                        1 => input.insert(i, rng.next() as u8),
+                        _ => {
+                            let tail = input.split_off(i);
+                            input.extend(long(rng.next() as i64));
+                            input.extend(tail);
+                        }
+                    }
+                }
+            }
+            // A truncated valid encoding.
+            _ => {
+                let valid = &pool[rng.below(pool.len())];
+                input.extend_from_slice(&valid[..rng.below(valid.len())]);
+            }
+        }
+        let kind = match decode(&input) {
+            Ok(_) => "ok",
+            Err(e) => e.kind(),
+        };
+        *kinds.entry(kind).or_default() += 1;
+    }
+    let elapsed = started.elapsed();
+    let total: usize = kinds.values().sum();
+    println!("decoded {total} inputs without panic in {elapsed:.2?} (seed {seed:#x})");
+    for (kind, count) in &kinds {
+        println!("  {kind:<28} {count}");
+    }
+    assert_eq!(total, INPUTS);
+}

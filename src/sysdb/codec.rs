@@ -1,0 +1,218 @@
+//! How record fields are stored, identically on both backends.
+//!
+//! * **Embedding**: little-endian packed `f32` (`BLOB` / `BYTEA`), the same bytes the
+//!   log record carries; every bit pattern round-trips (NaN payloads, -0.0, subnormals).
+//! * **Metadata**: JSON text, an object of key → value, `NULL` when empty:
+//!   - `String` → JSON string, `Bool` → JSON bool;
+//!   - `Long` → JSON integer (`-9223372036854775808` … `9223372036854775807`);
+//!   - finite `Double` → a JSON number always written with a fraction or an exponent
+//!     (`1.0`, `-0.0`, `1e300`: serde_json's shortest round-trip form), so it reads back
+//!     as a double; reading, a number that fits an `i64` is a `Long`, anything else a
+//!     `Double`. serde_json's `float_roundtrip` feature makes parsing exact, so every
+//!     finite `f64` reads back bit-identical;
+//!   - non-finite `Double` (JSON has none) → `{"f64": "NaN" | "Infinity" | "-Infinity"}`
+//!     (NaN payload bits are not kept);
+//!   - `Null` ("remove the key" in a log record) never reaches a materialized record and
+//!     is not written.
+
+use serde_json::{Map, Number, Value};
+
+use super::SysdbError;
+use crate::record::{MetaValue, Metadata, Record};
+
+/// Tag of the object that carries a non-finite double.
+const NON_FINITE_TAG: &str = "f64";
+
+/// Little-endian packed f32.
+pub(crate) fn encode_embedding(v: &[f32]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(v.len() * 4);
+    for x in v {
+        out.extend_from_slice(&x.to_le_bytes());
+    }
+    out
+}
+
+pub(crate) fn decode_embedding(bytes: &[u8]) -> Result<Vec<f32>, String> {
+    if bytes.len() % 4 != 0 {
+        return Err(format!("stored embedding has {} bytes, not a multiple of 4", bytes.len()));
+    }
+    Ok(bytes
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect())
+}
+
+/// JSON text of `metadata`, `None` when it has no (non-null) key.
+pub(crate) fn encode_metadata(metadata: &Metadata) -> Option<String> {
+    let mut map = Map::new();
+    for (k, v) in metadata {
+        let json = match v {
+            MetaValue::Null => continue,
+            MetaValue::String(s) => Value::String(s.clone()),
+            MetaValue::Long(i) => Value::Number(Number::from(*i)),
+            MetaValue::Bool(b) => Value::Bool(*b),
+            MetaValue::Double(d) => match Number::from_f64(*d) {
+                Some(n) => Value::Number(n),
+                None => {
+                    let name = if d.is_nan() {
+                        "NaN"
+                    } else if *d > 0.0 {
+                        "Infinity"
+                    } else {
+                        "-Infinity"
+                    };
+                    let mut tagged = Map::new();
+                    tagged.insert(NON_FINITE_TAG.to_string(), Value::String(name.to_string()));
+                    Value::Object(tagged)
+                }
+            },
+        };
+        map.insert(k.clone(), json);
+    }
+    if map.is_empty() {
+        return None;
+    }
+    Some(Value::Object(map).to_string())
+}
+
+pub(crate) fn decode_metadata(text: Option<&str>) -> Result<Metadata, String> {
+    let mut out = Metadata::new();
+    let Some(text) = text else { return Ok(out) };
+    let value: Value = serde_json::from_str(text).map_err(|e| format!("stored metadata is not JSON: {e}"))?;
+    let Value::Object(map) = value else {
+        return Err("stored metadata is not a JSON object".to_string());
+    };
+    for (k, v) in map {
+        let meta = match v {
+            Value::String(s) => MetaValue::String(s),
+            Value::Bool(b) => MetaValue::Bool(b),
+            Value::Number(n) => match n.as_i64() {
+                Some(i) => MetaValue::Long(i),
+                None => MetaValue::Double(n.as_f64().ok_or_else(|| format!("metadata key {k:?}: number {n} out of range"))?),
+            },
+            Value::Object(tagged) => match tagged.get(NON_FINITE_TAG).and_then(Value::as_str) {
+                Some("NaN") => MetaValue::Double(f64::NAN),
+                Some("Infinity") => MetaValue::Double(f64::INFINITY),
+                Some("-Infinity") => MetaValue::Double(f64::NEG_INFINITY),
+                _ => return Err(format!("metadata key {k:?}: unexpected object value")),
+            },
+            Value::Null => continue,
+            Value::Array(_) => return Err(format!("metadata key {k:?}: unexpected array value")),
+        };
+        out.insert(k, meta);
+    }
+    Ok(out)
+}
+
+/// A stored row back into a [`Record`]; a value that does not decode is a `Database`
+/// error naming the record (it can only come from a corrupted or foreign write).
+pub(crate) fn decode_record(
+    backend: &'static str,
+    id: String,
+    embedding: Option<Vec<u8>>,
+    metadata: Option<String>,
+    document: Option<String>,
+    offset: i64,
+) -> Result<Record, SysdbError> {
+    let bad = |message: String| SysdbError::Database { backend, message: format!("record {id:?}: {message}") };
+    let embedding = match embedding {
+        Some(bytes) => Some(decode_embedding(&bytes).map_err(bad)?),
+        None => None,
+    };
+    let metadata = decode_metadata(metadata.as_deref()).map_err(bad)?;
+    Ok(Record { id, embedding, metadata, document, offset })
+}
+
+/// Metadata equality where doubles compare by bits (`-0.0 != 0.0`, `NaN == NaN`):
+/// what "round-trips exactly" means.
+pub(crate) fn metadata_bit_eq(a: &Metadata, b: &Metadata) -> bool {
+    a.len() == b.len()
+        && a.iter().zip(b.iter()).all(|((ka, va), (kb, vb))| {
+            ka == kb
+                && match (va, vb) {
+                    (MetaValue::Double(x), MetaValue::Double(y)) => x.to_bits() == y.to_bits() || (x.is_nan() && y.is_nan()),
+                    _ => va == vb,
+                }
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn one(v: MetaValue) -> Metadata {
+        let mut m = Metadata::new();
+        m.insert("k".to_string(), v);
+        m
+    }
+
+    fn round_trip(m: &Metadata) -> Metadata {
+        decode_metadata(encode_metadata(m).as_deref()).unwrap()
+    }
+
+    #[test]
+    fn integral_doubles_stay_doubles_and_longs_stay_longs() {
+        for d in [1.0, -0.0, 0.0, 1e300, -1e-300, 9007199254740993.0, 1e16, f64::MAX, f64::MIN_POSITIVE, 5e-324] {
+            let m = one(MetaValue::Double(d));
+            assert!(metadata_bit_eq(&round_trip(&m), &m), "{d:e} -> {:?}", encode_metadata(&m));
+        }
+        for i in [i64::MIN, i64::MAX, 0, -1, 1 << 53] {
+            let m = one(MetaValue::Long(i));
+            assert_eq!(round_trip(&m), m);
+        }
+        assert_eq!(encode_metadata(&one(MetaValue::Double(1.0))).unwrap(), r#"{"k":1.0}"#);
+        assert_eq!(encode_metadata(&one(MetaValue::Double(-0.0))).unwrap(), r#"{"k":-0.0}"#);
+    }
+
+    #[test]
+    fn non_finite_doubles_are_tagged() {
+        for d in [f64::NAN, f64::INFINITY, f64::NEG_INFINITY] {
+            let m = one(MetaValue::Double(d));
+            assert!(metadata_bit_eq(&round_trip(&m), &m), "{d}");
+        }
+    }
+
+    #[test]
+    fn empty_and_null_only_metadata_is_stored_as_null() {
+        assert_eq!(encode_metadata(&Metadata::new()), None);
+        assert_eq!(encode_metadata(&one(MetaValue::Null)), None);
+        assert_eq!(decode_metadata(None).unwrap(), Metadata::new());
+    }
+
+    #[test]
+    fn corrupt_values_are_errors() {
+        assert!(decode_metadata(Some("[1]")).is_err());
+        assert!(decode_metadata(Some("{\"k\":[1]}")).is_err());
+        assert!(decode_metadata(Some("nope")).is_err());
+        assert!(decode_embedding(&[0, 0, 0]).is_err());
+    }
+
+    #[test]
+    fn embeddings_keep_every_bit() {
+        let v = [f32::from_bits(0x7fc0_1234), -0.0, f32::MIN_POSITIVE / 2.0, f32::MAX, f32::NEG_INFINITY, 0.1];
+        let back = decode_embedding(&encode_embedding(&v)).unwrap();
+        assert_eq!(back.iter().map(|x| x.to_bits()).collect::<Vec<_>>(), v.iter().map(|x| x.to_bits()).collect::<Vec<_>>());
+    }
+
+    proptest! {
+        #[test]
+        fn every_finite_double_and_every_long_round_trips(d in any::<f64>().prop_filter("finite", |d| d.is_finite()), i in any::<i64>(), s in ".*", b in any::<bool>()) {
+            let mut m = Metadata::new();
+            m.insert("d".into(), MetaValue::Double(d));
+            m.insert("i".into(), MetaValue::Long(i));
+            m.insert("s".into(), MetaValue::String(s));
+            m.insert("b".into(), MetaValue::Bool(b));
+            let back = round_trip(&m);
+            prop_assert!(metadata_bit_eq(&back, &m), "{:?} -> {:?}", m, back);
+        }
+
+        #[test]
+        fn every_double_bit_pattern_that_is_finite_round_trips(bits in any::<u64>()) {
+            let d = f64::from_bits(bits);
+            prop_assume!(d.is_finite());
+            let m = one(MetaValue::Double(d));
+            prop_assert!(metadata_bit_eq(&round_trip(&m), &m));
+        }
+    }
+}

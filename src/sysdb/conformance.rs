@@ -1,0 +1,521 @@
+//! Backend-independent conformance suite for [`Sysdb`]: every backend must pass it.
+//!
+//! Run for SQLite by the unit tests in `sqlite.rs` and for PostgreSQL by
+//! `integration-tests/tests/sysdb_postgres.rs`. Every check uses its own random topic and
+//! collection names, so the suite can run against a shared database, concurrently with
+//! other runs, and never needs a clean one. Checks panic with a message naming the
+//! behaviour that broke.
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::{Duration, Instant};
+
+use super::codec::metadata_bit_eq;
+use super::{BatchCommit, CollectionRow, CollectionUpdate, Sysdb, SysdbError};
+use crate::positions::{IncompatibleDelta, PositionDelta};
+use crate::record::{MetaValue, Metadata, Record};
+
+/// A name no other run uses.
+pub fn unique(prefix: &str) -> String {
+    format!("{prefix}-{}", uuid::Uuid::new_v4().simple())
+}
+
+fn record(id: &str, offset: i64, embedding: Option<Vec<f32>>) -> Record {
+    let mut metadata = Metadata::new();
+    metadata.insert("offset".into(), MetaValue::Long(offset));
+    Record { id: id.into(), embedding, metadata, document: Some(format!("doc {id} at {offset}")), offset }
+}
+
+fn upsert(r: Record) -> (String, Option<Record>) {
+    (r.id.clone(), Some(r))
+}
+
+fn delete(id: &str) -> (String, Option<Record>) {
+    (id.to_string(), None)
+}
+
+fn batch(topic: &str, partition: i32, from: i64, to: i64, collections: Vec<CollectionUpdate>) -> BatchCommit {
+    BatchCommit { topic: topic.into(), delta: PositionDelta::new(partition, from, to).expect("valid delta"), collections }
+}
+
+fn update(id: &str, partition: i32, dimension: Option<u32>, log_position: i64, delta: i64, writes: Vec<(String, Option<Record>)>) -> CollectionUpdate {
+    CollectionUpdate { id: id.into(), partition, dimension, log_position, record_count_delta: delta, writes }
+}
+
+async fn all_records(db: &Sysdb, collection: &str) -> Vec<Record> {
+    db.list_records(collection, None, usize::MAX).await.expect("list_records")
+}
+
+fn assert_records_bit_eq(got: &Record, want: &Record, what: &str) {
+    assert_eq!(got.id, want.id, "{what}: id");
+    assert_eq!(got.document, want.document, "{what}: document");
+    assert_eq!(got.offset, want.offset, "{what}: offset");
+    assert!(metadata_bit_eq(&got.metadata, &want.metadata), "{what}: metadata\n got  {:?}\n want {:?}", got.metadata, want.metadata);
+    let bits = |e: &Option<Vec<f32>>| e.as_ref().map(|v| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>());
+    assert_eq!(bits(&got.embedding), bits(&want.embedding), "{what}: embedding bits");
+}
+
+fn expect_conflict(result: Result<(), SysdbError>, want: IncompatibleDelta, what: &str) {
+    match result {
+        Err(SysdbError::Conflict(got)) => assert_eq!(got, want, "{what}"),
+        Err(e) => panic!("{what}: expected Conflict({want:?}), got error {e}"),
+        Ok(()) => panic!("{what}: expected Conflict({want:?}), but the commit succeeded"),
+    }
+}
+
+/// Every check below, in sequence.
+pub async fn run_all(db: &Sysdb) {
+    schema_is_migrated(db).await;
+    topic_partitions_round_trip(db).await;
+    init_position_returns_the_existing_value(db).await;
+    commit_batch_applies_records_collections_and_position(db).await;
+    cas_conflict_leaves_everything_untouched(db).await;
+    commit_without_a_position_row_is_refused(db).await;
+    concurrent_commits_with_the_same_from(db).await;
+    gaps_move_the_position_and_are_listed(db).await;
+    reset_is_audited_and_returns_the_previous_value(db).await;
+    list_records_pages_in_id_order(db).await;
+    get_records_returns_only_present_ids(db).await;
+    metadata_round_trips_exactly(db).await;
+    embeddings_round_trip_bit_exact(db).await;
+}
+
+pub async fn schema_is_migrated(db: &Sysdb) {
+    assert!(db.schema_version().await.expect("schema_version") >= 1, "no migration applied");
+}
+
+/// Opening the same database again applies nothing and sees the same data.
+pub async fn reopen_is_idempotent(db: &Sysdb, url: &str) {
+    let topic = unique("reopen");
+    db.init_position(&topic, 0, 42).await.expect("init");
+    let version = db.schema_version().await.expect("schema_version");
+    let again = Sysdb::open(url).await.expect("second open of a migrated database");
+    assert_eq!(again.schema_version().await.expect("schema_version"), version, "reopen changed the schema version");
+    assert_eq!(again.positions(&topic).await.expect("positions"), HashMap::from([(0, 42)]), "reopen lost data");
+    let third = Sysdb::open(url).await.expect("third open");
+    assert_eq!(third.schema_version().await.expect("schema_version"), version);
+}
+
+pub async fn topic_partitions_round_trip(db: &Sysdb) {
+    let topic = unique("meta");
+    assert_eq!(db.topic_partitions(&topic).await.expect("read"), None);
+    db.set_topic_partitions(&topic, 12).await.expect("set");
+    assert_eq!(db.topic_partitions(&topic).await.expect("read"), Some(12));
+    db.set_topic_partitions(&topic, 24).await.expect("overwrite");
+    assert_eq!(db.topic_partitions(&topic).await.expect("read"), Some(24));
+}
+
+pub async fn init_position_returns_the_existing_value(db: &Sysdb) {
+    let topic = unique("init");
+    assert!(db.positions(&topic).await.expect("positions").is_empty());
+    assert_eq!(db.init_position(&topic, 0, 5).await.expect("init"), 5);
+    assert_eq!(db.init_position(&topic, 0, 9).await.expect("init again"), 5, "init_position overwrote an existing row");
+    assert_eq!(db.init_position(&topic, 1, 0).await.expect("init p1"), 0);
+    assert_eq!(db.positions(&topic).await.expect("positions"), HashMap::from([(0, 5), (1, 0)]));
+    assert!(db.init_position(&topic, 2, -1).await.is_err(), "negative next_offset accepted");
+}
+
+pub async fn commit_batch_applies_records_collections_and_position(db: &Sysdb) {
+    let topic = unique("happy");
+    let (c1, c2) = (unique("coll"), unique("coll"));
+    db.init_position(&topic, 3, 0).await.expect("init");
+
+    let a = record("a", 0, Some(vec![1.0, 2.0, 3.0]));
+    let b = record("b", 1, Some(vec![4.0, 5.0, 6.0]));
+    let c = record("c", 2, None);
+    let x = record("x", 3, None);
+    db.commit_batch(&batch(
+        &topic,
+        3,
+        0,
+        4,
+        vec![
+            update(&c1, 3, Some(3), 2, 3, vec![upsert(a.clone()), upsert(b.clone()), upsert(c.clone())]),
+            update(&c2, 3, None, 3, 1, vec![upsert(x.clone())]),
+        ],
+    ))
+    .await
+    .expect("first commit");
+
+    assert_eq!(db.positions(&topic).await.expect("positions"), HashMap::from([(3, 4)]), "next_offset not moved");
+    assert_eq!(
+        db.collection(&c1).await.expect("collection"),
+        Some(CollectionRow { id: c1.clone(), partition: 3, dimension: Some(3), log_position: 2, record_count: 3 })
+    );
+    assert_eq!(
+        db.collection(&c2).await.expect("collection"),
+        Some(CollectionRow { id: c2.clone(), partition: 3, dimension: None, log_position: 3, record_count: 1 })
+    );
+    let got = all_records(db, &c1).await;
+    assert_eq!(got.len(), 3);
+    for (g, w) in got.iter().zip([&a, &b, &c]) {
+        assert_records_bit_eq(g, w, "first commit");
+    }
+
+    // Second batch: delete a, replace b, insert d; c2 gets its dimension; c1's dimension
+    // is already set and must not change; a listed partition never moves an existing row.
+    let b2 = Record { metadata: Metadata::from([("k".to_string(), MetaValue::Bool(true))]), ..record("b", 5, Some(vec![7.0, 8.0, 9.0])) };
+    let d = record("d", 6, Some(vec![0.5, 0.25, 0.125]));
+    let y = record("y", 7, Some(vec![1.0, 1.0]));
+    db.commit_batch(&batch(
+        &topic,
+        3,
+        4,
+        9,
+        vec![
+            update(&c1, 9, Some(99), 6, 0, vec![delete("a"), upsert(b2.clone()), upsert(d.clone())]),
+            update(&c2, 3, Some(2), 7, 1, vec![upsert(y.clone())]),
+        ],
+    ))
+    .await
+    .expect("second commit");
+
+    assert_eq!(db.positions(&topic).await.expect("positions"), HashMap::from([(3, 9)]));
+    let row1 = db.collection(&c1).await.expect("collection").expect("c1 exists");
+    assert_eq!(row1.dimension, Some(3), "dimension changed once set");
+    assert_eq!(row1.partition, 3, "partition of an existing collection changed");
+    assert_eq!((row1.log_position, row1.record_count), (6, 3));
+    let row2 = db.collection(&c2).await.expect("collection").expect("c2 exists");
+    assert_eq!((row2.dimension, row2.log_position, row2.record_count), (Some(2), 7, 2), "dimension not set on first embedding");
+
+    let got = all_records(db, &c1).await;
+    assert_eq!(got.iter().map(|r| r.id.as_str()).collect::<Vec<_>>(), ["b", "c", "d"], "delete/upsert");
+    assert_records_bit_eq(&got[0], &b2, "replaced record");
+    assert_records_bit_eq(&got[2], &d, "inserted record");
+
+    // An empty delta still passes the CAS; deleting an absent id is a no-op.
+    db.commit_batch(&batch(&topic, 3, 9, 9, vec![update(&c1, 3, None, 6, 0, vec![delete("never")])]))
+        .await
+        .expect("empty delta");
+    assert_eq!(db.positions(&topic).await.expect("positions"), HashMap::from([(3, 9)]));
+
+    let listed: Vec<_> = db.collections().await.expect("collections").into_iter().filter(|c| c.id == c1 || c.id == c2).collect();
+    assert_eq!(listed.len(), 2, "collections() lists both");
+    assert!(listed.windows(2).all(|w| w[0].id < w[1].id), "collections() in id order");
+}
+
+pub async fn cas_conflict_leaves_everything_untouched(db: &Sysdb) {
+    let topic = unique("cas");
+    let (coll, fresh) = (unique("coll"), unique("coll"));
+    db.init_position(&topic, 0, 0).await.expect("init");
+    db.commit_batch(&batch(&topic, 0, 0, 5, vec![update(&coll, 0, None, 4, 2, vec![upsert(record("a", 3, None)), upsert(record("b", 4, None))])]))
+        .await
+        .expect("setup commit");
+    let records_before = all_records(db, &coll).await;
+    let row_before = db.collection(&coll).await.expect("collection");
+
+    let stale = |from: i64| {
+        batch(
+            &topic,
+            0,
+            from,
+            from + 10,
+            vec![
+                update(&coll, 0, Some(8), 99, 5, vec![delete("a"), upsert(record("b", 99, Some(vec![0.0; 8]))), upsert(record("z", 99, None))]),
+                update(&fresh, 0, Some(8), 99, 1, vec![upsert(record("q", 99, None))]),
+            ],
+        )
+    };
+    expect_conflict(
+        db.commit_batch(&stale(3)).await,
+        IncompatibleDelta::PositionMoved { partition: 0, expected: 3, stored: 5 },
+        "batch behind the stored position",
+    );
+    expect_conflict(
+        db.commit_batch(&stale(6)).await,
+        IncompatibleDelta::PositionMoved { partition: 0, expected: 6, stored: 5 },
+        "batch ahead of the stored position",
+    );
+
+    assert_eq!(db.positions(&topic).await.expect("positions"), HashMap::from([(0, 5)]), "conflict moved the position");
+    assert_eq!(db.collection(&coll).await.expect("collection"), row_before, "conflict changed the collection row");
+    assert_eq!(db.collection(&fresh).await.expect("collection"), None, "conflict created a collection");
+    assert!(all_records(db, &fresh).await.is_empty(), "conflict wrote records of a new collection");
+    let after = all_records(db, &coll).await;
+    assert_eq!(after.len(), records_before.len(), "conflict changed the records");
+    for (g, w) in after.iter().zip(&records_before) {
+        assert_records_bit_eq(g, w, "records after a conflict");
+    }
+}
+
+pub async fn commit_without_a_position_row_is_refused(db: &Sysdb) {
+    let topic = unique("missing");
+    let coll = unique("coll");
+    db.init_position(&topic, 0, 0).await.expect("init another partition");
+    expect_conflict(
+        db.commit_batch(&batch(&topic, 7, 0, 3, vec![update(&coll, 7, None, 2, 1, vec![upsert(record("a", 2, None))])])).await,
+        IncompatibleDelta::Missing { partition: 7, expected: 0 },
+        "commit on a partition without a row",
+    );
+    assert_eq!(db.positions(&topic).await.expect("positions"), HashMap::from([(0, 0)]), "a row was created");
+    assert_eq!(db.collection(&coll).await.expect("collection"), None);
+    assert!(all_records(db, &coll).await.is_empty());
+}
+
+/// Two commits with the same `from`, issued at the same time (on one handle): in every
+/// round exactly one wins, and only the winner's writes are visible.
+pub async fn concurrent_commits_with_the_same_from(db: &Sysdb) {
+    concurrent_commits(db, db).await;
+}
+
+/// The same race between two handles on one database (two processes sharing a SQLite
+/// file, two replicas' pools on one PostgreSQL).
+pub async fn concurrent_commits_from_two_handles(a: &Sysdb, b: &Sysdb) {
+    concurrent_commits(a, b).await;
+}
+
+async fn concurrent_commits(a: &Sysdb, b: &Sysdb) {
+    const ROUNDS: i64 = 8;
+    let topic = unique("race");
+    let coll = unique("coll");
+    a.init_position(&topic, 0, 0).await.expect("init");
+    let mut wins = [0, 0];
+    let mut expected_ids = Vec::new();
+    for round in 0..ROUNDS {
+        let (from, to) = (round * 10, round * 10 + 10);
+        let side = |name: &str| {
+            let records: Vec<_> = (0..50).map(|i| upsert(record(&format!("{name}-{round:02}-{i:02}"), to - 1, Some(vec![round as f32; 4])))).collect();
+            batch(&topic, 0, from, to, vec![update(&coll, 0, Some(4), to - 1, 50, records)])
+        };
+        let (ba, bb) = (side("a"), side("b"));
+        let (ra, rb) = tokio::join!(a.commit_batch(&ba), b.commit_batch(&bb));
+        let conflict = IncompatibleDelta::PositionMoved { partition: 0, expected: from, stored: to };
+        let winner = match (ra, rb) {
+            (Ok(()), Err(e)) => {
+                expect_conflict(Err(e), conflict, "loser of the race");
+                "a"
+            }
+            (Err(e), Ok(())) => {
+                expect_conflict(Err(e), conflict, "loser of the race");
+                "b"
+            }
+            (Ok(()), Ok(())) => panic!("round {round}: both commits with from={from} succeeded"),
+            (Err(x), Err(y)) => panic!("round {round}: both commits failed: {x} / {y}"),
+        };
+        wins[usize::from(winner == "b")] += 1;
+        expected_ids.extend((0..50).map(|i| format!("{winner}-{round:02}-{i:02}")));
+    }
+    expected_ids.sort();
+    let got: Vec<String> = all_records(a, &coll).await.into_iter().map(|r| r.id).collect();
+    assert_eq!(got, expected_ids, "records other than the winners' were written");
+    assert_eq!(a.positions(&topic).await.expect("positions"), HashMap::from([(0, ROUNDS * 10)]));
+    let row = a.collection(&coll).await.expect("collection").expect("exists");
+    assert_eq!(row.record_count, ROUNDS * 50, "a loser's count delta was applied");
+    tracing::debug!(?wins, "race winners (a, b)");
+}
+
+pub async fn gaps_move_the_position_and_are_listed(db: &Sysdb) {
+    let topic = unique("gap");
+    db.init_position(&topic, 1, 10).await.expect("init");
+    db.record_gap(&topic, 1, 10, 50).await.expect("record gap");
+    assert_eq!(db.positions(&topic).await.expect("positions"), HashMap::from([(1, 50)]));
+    let gaps = db.gaps(&topic).await.expect("gaps");
+    assert_eq!(gaps.len(), 1);
+    let g = &gaps[0];
+    assert_eq!((g.topic.as_str(), g.partition, g.from_offset, g.to_offset), (topic.as_str(), 1, 10, 50));
+    assert!(g.recorded_at_ms > 0, "gap time not recorded");
+
+    expect_conflict(
+        db.record_gap(&topic, 1, 10, 60).await,
+        IncompatibleDelta::PositionMoved { partition: 1, expected: 10, stored: 50 },
+        "stale gap",
+    );
+    expect_conflict(db.record_gap(&topic, 2, 0, 5).await, IncompatibleDelta::Missing { partition: 2, expected: 0 }, "gap without a row");
+    assert!(db.record_gap(&topic, 1, 50, 40).await.is_err(), "backwards gap accepted");
+    assert_eq!(db.gaps(&topic).await.expect("gaps").len(), 1, "a refused gap was recorded");
+    assert_eq!(db.positions(&topic).await.expect("positions"), HashMap::from([(1, 50)]));
+    assert!(db.gaps(&unique("gap")).await.expect("gaps").is_empty(), "gaps of another topic listed");
+}
+
+pub async fn reset_is_audited_and_returns_the_previous_value(db: &Sysdb) {
+    let topic = unique("reset");
+    assert_eq!(db.reset_position(&topic, 2, 100, "alice", "first start").await.expect("reset"), None);
+    assert_eq!(db.positions(&topic).await.expect("positions"), HashMap::from([(2, 100)]));
+    assert_eq!(db.reset_position(&topic, 2, 40, "bob", "replay").await.expect("reset back"), Some(100));
+    assert_eq!(db.positions(&topic).await.expect("positions"), HashMap::from([(2, 40)]));
+
+    let resets = db.resets(&topic).await.expect("resets");
+    let summary: Vec<_> = resets.iter().map(|r| (r.partition, r.from_offset, r.to_offset, r.actor.as_str(), r.reason.as_str())).collect();
+    assert_eq!(summary, [(2, None, 100, "alice", "first start"), (2, Some(100), 40, "bob", "replay")]);
+    assert!(resets.iter().all(|r| r.topic == topic && r.at_ms > 0));
+
+    // A batch started before the reset is now a zombie; one from the reset position wins.
+    expect_conflict(
+        db.commit_batch(&batch(&topic, 2, 100, 110, vec![])).await,
+        IncompatibleDelta::PositionMoved { partition: 2, expected: 100, stored: 40 },
+        "batch from before the reset",
+    );
+    db.commit_batch(&batch(&topic, 2, 40, 45, vec![])).await.expect("batch from the reset position");
+    assert!(db.reset_position(&topic, 2, -1, "x", "y").await.is_err(), "negative reset accepted");
+    assert_eq!(db.resets(&topic).await.expect("resets").len(), 2, "a refused reset was audited");
+}
+
+pub async fn list_records_pages_in_id_order(db: &Sysdb) {
+    let topic = unique("page");
+    let coll = unique("coll");
+    let other = unique("coll");
+    db.init_position(&topic, 0, 0).await.expect("init");
+    // Ids whose order differs between byte order and a locale collation.
+    let mut ids: Vec<String> = ["B", "a", "a0", "a-", "Z9", "é", "e", "ü", "10", "9", "_x", "A b", "~", "中"].iter().map(|s| s.to_string()).collect();
+    ids.extend((0..23).map(|i| format!("n{:03}", (i * 37) % 101)));
+    let writes: Vec<_> = ids.iter().map(|id| upsert(record(id, 1, None))).collect();
+    db.commit_batch(&batch(
+        &topic,
+        0,
+        0,
+        2,
+        vec![update(&coll, 0, None, 1, ids.len() as i64, writes), update(&other, 0, None, 1, 1, vec![upsert(record("a1", 1, None))])],
+    ))
+    .await
+    .expect("commit");
+
+    let mut want = ids.clone();
+    want.sort();
+    let mut got = Vec::new();
+    let mut after: Option<String> = None;
+    loop {
+        let page = db.list_records(&coll, after.as_deref(), 7).await.expect("page");
+        assert!(page.len() <= 7, "page larger than the limit");
+        let Some(last) = page.last() else { break };
+        after = Some(last.id.clone());
+        got.extend(page.into_iter().map(|r| r.id));
+    }
+    assert_eq!(got, want, "pages not in byte order of ids, or records missed / repeated");
+    assert!(db.list_records(&coll, None, 0).await.expect("limit 0").is_empty());
+    let last = want.last().map(String::as_str);
+    assert!(db.list_records(&coll, last, 10).await.expect("after the last").is_empty());
+    let from_a = db.list_records(&coll, Some("a"), 2).await.expect("after a");
+    assert_eq!(from_a.iter().map(|r| r.id.as_str()).collect::<Vec<_>>(), ["a-", "a0"]);
+}
+
+pub async fn get_records_returns_only_present_ids(db: &Sysdb) {
+    let topic = unique("get");
+    let coll = unique("coll");
+    db.init_position(&topic, 0, 0).await.expect("init");
+    let (a, b) = (record("a", 0, Some(vec![1.5])), record("b", 1, None));
+    db.commit_batch(&batch(&topic, 0, 0, 2, vec![update(&coll, 0, Some(1), 1, 2, vec![upsert(a.clone()), upsert(b.clone())])]))
+        .await
+        .expect("commit");
+    let got = db
+        .get_records(&coll, &["b".to_string(), "nope".to_string(), "a".to_string(), "b".to_string()])
+        .await
+        .expect("get_records");
+    assert_eq!(got.len(), 2, "absent ids returned: {:?}", got.keys().collect::<Vec<_>>());
+    assert_records_bit_eq(&got["a"], &a, "get a");
+    assert_records_bit_eq(&got["b"], &b, "get b");
+    assert!(db.get_records(&coll, &[]).await.expect("no ids").is_empty());
+    assert!(db.get_records(&unique("coll"), &["a".to_string()]).await.expect("other collection").is_empty());
+}
+
+pub async fn metadata_round_trips_exactly(db: &Sysdb) {
+    let topic = unique("meta");
+    let coll = unique("coll");
+    db.init_position(&topic, 0, 0).await.expect("init");
+    let doubles = [1.0, -0.0, 0.0, 1e300, -1e300, 1e-300, 5e-324, f64::MAX, f64::MIN, f64::MIN_POSITIVE, 0.1, 1.0 / 3.0, 9007199254740993.0, 1e16, -2.5];
+    let mut metadata = Metadata::new();
+    for (i, d) in doubles.iter().enumerate() {
+        metadata.insert(format!("d{i:02}"), MetaValue::Double(*d));
+    }
+    for (i, l) in [i64::MIN, i64::MAX, 0, -1, 1 << 53, (1 << 53) + 1].iter().enumerate() {
+        metadata.insert(format!("l{i}"), MetaValue::Long(*l));
+    }
+    for d in [f64::NAN, f64::INFINITY, f64::NEG_INFINITY] {
+        metadata.insert(format!("nf{d}"), MetaValue::Double(d));
+    }
+    metadata.insert("s-empty".into(), MetaValue::String(String::new()));
+    metadata.insert("s-json".into(), MetaValue::String("{\"f64\":\"NaN\"} \\ \u{0} \n ☃ 1.0".into()));
+    metadata.insert("s-number".into(), MetaValue::String("1".into()));
+    metadata.insert("b-true".into(), MetaValue::Bool(true));
+    metadata.insert("b-false".into(), MetaValue::Bool(false));
+    metadata.insert("key with \"quotes\" and ünïcode".into(), MetaValue::Long(7));
+
+    let rich = Record { id: "rich".into(), embedding: None, metadata, document: Some(String::new()), offset: 0 };
+    let bare = Record { id: "bare".into(), embedding: None, metadata: Metadata::new(), document: None, offset: 1 };
+    db.commit_batch(&batch(&topic, 0, 0, 2, vec![update(&coll, 0, None, 1, 2, vec![upsert(rich.clone()), upsert(bare.clone())])]))
+        .await
+        .expect("commit");
+    let got = db.get_records(&coll, &["rich".to_string(), "bare".to_string()]).await.expect("get");
+    assert_records_bit_eq(&got["rich"], &rich, "metadata of every type");
+    assert_records_bit_eq(&got["bare"], &bare, "no metadata, no document");
+    let kinds: BTreeMap<_, _> = got["rich"].metadata.iter().map(|(k, v)| (k.clone(), std::mem::discriminant(v))).collect();
+    assert_eq!(kinds[&"d00".to_string()], std::mem::discriminant(&MetaValue::Double(0.0)), "1.0 read back as a Long");
+    assert_eq!(kinds[&"l1".to_string()], std::mem::discriminant(&MetaValue::Long(0)), "i64::MAX read back as a Double");
+}
+
+pub async fn embeddings_round_trip_bit_exact(db: &Sysdb) {
+    let topic = unique("emb");
+    let coll = unique("coll");
+    db.init_position(&topic, 0, 0).await.expect("init");
+    let odd = vec![
+        f32::from_bits(0x7fc0_1234), // NaN with a payload
+        f32::from_bits(0xffa0_0001), // signalling NaN, negative
+        -0.0,
+        0.0,
+        f32::MIN_POSITIVE / 3.0, // subnormal
+        f32::MAX,
+        f32::MIN,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        0.1,
+        -1.0 / 3.0,
+    ];
+    let wide: Vec<f32> = (0..1536).map(|i| (i as f32).sin() * 1e-3).collect();
+    let records = [
+        Record { id: "odd".into(), embedding: Some(odd), metadata: Metadata::new(), document: None, offset: 0 },
+        Record { id: "wide".into(), embedding: Some(wide), metadata: Metadata::new(), document: None, offset: 1 },
+        Record { id: "empty".into(), embedding: Some(Vec::new()), metadata: Metadata::new(), document: None, offset: 2 },
+        Record { id: "none".into(), embedding: None, metadata: Metadata::new(), document: None, offset: 3 },
+    ];
+    let writes = records.iter().cloned().map(upsert).collect();
+    db.commit_batch(&batch(&topic, 0, 0, 4, vec![update(&coll, 0, None, 3, 4, writes)])).await.expect("commit");
+    let got = db.get_records(&coll, &records.iter().map(|r| r.id.clone()).collect::<Vec<_>>()).await.expect("get");
+    for r in &records {
+        assert_records_bit_eq(&got[&r.id], r, &format!("embedding {:?}", r.id));
+    }
+}
+
+/// Commit `rounds` batches of `n` new records (`dim`-dimensional embeddings, 3 metadata
+/// keys) and then one batch updating the same `n` ids; prints records/s and returns the
+/// per-batch durations (inserts, then the update).
+pub async fn measure_commit_throughput(db: &Sysdb, n: usize, dim: usize, rounds: usize) -> Vec<Duration> {
+    let topic = unique("bench");
+    let coll = unique("coll");
+    db.init_position(&topic, 0, 0).await.expect("init");
+    let make = |round: usize, id_round: usize| -> Vec<(String, Option<Record>)> {
+        (0..n)
+            .map(|i| {
+                let offset = (round * n + i) as i64;
+                let mut metadata = Metadata::new();
+                metadata.insert("source".into(), MetaValue::String(format!("doc-{}", i % 97)));
+                metadata.insert("page".into(), MetaValue::Long(i as i64));
+                metadata.insert("score".into(), MetaValue::Double(i as f64 * 0.37));
+                let embedding = (0..dim).map(|j| ((i * dim + j) as f32 * 0.001).sin()).collect();
+                upsert(Record { id: format!("{id_round:03}-{i:08}"), embedding: Some(embedding), metadata, document: None, offset })
+            })
+            .collect()
+    };
+    let mut durations = Vec::new();
+    let mut position = 0i64;
+    for round in 0..=rounds {
+        // The last round rewrites the ids of round 0: the update path of the upsert.
+        let id_round = if round == rounds { 0 } else { round };
+        let writes = make(round, id_round);
+        let next = position + n as i64;
+        let delta = if round == rounds { 0 } else { n as i64 };
+        let b = batch(&topic, 0, position, next, vec![update(&coll, 0, Some(dim as u32), next - 1, delta, writes)]);
+        let start = Instant::now();
+        db.commit_batch(&b).await.expect("bench commit");
+        let took = start.elapsed();
+        let kind = if round == rounds { "update" } else { "insert" };
+        println!(
+            "{} commit_batch of {n} {kind}s (dim {dim}, 3 metadata keys): {:>8.1} ms = {:>9.0} records/s",
+            db.backend(),
+            took.as_secs_f64() * 1e3,
+            n as f64 / took.as_secs_f64()
+        );
+        durations.push(took);
+        position = next;
+    }
+    let row = db.collection(&coll).await.expect("collection").expect("exists");
+    assert_eq!(row.record_count, (rounds * n) as i64);
+    durations
+}

@@ -1,0 +1,260 @@
+//! The sysdb: the authoritative store of partition positions, collections and their
+//! materialized records (DESIGN.md sections 1-3).
+//!
+//! Two backends behind one type, with the same tests: SQLite (embedded default: one
+//! file, WAL) and PostgreSQL (replicas on several machines). [`Sysdb`] is an enum rather
+//! than a trait object so that call sites stay plain `async fn` calls.
+//!
+//! The one write that matters is [`Sysdb::commit_batch`]: a batch's record changes, the
+//! collections' `log_position`s and the partition's `next_offset` commit in **one
+//! transaction**, conditional on the partition's `next_offset` still being the batch's
+//! start (compare-and-set, [`crate::positions::PositionDelta`]). A replica that lost the
+//! partition fails the CAS and its batch is dropped whole.
+
+mod codec;
+#[doc(hidden)]
+pub mod conformance;
+pub mod postgres;
+mod schema;
+pub mod sqlite;
+
+use std::collections::HashMap;
+
+use thiserror::Error;
+
+use crate::positions::{IncompatibleDelta, PositionDelta};
+use crate::record::Record;
+
+/// Errors of the sysdb, classified: a CAS conflict is an expected outcome (another replica
+/// or an operator moved the partition); `Unavailable` is retryable; the rest are not.
+#[derive(Debug, Error)]
+pub enum SysdbError {
+    #[error(transparent)]
+    Conflict(#[from] IncompatibleDelta),
+    /// The database cannot be reached or is read-only right now; retry with backoff.
+    #[error("sysdb unavailable ({backend}): {message}")]
+    Unavailable { backend: &'static str, message: String },
+    /// The sysdb URL or its contents are not usable (bad URL, schema from a newer version).
+    #[error("sysdb configuration: {0}")]
+    Config(String),
+    /// Anything else the database reported.
+    #[error("sysdb error ({backend}): {message}")]
+    Database { backend: &'static str, message: String },
+}
+
+impl SysdbError {
+    pub fn is_retryable(&self) -> bool {
+        matches!(self, SysdbError::Unavailable { .. })
+    }
+}
+
+pub type Result<T, E = SysdbError> = std::result::Result<T, E>;
+
+/// A collection as the sysdb knows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CollectionRow {
+    pub id: String,
+    /// The log topic partition fixed at registration (murmur2 of the id).
+    pub partition: i32,
+    /// Embedding dimension, fixed by the first applied embedding.
+    pub dimension: Option<u32>,
+    /// Offset of the last applied record of this collection, -1 if none.
+    pub log_position: i64,
+    pub record_count: i64,
+}
+
+/// The per-collection part of a batch.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CollectionUpdate {
+    pub id: String,
+    /// Insert the collection row if it does not exist (auto-registration), with this
+    /// partition. An existing row's partition is never changed.
+    pub partition: i32,
+    pub dimension: Option<u32>,
+    pub log_position: i64,
+    /// Net change of the live record count in this batch.
+    pub record_count_delta: i64,
+    /// Final state per touched id: `Some` = upsert this record, `None` = delete the id.
+    pub writes: Vec<(String, Option<Record>)>,
+}
+
+/// Everything one batch commits, atomically.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BatchCommit {
+    pub topic: String,
+    pub delta: PositionDelta,
+    pub collections: Vec<CollectionUpdate>,
+}
+
+/// Position of one partition as stored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PartitionPosition {
+    pub partition: i32,
+    pub next_offset: i64,
+}
+
+/// A recorded data-loss gap (`on_data_loss = "skip"`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GapRow {
+    pub topic: String,
+    pub partition: i32,
+    pub from_offset: i64,
+    pub to_offset: i64,
+    pub recorded_at_ms: i64,
+}
+
+/// An operator reset, as audited.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ResetRow {
+    pub topic: String,
+    pub partition: i32,
+    pub from_offset: Option<i64>,
+    pub to_offset: i64,
+    pub actor: String,
+    pub reason: String,
+    pub at_ms: i64,
+}
+
+/// The sysdb, opened from a URL: `sqlite://PATH` (or `sqlite::memory:` for tests) or
+/// `postgres://...` / `postgresql://...`.
+pub enum Sysdb {
+    Sqlite(sqlite::SqliteSysdb),
+    Postgres(postgres::PostgresSysdb),
+}
+
+macro_rules! dispatch {
+    ($self:ident, $s:ident => $e:expr) => {
+        match $self {
+            Sysdb::Sqlite($s) => $e,
+            Sysdb::Postgres($s) => $e,
+        }
+    };
+}
+
+impl Sysdb {
+    /// Open and migrate (migrations are embedded and idempotent).
+    pub async fn open(url: &str) -> Result<Sysdb> {
+        if let Some(path) = url.strip_prefix("sqlite://") {
+            Ok(Sysdb::Sqlite(sqlite::SqliteSysdb::open(path).await?))
+        } else if url == "sqlite::memory:" {
+            Ok(Sysdb::Sqlite(sqlite::SqliteSysdb::open(":memory:").await?))
+        } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+            Ok(Sysdb::Postgres(postgres::PostgresSysdb::open(url).await?))
+        } else {
+            Err(SysdbError::Config(format!(
+                "unsupported sysdb URL {:?}: use sqlite://PATH or postgres://USER:PASS@HOST:PORT/DB",
+                redact_url(url)
+            )))
+        }
+    }
+
+    pub fn backend(&self) -> &'static str {
+        match self {
+            Sysdb::Sqlite(_) => "sqlite",
+            Sysdb::Postgres(_) => "postgres",
+        }
+    }
+
+    /// Highest applied migration version (see `schema.rs`).
+    pub async fn schema_version(&self) -> Result<i64> {
+        dispatch!(self, s => s.schema_version().await)
+    }
+
+    /// Record the log topic's partition count (set by `sluice init`).
+    pub async fn set_topic_partitions(&self, topic: &str, partitions: i32) -> Result<()> {
+        dispatch!(self, s => s.set_topic_partitions(topic, partitions).await)
+    }
+
+    pub async fn topic_partitions(&self, topic: &str) -> Result<Option<i32>> {
+        dispatch!(self, s => s.topic_partitions(topic).await)
+    }
+
+    /// `next_offset` of each partition of `topic` that has a row.
+    pub async fn positions(&self, topic: &str) -> Result<HashMap<i32, i64>> {
+        dispatch!(self, s => s.positions(topic).await)
+    }
+
+    /// Create the partition's row with `next_offset` if none exists; returns the stored
+    /// value (the existing one if there was a row).
+    pub async fn init_position(&self, topic: &str, partition: i32, next_offset: i64) -> Result<i64> {
+        dispatch!(self, s => s.init_position(topic, partition, next_offset).await)
+    }
+
+    pub async fn collections(&self) -> Result<Vec<CollectionRow>> {
+        dispatch!(self, s => s.collections().await)
+    }
+
+    pub async fn collection(&self, id: &str) -> Result<Option<CollectionRow>> {
+        dispatch!(self, s => s.collection(id).await)
+    }
+
+    /// Current records of `collection` among `ids` (absent ids are simply missing).
+    pub async fn get_records(&self, collection: &str, ids: &[String]) -> Result<HashMap<String, Record>> {
+        dispatch!(self, s => s.get_records(collection, ids).await)
+    }
+
+    /// Records of a collection in id order, after `after_id` (exclusive), at most `limit`.
+    pub async fn list_records(&self, collection: &str, after_id: Option<&str>, limit: usize) -> Result<Vec<Record>> {
+        dispatch!(self, s => s.list_records(collection, after_id, limit).await)
+    }
+
+    /// Commit a batch atomically with compare-and-set on the partition position.
+    /// `SysdbError::Conflict` leaves the sysdb untouched.
+    pub async fn commit_batch(&self, batch: &BatchCommit) -> Result<()> {
+        dispatch!(self, s => s.commit_batch(batch).await)
+    }
+
+    /// Record a data-loss gap and move the partition from `from` to `to` (CAS on `from`).
+    pub async fn record_gap(&self, topic: &str, partition: i32, from: i64, to: i64) -> Result<()> {
+        dispatch!(self, s => s.record_gap(topic, partition, from, to).await)
+    }
+
+    pub async fn gaps(&self, topic: &str) -> Result<Vec<GapRow>> {
+        dispatch!(self, s => s.gaps(topic).await)
+    }
+
+    /// Operator override of a partition's `next_offset`, audited in the same transaction.
+    /// Returns the previous value (None if there was no row).
+    pub async fn reset_position(&self, topic: &str, partition: i32, to: i64, actor: &str, reason: &str) -> Result<Option<i64>> {
+        dispatch!(self, s => s.reset_position(topic, partition, to, actor, reason).await)
+    }
+
+    pub async fn resets(&self, topic: &str) -> Result<Vec<ResetRow>> {
+        dispatch!(self, s => s.resets(topic).await)
+    }
+}
+
+/// A URL with its password replaced by `***`, for logs and errors.
+pub fn redact_url(url: &str) -> String {
+    if let Some((scheme, rest)) = url.split_once("://") {
+        if let Some((userinfo, host)) = rest.split_once('@') {
+            if let Some((user, _)) = userinfo.split_once(':') {
+                return format!("{scheme}://{user}:***@{host}");
+            }
+        }
+    }
+    url.to_string()
+}
+
+/// `meta` key holding a topic's partition count.
+pub(crate) fn topic_partitions_key(topic: &str) -> String {
+    format!("topic_partitions:{topic}")
+}
+
+pub(crate) fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn redacts_passwords() {
+        assert_eq!(redact_url("postgres://u:secret@h:5/db"), "postgres://u:***@h:5/db");
+        assert_eq!(redact_url("sqlite:///tmp/x.db"), "sqlite:///tmp/x.db");
+    }
+}

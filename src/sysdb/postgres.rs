@@ -1,0 +1,601 @@
+//! PostgreSQL backend: replicas on several machines share one database.
+//!
+//! A small `deadpool-postgres` pool (no TLS: connect over a trusted network or a local
+//! proxy). Statements are prepared once per connection (`prepare_cached`).
+//!
+//! **Compare-and-set.** [`commit_batch`](PostgresSysdb::commit_batch) runs in
+//! `READ COMMITTED` and starts with `SELECT next_offset … FOR UPDATE` on the partition
+//! row. The row lock serializes every writer of that partition: a concurrent replica
+//! committing the same `from` blocks on the lock until the first transaction ends, and
+//! then PostgreSQL re-reads the *latest committed* row for it (READ COMMITTED's
+//! `FOR UPDATE` re-check), so it sees the moved `next_offset`, fails the CAS and rolls
+//! back without having written anything. Two replicas can therefore never both commit
+//! the same `from`. We chose this over `REPEATABLE READ`: there the loser would get a
+//! serialization failure (40001) instead of a clean `Conflict`, and every commit would
+//! pay for conflict detection on all the rows it touches; the row lock gives the same
+//! guarantee precisely where it is needed. Deadlocks (40P01, only possible if two
+//! partitions ever touched the same records) and serialization failures are retried
+//! once, then reported as `Unavailable`.
+//!
+//! **Batching.** Records are written with one `INSERT … SELECT … FROM UNNEST(arrays)
+//! ON CONFLICT DO UPDATE` per chunk of [`UPSERT_CHUNK`] records and one
+//! `DELETE … USING UNNEST(arrays)`, collections with one `UNNEST` upsert: a batch is a
+//! handful of round trips, whatever its size.
+//!
+//! **Ambiguous commits.** If the connection drops while `COMMIT` is in flight, the
+//! outcome is unknown and the call returns `Unavailable`; a retry then fails the CAS
+//! with `PositionMoved { stored == delta.to }` when the first attempt had landed.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use deadpool_postgres::{Manager, ManagerConfig, Object, Pool, PoolError, RecyclingMethod, Runtime};
+use tokio_postgres::error::SqlState;
+use tokio_postgres::NoTls;
+
+use super::codec::{decode_record, encode_embedding, encode_metadata};
+use super::schema;
+use super::{now_ms, redact_url, BatchCommit, CollectionRow, GapRow, ResetRow, Result, SysdbError};
+use crate::positions::{IncompatibleDelta, PositionDelta};
+use crate::record::Record;
+
+const BACKEND: &str = "postgres";
+
+/// Connections per process: the processor commits one batch at a time per partition
+/// worker; admin reads and the backfill worker use the rest.
+const POOL_SIZE: usize = 8;
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a caller waits for a free pooled connection before `Unavailable`.
+const POOL_WAIT_TIMEOUT: Duration = Duration::from_secs(30);
+/// Records per `INSERT … UNNEST` statement (bounds one message to a few MiB).
+const UPSERT_CHUNK: usize = 5_000;
+/// Key of the advisory lock that serializes concurrent migrations (any value, fixed).
+const MIGRATION_LOCK_KEY: i64 = 0x51_1ce0_0001_i64;
+
+/// The PostgreSQL sysdb. Cheap to clone (the pool is shared).
+#[derive(Clone)]
+pub struct PostgresSysdb {
+    pool: Pool,
+}
+
+/// Error messages with their cause chain (tokio-postgres' `Display` omits the cause).
+fn describe(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut message = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        message.push_str(": ");
+        message.push_str(&s.to_string());
+        source = s.source();
+    }
+    message
+}
+
+/// Whether `code` is transient: the server is going away, overloaded, read-only after a
+/// failover, or a concurrent transaction got in the way.
+fn is_transient_state(code: &SqlState) -> bool {
+    let code = code.code();
+    code.starts_with("08") // connection exception
+        || code.starts_with("53") // insufficient resources (too many connections, disk full)
+        || matches!(code, "57P01" | "57P02" | "57P03") // admin / crash shutdown, cannot connect now
+        || matches!(code, "40001" | "40P01") // serialization failure, deadlock
+        || code == "25006" // read-only transaction: a standby after failover
+}
+
+/// Retried once inside the call before being reported.
+fn is_retry_once(e: &tokio_postgres::Error) -> bool {
+    matches!(e.code(), Some(c) if *c == SqlState::T_R_SERIALIZATION_FAILURE || *c == SqlState::T_R_DEADLOCK_DETECTED)
+}
+
+impl From<tokio_postgres::Error> for SysdbError {
+    fn from(e: tokio_postgres::Error) -> Self {
+        let message = describe(&e);
+        if let Some(code) = e.code() {
+            if is_transient_state(code) {
+                return SysdbError::Unavailable { backend: BACKEND, message };
+            }
+            // Wrong credentials or database: the URL is at fault.
+            if code.code().starts_with("28") || *code == SqlState::INVALID_CATALOG_NAME {
+                return SysdbError::Config(message);
+            }
+            return SysdbError::Database { backend: BACKEND, message };
+        }
+        let io = std::error::Error::source(&e).is_some_and(|s| s.is::<std::io::Error>());
+        let display = e.to_string();
+        if e.is_closed() || io || display.starts_with("timeout") || display.starts_with("error connecting") {
+            SysdbError::Unavailable { backend: BACKEND, message }
+        } else {
+            SysdbError::Database { backend: BACKEND, message }
+        }
+    }
+}
+
+impl From<PoolError> for SysdbError {
+    fn from(e: PoolError) -> Self {
+        match e {
+            PoolError::Backend(e) => e.into(),
+            PoolError::Timeout(_) | PoolError::Closed => SysdbError::Unavailable { backend: BACKEND, message: describe(&e) },
+            PoolError::NoRuntimeSpecified | PoolError::PostCreateHook(_) => SysdbError::Database { backend: BACKEND, message: describe(&e) },
+        }
+    }
+}
+
+fn invalid(message: String) -> SysdbError {
+    SysdbError::Database { backend: BACKEND, message }
+}
+
+/// A batch as column arrays for the `UNNEST` statements, with duplicates folded the way
+/// applying the collection updates one after the other would: for a collection listed
+/// twice the first partition and first dimension stick, the last `log_position` wins and
+/// the count deltas add up; for an id written twice the last write wins.
+/// (`ON CONFLICT DO UPDATE` refuses to touch one row twice in a statement.)
+#[derive(Default)]
+struct BatchRows<'a> {
+    coll_ids: Vec<&'a str>,
+    coll_partitions: Vec<i32>,
+    coll_dimensions: Vec<Option<i32>>,
+    coll_positions: Vec<i64>,
+    coll_deltas: Vec<i64>,
+    up_collections: Vec<&'a str>,
+    up_ids: Vec<&'a str>,
+    up_embeddings: Vec<Option<Vec<u8>>>,
+    up_metadata: Vec<Option<String>>,
+    up_documents: Vec<Option<&'a str>>,
+    up_offsets: Vec<i64>,
+    del_collections: Vec<&'a str>,
+    del_ids: Vec<&'a str>,
+}
+
+impl<'a> BatchRows<'a> {
+    fn new(batch: &'a BatchCommit) -> Result<Self> {
+        let mut rows = BatchRows::default();
+        let mut coll_index: HashMap<&str, usize> = HashMap::new();
+        let mut writes: Vec<(&str, &str, Option<&Record>)> = Vec::new();
+        let mut write_index: HashMap<(&str, &str), usize> = HashMap::new();
+        for c in &batch.collections {
+            let dimension = c
+                .dimension
+                .map(|d| i32::try_from(d).map_err(|_| invalid(format!("collection {:?}: dimension {d} too large", c.id))))
+                .transpose()?;
+            match coll_index.get(c.id.as_str()) {
+                Some(&i) => {
+                    rows.coll_dimensions[i] = rows.coll_dimensions[i].or(dimension);
+                    rows.coll_positions[i] = c.log_position;
+                    rows.coll_deltas[i] += c.record_count_delta;
+                }
+                None => {
+                    coll_index.insert(&c.id, rows.coll_ids.len());
+                    rows.coll_ids.push(&c.id);
+                    rows.coll_partitions.push(c.partition);
+                    rows.coll_dimensions.push(dimension);
+                    rows.coll_positions.push(c.log_position);
+                    rows.coll_deltas.push(c.record_count_delta);
+                }
+            }
+            for (id, write) in &c.writes {
+                let key = (c.id.as_str(), id.as_str());
+                match write_index.get(&key) {
+                    Some(&i) => writes[i].2 = write.as_ref(),
+                    None => {
+                        write_index.insert(key, writes.len());
+                        writes.push((key.0, key.1, write.as_ref()));
+                    }
+                }
+            }
+        }
+        for (collection, id, write) in writes {
+            match write {
+                Some(r) => {
+                    rows.up_collections.push(collection);
+                    rows.up_ids.push(id);
+                    rows.up_embeddings.push(r.embedding.as_deref().map(encode_embedding));
+                    rows.up_metadata.push(encode_metadata(&r.metadata));
+                    rows.up_documents.push(r.document.as_deref());
+                    rows.up_offsets.push(r.offset);
+                }
+                None => {
+                    rows.del_collections.push(collection);
+                    rows.del_ids.push(id);
+                }
+            }
+        }
+        Ok(rows)
+    }
+}
+
+const SELECT_FOR_UPDATE: &str = "SELECT next_offset FROM partitions WHERE topic = $1 AND partition = $2 FOR UPDATE";
+const UPDATE_POSITION: &str = "UPDATE partitions SET next_offset = $3, updated_at_ms = $4 WHERE topic = $1 AND partition = $2";
+const UPSERT_POSITION: &str = "INSERT INTO partitions (topic, partition, next_offset, updated_at_ms) VALUES ($1, $2, $3, $4)
+     ON CONFLICT (topic, partition) DO UPDATE SET next_offset = EXCLUDED.next_offset, updated_at_ms = EXCLUDED.updated_at_ms";
+const UPSERT_COLLECTIONS: &str = "INSERT INTO collections AS c (id, partition, dimension, log_position, record_count, created_at_ms)
+     SELECT u.id, u.partition, u.dimension, u.log_position, u.delta, $6
+     FROM UNNEST($1::text[], $2::int4[], $3::int4[], $4::int8[], $5::int8[]) AS u(id, partition, dimension, log_position, delta)
+     ON CONFLICT (id) DO UPDATE SET
+         dimension = COALESCE(c.dimension, EXCLUDED.dimension),
+         log_position = EXCLUDED.log_position,
+         record_count = c.record_count + EXCLUDED.record_count";
+const UPSERT_RECORDS: &str = "INSERT INTO records (collection_id, id, embedding, metadata, document, last_offset)
+     SELECT * FROM UNNEST($1::text[], $2::text[], $3::bytea[], $4::text[], $5::text[], $6::int8[])
+     ON CONFLICT (collection_id, id) DO UPDATE SET
+         embedding = EXCLUDED.embedding, metadata = EXCLUDED.metadata,
+         document = EXCLUDED.document, last_offset = EXCLUDED.last_offset";
+const DELETE_RECORDS: &str = "DELETE FROM records r USING UNNEST($1::text[], $2::text[]) AS d(collection_id, id)
+     WHERE r.collection_id = d.collection_id AND r.id = d.id";
+const COLLECTION_COLUMNS: &str = "id, partition, dimension, log_position, record_count";
+const RECORD_COLUMNS: &str = "id, embedding, metadata, document, last_offset";
+
+/// One attempt of a batch commit. The outer `Result` is the database's, the inner one the
+/// CAS outcome (rolled back, nothing written).
+async fn commit_once(
+    client: &mut Object,
+    batch: &BatchCommit,
+    rows: &BatchRows<'_>,
+) -> std::result::Result<std::result::Result<(), IncompatibleDelta>, tokio_postgres::Error> {
+    let (topic, partition) = (&batch.topic, &batch.delta.partition);
+    let tx = client.transaction().await?;
+    let stored: Option<i64> = tx.query_opt(&tx.prepare_cached(SELECT_FOR_UPDATE).await?, &[topic, partition]).await?.map(|r| r.get(0));
+    if let Err(conflict) = batch.delta.check(stored) {
+        tx.rollback().await?;
+        return Ok(Err(conflict));
+    }
+    let now = now_ms();
+    if !rows.coll_ids.is_empty() {
+        let stmt = tx.prepare_cached(UPSERT_COLLECTIONS).await?;
+        tx.execute(
+            &stmt,
+            &[&rows.coll_ids, &rows.coll_partitions, &rows.coll_dimensions, &rows.coll_positions, &rows.coll_deltas, &now],
+        )
+        .await?;
+    }
+    if !rows.up_ids.is_empty() {
+        let stmt = tx.prepare_cached(UPSERT_RECORDS).await?;
+        let mut start = 0;
+        while start < rows.up_ids.len() {
+            let end = (start + UPSERT_CHUNK).min(rows.up_ids.len());
+            let r = start..end;
+            tx.execute(
+                &stmt,
+                &[
+                    &&rows.up_collections[r.clone()],
+                    &&rows.up_ids[r.clone()],
+                    &&rows.up_embeddings[r.clone()],
+                    &&rows.up_metadata[r.clone()],
+                    &&rows.up_documents[r.clone()],
+                    &&rows.up_offsets[r],
+                ],
+            )
+            .await?;
+            start = end;
+        }
+    }
+    if !rows.del_ids.is_empty() {
+        let stmt = tx.prepare_cached(DELETE_RECORDS).await?;
+        tx.execute(&stmt, &[&rows.del_collections, &rows.del_ids]).await?;
+    }
+    let stmt = tx.prepare_cached(UPDATE_POSITION).await?;
+    tx.execute(&stmt, &[topic, partition, &batch.delta.to, &now]).await?;
+    tx.commit().await?;
+    Ok(Ok(()))
+}
+
+fn decode_collection(r: &tokio_postgres::Row) -> Result<CollectionRow> {
+    let id: String = r.get(0);
+    let dimension: Option<i32> = r.get(2);
+    let dimension = dimension
+        .map(|d| u32::try_from(d).map_err(|_| invalid(format!("collection {id:?}: stored dimension {d} out of range"))))
+        .transpose()?;
+    Ok(CollectionRow { id, partition: r.get(1), dimension, log_position: r.get(3), record_count: r.get(4) })
+}
+
+fn decode_row(r: &tokio_postgres::Row) -> Result<Record> {
+    decode_record(BACKEND, r.get(0), r.get(1), r.get(2), r.get(3), r.get(4))
+}
+
+impl PostgresSysdb {
+    /// Connect (lazily, through the pool) and migrate. The password never appears in
+    /// errors: they name the target with [`redact_url`].
+    pub async fn open(url: &str) -> Result<PostgresSysdb> {
+        let target = redact_url(url);
+        let mut config: tokio_postgres::Config = url
+            .parse()
+            .map_err(|e: tokio_postgres::Error| SysdbError::Config(format!("invalid PostgreSQL URL {target}: {}", describe(&e))))?;
+        if config.get_connect_timeout().is_none() {
+            config.connect_timeout(CONNECT_TIMEOUT);
+        }
+        if config.get_application_name().is_none() {
+            config.application_name("sluice");
+        }
+        let manager = Manager::from_config(config, NoTls, ManagerConfig { recycling_method: RecyclingMethod::Fast });
+        let pool = Pool::builder(manager)
+            .max_size(POOL_SIZE)
+            .runtime(Runtime::Tokio1)
+            .wait_timeout(Some(POOL_WAIT_TIMEOUT))
+            .create_timeout(Some(CONNECT_TIMEOUT))
+            .build()
+            .map_err(|e| SysdbError::Config(format!("PostgreSQL pool for {target}: {e}")))?;
+        let db = PostgresSysdb { pool };
+        db.migrate().await.map_err(|e| match e {
+            SysdbError::Unavailable { backend, message } => SysdbError::Unavailable { backend, message: format!("{target}: {message}") },
+            SysdbError::Database { backend, message } => SysdbError::Database { backend, message: format!("{target}: {message}") },
+            SysdbError::Config(message) => SysdbError::Config(format!("{target}: {message}")),
+            other => other,
+        })?;
+        Ok(db)
+    }
+
+    async fn client(&self) -> Result<Object> {
+        Ok(self.pool.get().await?)
+    }
+
+    /// Apply the missing migration steps in one transaction. Replicas starting together
+    /// serialize on an advisory lock, so each step runs once.
+    async fn migrate(&self) -> Result<()> {
+        let mut client = self.client().await?;
+        let tx = client.transaction().await?;
+        tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK_KEY]).await?;
+        tx.batch_execute(schema::CREATE_SCHEMA_MIGRATIONS).await?;
+        let current: i64 = tx.query_one("SELECT COALESCE(MAX(version), 0)::int8 FROM schema_migrations", &[]).await?.get(0);
+        for step in schema::pending(schema::POSTGRES, current, BACKEND)? {
+            tx.batch_execute(step.sql).await?;
+            tx.execute(
+                "INSERT INTO schema_migrations (version, description, applied_at_ms) VALUES ($1, $2, $3)",
+                &[&step.version, &step.description, &now_ms()],
+            )
+            .await?;
+            tracing::info!(version = step.version, description = step.description, "postgres sysdb migrated");
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+
+    pub async fn schema_version(&self) -> Result<i64> {
+        let client = self.client().await?;
+        Ok(client.query_one("SELECT COALESCE(MAX(version), 0)::int8 FROM schema_migrations", &[]).await?.get(0))
+    }
+
+    pub async fn set_topic_partitions(&self, topic: &str, partitions: i32) -> Result<()> {
+        let client = self.client().await?;
+        client
+            .execute(
+                "INSERT INTO meta (key, value) VALUES ($1, $2) ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value",
+                &[&super::topic_partitions_key(topic), &partitions.to_string()],
+            )
+            .await?;
+        Ok(())
+    }
+
+    pub async fn topic_partitions(&self, topic: &str) -> Result<Option<i32>> {
+        let client = self.client().await?;
+        let key = super::topic_partitions_key(topic);
+        let row = client.query_opt("SELECT value FROM meta WHERE key = $1", &[&key]).await?;
+        row.map(|r| {
+            let v: String = r.get(0);
+            v.parse::<i32>().map_err(|_| invalid(format!("meta {key:?} is not a partition count: {v:?}")))
+        })
+        .transpose()
+    }
+
+    pub async fn positions(&self, topic: &str) -> Result<HashMap<i32, i64>> {
+        let client = self.client().await?;
+        let stmt = client.prepare_cached("SELECT partition, next_offset FROM partitions WHERE topic = $1").await?;
+        Ok(client.query(&stmt, &[&topic]).await?.iter().map(|r| (r.get(0), r.get(1))).collect())
+    }
+
+    pub async fn init_position(&self, topic: &str, partition: i32, next_offset: i64) -> Result<i64> {
+        if next_offset < 0 {
+            return Err(invalid(format!("partition {partition}: next_offset {next_offset} is negative")));
+        }
+        let client = self.client().await?;
+        // Rows are never deleted, so insert-if-absent then read is race-free.
+        client
+            .execute(
+                "INSERT INTO partitions (topic, partition, next_offset, updated_at_ms) VALUES ($1, $2, $3, $4)
+                 ON CONFLICT (topic, partition) DO NOTHING",
+                &[&topic, &partition, &next_offset, &now_ms()],
+            )
+            .await?;
+        Ok(client
+            .query_one("SELECT next_offset FROM partitions WHERE topic = $1 AND partition = $2", &[&topic, &partition])
+            .await?
+            .get(0))
+    }
+
+    pub async fn collections(&self) -> Result<Vec<CollectionRow>> {
+        let client = self.client().await?;
+        let rows = client.query(&format!("SELECT {COLLECTION_COLUMNS} FROM collections ORDER BY id"), &[]).await?;
+        rows.iter().map(decode_collection).collect()
+    }
+
+    pub async fn collection(&self, id: &str) -> Result<Option<CollectionRow>> {
+        let client = self.client().await?;
+        let stmt = client.prepare_cached(&format!("SELECT {COLLECTION_COLUMNS} FROM collections WHERE id = $1")).await?;
+        client.query_opt(&stmt, &[&id]).await?.as_ref().map(decode_collection).transpose()
+    }
+
+    pub async fn get_records(&self, collection: &str, ids: &[String]) -> Result<HashMap<String, Record>> {
+        if ids.is_empty() {
+            return Ok(HashMap::new());
+        }
+        let client = self.client().await?;
+        let stmt = client
+            .prepare_cached(&format!("SELECT {RECORD_COLUMNS} FROM records WHERE collection_id = $1 AND id = ANY($2::text[])"))
+            .await?;
+        let rows = client.query(&stmt, &[&collection, &ids]).await?;
+        rows.iter().map(|r| decode_row(r).map(|rec| (rec.id.clone(), rec))).collect()
+    }
+
+    pub async fn list_records(&self, collection: &str, after_id: Option<&str>, limit: usize) -> Result<Vec<Record>> {
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let client = self.client().await?;
+        let rows = match after_id {
+            Some(after) => {
+                let stmt = client
+                    .prepare_cached(&format!(
+                        "SELECT {RECORD_COLUMNS} FROM records WHERE collection_id = $1 AND id > $2 ORDER BY id LIMIT $3"
+                    ))
+                    .await?;
+                client.query(&stmt, &[&collection, &after, &limit]).await?
+            }
+            None => {
+                let stmt = client
+                    .prepare_cached(&format!("SELECT {RECORD_COLUMNS} FROM records WHERE collection_id = $1 ORDER BY id LIMIT $2"))
+                    .await?;
+                client.query(&stmt, &[&collection, &limit]).await?
+            }
+        };
+        rows.iter().map(decode_row).collect()
+    }
+
+    pub async fn commit_batch(&self, batch: &BatchCommit) -> Result<()> {
+        PositionDelta::new(batch.delta.partition, batch.delta.from, batch.delta.to).map_err(|e| invalid(e.to_string()))?;
+        let rows = BatchRows::new(batch)?;
+        let mut client = self.client().await?;
+        let mut attempt = 1;
+        loop {
+            match commit_once(&mut client, batch, &rows).await {
+                Ok(outcome) => return outcome.map_err(SysdbError::from),
+                Err(e) if attempt == 1 && is_retry_once(&e) => {
+                    tracing::debug!(error = %describe(&e), partition = batch.delta.partition, "sysdb commit retried once");
+                    attempt += 1;
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+
+    pub async fn record_gap(&self, topic: &str, partition: i32, from: i64, to: i64) -> Result<()> {
+        let delta = PositionDelta::new(partition, from, to).map_err(|e| invalid(format!("gap: {e}")))?;
+        let mut client = self.client().await?;
+        let tx = client.transaction().await?;
+        let stored: Option<i64> = tx.query_opt(SELECT_FOR_UPDATE, &[&topic, &partition]).await?.map(|r| r.get(0));
+        if let Err(conflict) = delta.check(stored) {
+            tx.rollback().await?;
+            return Err(conflict.into());
+        }
+        let now = now_ms();
+        tx.execute(
+            "INSERT INTO gaps (topic, partition, from_offset, to_offset, recorded_at_ms) VALUES ($1, $2, $3, $4, $5)",
+            &[&topic, &partition, &from, &to, &now],
+        )
+        .await?;
+        tx.execute(UPDATE_POSITION, &[&topic, &partition, &to, &now]).await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    pub async fn gaps(&self, topic: &str) -> Result<Vec<GapRow>> {
+        let client = self.client().await?;
+        let rows = client
+            .query(
+                "SELECT topic, partition, from_offset, to_offset, recorded_at_ms FROM gaps WHERE topic = $1 ORDER BY id",
+                &[&topic],
+            )
+            .await?;
+        Ok(rows
+            .iter()
+            .map(|r| GapRow { topic: r.get(0), partition: r.get(1), from_offset: r.get(2), to_offset: r.get(3), recorded_at_ms: r.get(4) })
+            .collect())
+    }
+
+    pub async fn reset_position(&self, topic: &str, partition: i32, to: i64, actor: &str, reason: &str) -> Result<Option<i64>> {
+        if to < 0 {
+            return Err(invalid(format!("partition {partition}: cannot reset to negative offset {to}")));
+        }
+        let mut client = self.client().await?;
+        let tx = client.transaction().await?;
+        // Lock the row (if any) so that the audited `from_offset` is the value replaced.
+        let previous: Option<i64> = tx.query_opt(SELECT_FOR_UPDATE, &[&topic, &partition]).await?.map(|r| r.get(0));
+        let now = now_ms();
+        tx.execute(UPSERT_POSITION, &[&topic, &partition, &to, &now]).await?;
+        tx.execute(
+            "INSERT INTO offset_resets (topic, partition, from_offset, to_offset, actor, reason, at_ms)
+             VALUES ($1, $2, $3, $4, $5, $6, $7)",
+            &[&topic, &partition, &previous, &to, &actor, &reason, &now],
+        )
+        .await?;
+        tx.commit().await?;
+        Ok(previous)
+    }
+
+    pub async fn resets(&self, topic: &str) -> Result<Vec<ResetRow>> {
+        let client = self.client().await?;
+        let rows = client
+            .query(
+                "SELECT topic, partition, from_offset, to_offset, actor, reason, at_ms FROM offset_resets WHERE topic = $1 ORDER BY id",
+                &[&topic],
+            )
+            .await?;
+        Ok(rows
+            .iter()
+            .map(|r| ResetRow {
+                topic: r.get(0),
+                partition: r.get(1),
+                from_offset: r.get(2),
+                to_offset: r.get(3),
+                actor: r.get(4),
+                reason: r.get(5),
+                at_ms: r.get(6),
+            })
+            .collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::record::{Metadata, Record};
+    use crate::sysdb::CollectionUpdate;
+
+    fn rec(id: &str, offset: i64) -> Record {
+        Record { id: id.into(), embedding: None, metadata: Metadata::new(), document: Some(format!("{id}@{offset}")), offset }
+    }
+
+    #[test]
+    fn batch_rows_fold_duplicates_like_sequential_application() {
+        let update = |dim: Option<u32>, pos: i64, delta: i64, writes: Vec<(String, Option<Record>)>| CollectionUpdate {
+            id: "c".into(),
+            partition: 1,
+            dimension: dim,
+            log_position: pos,
+            record_count_delta: delta,
+            writes,
+        };
+        let batch = BatchCommit {
+            topic: "t".into(),
+            delta: PositionDelta::new(1, 0, 10).unwrap(),
+            collections: vec![
+                update(None, 3, 2, vec![("a".into(), Some(rec("a", 1))), ("b".into(), Some(rec("b", 2)))]),
+                update(Some(4), 9, -1, vec![("a".into(), None), ("b".into(), Some(rec("b", 8)))]),
+            ],
+        };
+        let rows = BatchRows::new(&batch).unwrap();
+        assert_eq!(rows.coll_ids, ["c"]);
+        assert_eq!(rows.coll_dimensions, [Some(4)]);
+        assert_eq!(rows.coll_positions, [9]);
+        assert_eq!(rows.coll_deltas, [1]);
+        assert_eq!(rows.up_ids, ["b"]);
+        assert_eq!(rows.up_offsets, [8]);
+        assert_eq!(rows.del_ids, ["a"]);
+    }
+
+    #[tokio::test]
+    async fn connection_refused_is_unavailable_and_hides_the_password() {
+        // Port 1 on loopback: nothing listens there.
+        let err = match PostgresSysdb::open("postgres://u:hunter2@127.0.0.1:1/db?connect_timeout=2").await {
+            Err(e) => e,
+            Ok(_) => panic!("connected to port 1"),
+        };
+        assert!(err.is_retryable(), "{err}");
+        let text = format!("{err} {err:?}");
+        assert!(!text.contains("hunter2"), "{text}");
+        assert!(text.contains("127.0.0.1:1"), "{text}");
+    }
+
+    #[tokio::test]
+    async fn a_malformed_url_is_a_config_error_without_the_password() {
+        match PostgresSysdb::open("postgres://u:hunter2@127.0.0.1:notaport/db").await {
+            Err(SysdbError::Config(m)) => assert!(!m.contains("hunter2"), "{m}"),
+            Err(e) => panic!("expected Config, got {e}"),
+            Ok(_) => panic!("parsed a malformed URL"),
+        }
+    }
+}

@@ -1,0 +1,580 @@
+//! SQLite backend: one file in WAL mode (the embedded default), or `:memory:` for tests.
+//!
+//! rusqlite is blocking, so every call runs on `tokio::task::spawn_blocking` with the
+//! connection behind a `std::sync::Mutex`: one writer connection per process, plus one
+//! reader connection for a file database (WAL readers never block the writer and vice
+//! versa, so admin reads do not queue behind a batch commit). Several processes may share
+//! the file: writes take the database lock up front (`BEGIN IMMEDIATE`) and wait for it
+//! up to `busy_timeout`; a writer that still cannot get it gets `Unavailable` (retry).
+//!
+//! The compare-and-set of [`commit_batch`](SqliteSysdb::commit_batch) reads the
+//! partition's `next_offset` *inside* the `BEGIN IMMEDIATE` transaction, i.e. while
+//! holding the only write lock of the database: no other connection, in this process or
+//! another, can move the position between the read and the commit.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use rusqlite::{params, Connection, ErrorCode, OptionalExtension, TransactionBehavior};
+
+use super::codec::{decode_record, encode_metadata};
+use super::schema;
+use super::{now_ms, BatchCommit, CollectionRow, GapRow, ResetRow, Result, SysdbError};
+use crate::positions::PositionDelta;
+use crate::record::Record;
+
+const BACKEND: &str = "sqlite";
+
+/// How long a statement waits for another connection's lock before `SQLITE_BUSY`.
+const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Page cache per connection (negative = KiB): a batch of a few thousand 1.5 KiB
+/// embeddings touches several MiB of b-tree pages; the 2 MiB default thrashes.
+const CACHE_SIZE_KIB: i64 = 64 * 1024;
+
+impl From<rusqlite::Error> for SysdbError {
+    fn from(e: rusqlite::Error) -> Self {
+        let retryable = matches!(
+            e.sqlite_error_code(),
+            Some(
+                ErrorCode::DatabaseBusy
+                    | ErrorCode::DatabaseLocked
+                    | ErrorCode::ReadOnly
+                    | ErrorCode::SystemIoFailure
+                    | ErrorCode::CannotOpen
+                    | ErrorCode::DiskFull
+            )
+        );
+        if retryable {
+            SysdbError::Unavailable { backend: BACKEND, message: e.to_string() }
+        } else {
+            SysdbError::Database { backend: BACKEND, message: e.to_string() }
+        }
+    }
+}
+
+struct Inner {
+    writer: Mutex<Connection>,
+    /// `None` for `:memory:` (a second connection would open another, empty database).
+    reader: Option<Mutex<Connection>>,
+}
+
+/// The SQLite sysdb. Cheap to clone (the connections are shared).
+#[derive(Clone)]
+pub struct SqliteSysdb {
+    inner: Arc<Inner>,
+}
+
+fn is_memory(path: &str) -> bool {
+    path.is_empty() || path == ":memory:"
+}
+
+fn configure(conn: &Connection, path: &str) -> Result<()> {
+    conn.busy_timeout(BUSY_TIMEOUT)?;
+    if !is_memory(path) {
+        let mode: String = conn.pragma_update_and_check(None, "journal_mode", "WAL", |r| r.get(0))?;
+        if !mode.eq_ignore_ascii_case("wal") {
+            tracing::warn!(path, journal_mode = %mode, "SQLite refused WAL mode (network file system?); concurrent readers will block the writer");
+        }
+    }
+    // synchronous=NORMAL in WAL mode: a commit is durable against a *process* crash (the
+    // WAL is written before COMMIT returns) but not against power loss / an OS crash,
+    // which may lose the last few commits (the WAL is fsynced only at checkpoints). That
+    // is tolerable here because the sysdb is authoritative and the Kafka group offset is
+    // committed only after the sysdb commit: after a power loss the sysdb is simply back
+    // at an older, consistent position (records, log_positions and next_offset together)
+    // and the replica re-reads the log from there. The database is never corrupted.
+    conn.pragma_update(None, "synchronous", "NORMAL")?;
+    conn.pragma_update(None, "cache_size", -CACHE_SIZE_KIB)?;
+    Ok(())
+}
+
+/// Apply the missing migration steps in one write transaction (see `schema.rs`).
+fn migrate(conn: &mut Connection) -> Result<()> {
+    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    tx.execute_batch(schema::CREATE_SCHEMA_MIGRATIONS)?;
+    let current: i64 = tx.query_row("SELECT COALESCE(MAX(version), 0) FROM schema_migrations", [], |r| r.get(0))?;
+    for step in schema::pending(schema::SQLITE, current, BACKEND)? {
+        tx.execute_batch(step.sql)?;
+        tx.execute(
+            "INSERT INTO schema_migrations (version, description, applied_at_ms) VALUES (?1, ?2, ?3)",
+            params![step.version, step.description, now_ms()],
+        )?;
+        tracing::info!(version = step.version, description = step.description, "sqlite sysdb migrated");
+    }
+    tx.commit()?;
+    Ok(())
+}
+
+fn open_connection(path: &str) -> Result<Connection> {
+    Connection::open(path).map_err(|e| match SysdbError::from(e) {
+        SysdbError::Unavailable { backend, message } => SysdbError::Unavailable { backend, message: format!("opening {path:?}: {message}") },
+        SysdbError::Database { backend, message } => SysdbError::Database { backend, message: format!("opening {path:?}: {message}") },
+        other => other,
+    })
+}
+
+fn read_next_offset(conn: &Connection, topic: &str, partition: i32) -> Result<Option<i64>> {
+    Ok(conn
+        .prepare_cached("SELECT next_offset FROM partitions WHERE topic = ?1 AND partition = ?2")?
+        .query_row(params![topic, partition], |r| r.get(0))
+        .optional()?)
+}
+
+fn write_next_offset(conn: &Connection, topic: &str, partition: i32, next_offset: i64, now: i64) -> Result<()> {
+    conn.prepare_cached(
+        "INSERT INTO partitions (topic, partition, next_offset, updated_at_ms) VALUES (?1, ?2, ?3, ?4)
+         ON CONFLICT (topic, partition) DO UPDATE SET next_offset = excluded.next_offset, updated_at_ms = excluded.updated_at_ms",
+    )?
+    .execute(params![topic, partition, next_offset, now])?;
+    Ok(())
+}
+
+fn invalid(message: String) -> SysdbError {
+    SysdbError::Database { backend: BACKEND, message }
+}
+
+fn validate_delta(delta: &PositionDelta) -> Result<()> {
+    PositionDelta::new(delta.partition, delta.from, delta.to)
+        .map(|_| ())
+        .map_err(|e| invalid(e.to_string()))
+}
+
+fn commit_batch_sync(conn: &mut Connection, batch: &BatchCommit) -> Result<()> {
+    validate_delta(&batch.delta)?;
+    // Dropping `tx` without commit rolls back, so every early return leaves the database
+    // untouched.
+    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    let stored = read_next_offset(&tx, &batch.topic, batch.delta.partition)?;
+    batch.delta.check(stored)?;
+    let now = now_ms();
+    {
+        let mut upsert_collection = tx.prepare_cached(
+            "INSERT INTO collections (id, partition, dimension, log_position, record_count, created_at_ms)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6)
+             ON CONFLICT (id) DO UPDATE SET
+                 dimension = COALESCE(collections.dimension, excluded.dimension),
+                 log_position = excluded.log_position,
+                 record_count = collections.record_count + excluded.record_count",
+        )?;
+        let mut upsert_record = tx.prepare_cached(
+            "INSERT INTO records (collection_id, id, embedding, metadata, document, last_offset)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6)
+             ON CONFLICT (collection_id, id) DO UPDATE SET
+                 embedding = excluded.embedding, metadata = excluded.metadata,
+                 document = excluded.document, last_offset = excluded.last_offset",
+        )?;
+        let mut delete_record = tx.prepare_cached("DELETE FROM records WHERE collection_id = ?1 AND id = ?2")?;
+        let mut embedding = Vec::new();
+        for c in &batch.collections {
+            upsert_collection.execute(params![c.id, c.partition, c.dimension, c.log_position, c.record_count_delta, now])?;
+            for (id, write) in &c.writes {
+                match write {
+                    Some(r) => {
+                        let emb = r.embedding.as_deref().map(|v| {
+                            embedding.clear();
+                            embedding.extend(v.iter().flat_map(|x| x.to_le_bytes()));
+                            embedding.as_slice()
+                        });
+                        upsert_record.execute(params![c.id, id, emb, encode_metadata(&r.metadata), r.document, r.offset])?;
+                    }
+                    None => {
+                        delete_record.execute(params![c.id, id])?;
+                    }
+                }
+            }
+        }
+    }
+    write_next_offset(&tx, &batch.topic, batch.delta.partition, batch.delta.to, now)?;
+    tx.commit()?;
+    Ok(())
+}
+
+type RawRecord = (String, Option<Vec<u8>>, Option<String>, Option<String>, i64);
+
+fn raw_record(r: &rusqlite::Row<'_>) -> rusqlite::Result<RawRecord> {
+    Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?))
+}
+
+fn decode_raw((id, emb, md, doc, off): RawRecord) -> Result<Record> {
+    decode_record(BACKEND, id, emb, md, doc, off)
+}
+
+fn collection_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<(String, i32, Option<i64>, i64, i64)> {
+    Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?))
+}
+
+fn decode_collection((id, partition, dimension, log_position, record_count): (String, i32, Option<i64>, i64, i64)) -> Result<CollectionRow> {
+    let dimension = dimension
+        .map(|d| u32::try_from(d).map_err(|_| invalid(format!("collection {id:?}: stored dimension {d} out of range"))))
+        .transpose()?;
+    Ok(CollectionRow { id, partition, dimension, log_position, record_count })
+}
+
+const COLLECTION_COLUMNS: &str = "id, partition, dimension, log_position, record_count";
+const RECORD_COLUMNS: &str = "id, embedding, metadata, document, last_offset";
+
+impl SqliteSysdb {
+    /// Open (creating if needed) and migrate the database at `path` (`:memory:` for a
+    /// private in-memory database).
+    pub async fn open(path: &str) -> Result<SqliteSysdb> {
+        let path = path.to_string();
+        let inner = tokio::task::spawn_blocking(move || -> Result<Inner> {
+            let mut writer = open_connection(&path)?;
+            configure(&writer, &path)?;
+            migrate(&mut writer)?;
+            let reader = if is_memory(&path) {
+                None
+            } else {
+                let reader = open_connection(&path)?;
+                configure(&reader, &path)?;
+                Some(Mutex::new(reader))
+            };
+            Ok(Inner { writer: Mutex::new(writer), reader })
+        })
+        .await
+        .map_err(join_error)??;
+        Ok(SqliteSysdb { inner: Arc::new(inner) })
+    }
+
+    /// Run `f` on the writer connection, off the async runtime.
+    async fn write<T, F>(&self, f: F) -> Result<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&mut Connection) -> Result<T> + Send + 'static,
+    {
+        let inner = Arc::clone(&self.inner);
+        tokio::task::spawn_blocking(move || {
+            // A panic while holding the lock poisons it; the connection itself is still
+            // consistent (an open transaction was rolled back when it was dropped).
+            let mut conn = inner.writer.lock().unwrap_or_else(|p| p.into_inner());
+            f(&mut conn)
+        })
+        .await
+        .map_err(join_error)?
+    }
+
+    /// Run `f` on the reader connection (the writer for `:memory:`).
+    async fn read<T, F>(&self, f: F) -> Result<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Connection) -> Result<T> + Send + 'static,
+    {
+        let inner = Arc::clone(&self.inner);
+        tokio::task::spawn_blocking(move || {
+            let lock = inner.reader.as_ref().unwrap_or(&inner.writer);
+            let conn = lock.lock().unwrap_or_else(|p| p.into_inner());
+            f(&conn)
+        })
+        .await
+        .map_err(join_error)?
+    }
+
+    pub async fn schema_version(&self) -> Result<i64> {
+        self.read(|c| Ok(c.query_row("SELECT COALESCE(MAX(version), 0) FROM schema_migrations", [], |r| r.get(0))?))
+            .await
+    }
+
+    pub async fn set_topic_partitions(&self, topic: &str, partitions: i32) -> Result<()> {
+        let key = super::topic_partitions_key(topic);
+        self.write(move |c| {
+            c.execute(
+                "INSERT INTO meta (key, value) VALUES (?1, ?2) ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+                params![key, partitions.to_string()],
+            )?;
+            Ok(())
+        })
+        .await
+    }
+
+    pub async fn topic_partitions(&self, topic: &str) -> Result<Option<i32>> {
+        let key = super::topic_partitions_key(topic);
+        self.read(move |c| {
+            let value: Option<String> = c.query_row("SELECT value FROM meta WHERE key = ?1", [&key], |r| r.get(0)).optional()?;
+            value
+                .map(|v| v.parse::<i32>().map_err(|_| invalid(format!("meta {key:?} is not a partition count: {v:?}"))))
+                .transpose()
+        })
+        .await
+    }
+
+    pub async fn positions(&self, topic: &str) -> Result<HashMap<i32, i64>> {
+        let topic = topic.to_string();
+        self.read(move |c| {
+            let mut stmt = c.prepare_cached("SELECT partition, next_offset FROM partitions WHERE topic = ?1")?;
+            let rows = stmt.query_map([&topic], |r| Ok((r.get(0)?, r.get(1)?)))?;
+            Ok(rows.collect::<rusqlite::Result<HashMap<i32, i64>>>()?)
+        })
+        .await
+    }
+
+    pub async fn init_position(&self, topic: &str, partition: i32, next_offset: i64) -> Result<i64> {
+        if next_offset < 0 {
+            return Err(invalid(format!("partition {partition}: next_offset {next_offset} is negative")));
+        }
+        let topic = topic.to_string();
+        self.write(move |c| {
+            let tx = c.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            tx.execute(
+                "INSERT INTO partitions (topic, partition, next_offset, updated_at_ms) VALUES (?1, ?2, ?3, ?4)
+                 ON CONFLICT (topic, partition) DO NOTHING",
+                params![topic, partition, next_offset, now_ms()],
+            )?;
+            let stored = read_next_offset(&tx, &topic, partition)?
+                .ok_or_else(|| invalid(format!("partition {partition}: row vanished after insert")))?;
+            tx.commit()?;
+            Ok(stored)
+        })
+        .await
+    }
+
+    pub async fn collections(&self) -> Result<Vec<CollectionRow>> {
+        self.read(|c| {
+            let mut stmt = c.prepare_cached(&format!("SELECT {COLLECTION_COLUMNS} FROM collections ORDER BY id"))?;
+            let rows = stmt.query_map([], collection_row)?.collect::<rusqlite::Result<Vec<_>>>()?;
+            rows.into_iter().map(decode_collection).collect()
+        })
+        .await
+    }
+
+    pub async fn collection(&self, id: &str) -> Result<Option<CollectionRow>> {
+        let id = id.to_string();
+        self.read(move |c| {
+            let row = c
+                .prepare_cached(&format!("SELECT {COLLECTION_COLUMNS} FROM collections WHERE id = ?1"))?
+                .query_row([&id], collection_row)
+                .optional()?;
+            row.map(decode_collection).transpose()
+        })
+        .await
+    }
+
+    pub async fn get_records(&self, collection: &str, ids: &[String]) -> Result<HashMap<String, Record>> {
+        let collection = collection.to_string();
+        let ids = ids.to_vec();
+        self.read(move |c| {
+            // One indexed point lookup per id: SQLite is in-process, so there is no
+            // round trip to save by batching them into one statement.
+            let mut stmt = c.prepare_cached(&format!("SELECT {RECORD_COLUMNS} FROM records WHERE collection_id = ?1 AND id = ?2"))?;
+            let mut out = HashMap::with_capacity(ids.len());
+            for id in &ids {
+                if out.contains_key(id) {
+                    continue;
+                }
+                if let Some(raw) = stmt.query_row(params![collection, id], raw_record).optional()? {
+                    let record = decode_raw(raw)?;
+                    out.insert(record.id.clone(), record);
+                }
+            }
+            Ok(out)
+        })
+        .await
+    }
+
+    pub async fn list_records(&self, collection: &str, after_id: Option<&str>, limit: usize) -> Result<Vec<Record>> {
+        let collection = collection.to_string();
+        let after_id = after_id.map(str::to_string);
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        self.read(move |c| {
+            let raws = match &after_id {
+                Some(after) => c
+                    .prepare_cached(&format!(
+                        "SELECT {RECORD_COLUMNS} FROM records WHERE collection_id = ?1 AND id > ?2 ORDER BY id LIMIT ?3"
+                    ))?
+                    .query_map(params![collection, after, limit], raw_record)?
+                    .collect::<rusqlite::Result<Vec<_>>>()?,
+                None => c
+                    .prepare_cached(&format!("SELECT {RECORD_COLUMNS} FROM records WHERE collection_id = ?1 ORDER BY id LIMIT ?2"))?
+                    .query_map(params![collection, limit], raw_record)?
+                    .collect::<rusqlite::Result<Vec<_>>>()?,
+            };
+            raws.into_iter().map(decode_raw).collect()
+        })
+        .await
+    }
+
+    pub async fn commit_batch(&self, batch: &BatchCommit) -> Result<()> {
+        // The closure must own its data ('static, it runs on the blocking pool): the copy
+        // is a memcpy of the batch, small next to the cost of writing it.
+        let batch = batch.clone();
+        self.write(move |c| commit_batch_sync(c, &batch)).await
+    }
+
+    pub async fn record_gap(&self, topic: &str, partition: i32, from: i64, to: i64) -> Result<()> {
+        let delta = PositionDelta::new(partition, from, to).map_err(|e| invalid(format!("gap: {e}")))?;
+        let topic = topic.to_string();
+        self.write(move |c| {
+            let tx = c.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            delta.check(read_next_offset(&tx, &topic, partition)?)?;
+            let now = now_ms();
+            tx.execute(
+                "INSERT INTO gaps (topic, partition, from_offset, to_offset, recorded_at_ms) VALUES (?1, ?2, ?3, ?4, ?5)",
+                params![topic, partition, from, to, now],
+            )?;
+            write_next_offset(&tx, &topic, partition, to, now)?;
+            tx.commit()?;
+            Ok(())
+        })
+        .await
+    }
+
+    pub async fn gaps(&self, topic: &str) -> Result<Vec<GapRow>> {
+        let topic = topic.to_string();
+        self.read(move |c| {
+            let mut stmt = c.prepare_cached(
+                "SELECT topic, partition, from_offset, to_offset, recorded_at_ms FROM gaps WHERE topic = ?1 ORDER BY id",
+            )?;
+            let rows = stmt.query_map([&topic], |r| {
+                Ok(GapRow { topic: r.get(0)?, partition: r.get(1)?, from_offset: r.get(2)?, to_offset: r.get(3)?, recorded_at_ms: r.get(4)? })
+            })?;
+            Ok(rows.collect::<rusqlite::Result<Vec<_>>>()?)
+        })
+        .await
+    }
+
+    pub async fn reset_position(&self, topic: &str, partition: i32, to: i64, actor: &str, reason: &str) -> Result<Option<i64>> {
+        if to < 0 {
+            return Err(invalid(format!("partition {partition}: cannot reset to negative offset {to}")));
+        }
+        let (topic, actor, reason) = (topic.to_string(), actor.to_string(), reason.to_string());
+        self.write(move |c| {
+            let tx = c.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            let previous = read_next_offset(&tx, &topic, partition)?;
+            let now = now_ms();
+            write_next_offset(&tx, &topic, partition, to, now)?;
+            tx.execute(
+                "INSERT INTO offset_resets (topic, partition, from_offset, to_offset, actor, reason, at_ms)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+                params![topic, partition, previous, to, actor, reason, now],
+            )?;
+            tx.commit()?;
+            Ok(previous)
+        })
+        .await
+    }
+
+    pub async fn resets(&self, topic: &str) -> Result<Vec<ResetRow>> {
+        let topic = topic.to_string();
+        self.read(move |c| {
+            let mut stmt = c.prepare_cached(
+                "SELECT topic, partition, from_offset, to_offset, actor, reason, at_ms FROM offset_resets WHERE topic = ?1 ORDER BY id",
+            )?;
+            let rows = stmt.query_map([&topic], |r| {
+                Ok(ResetRow {
+                    topic: r.get(0)?,
+                    partition: r.get(1)?,
+                    from_offset: r.get(2)?,
+                    to_offset: r.get(3)?,
+                    actor: r.get(4)?,
+                    reason: r.get(5)?,
+                    at_ms: r.get(6)?,
+                })
+            })?;
+            Ok(rows.collect::<rusqlite::Result<Vec<_>>>()?)
+        })
+        .await
+    }
+}
+
+fn join_error(e: tokio::task::JoinError) -> SysdbError {
+    SysdbError::Database { backend: BACKEND, message: format!("sqlite worker task failed: {e}") }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sysdb::{conformance, Sysdb};
+
+    async fn open_file(dir: &tempfile::TempDir) -> (Sysdb, String) {
+        let url = format!("sqlite://{}", dir.path().join("sysdb.sqlite").display());
+        (Sysdb::open(&url).await.unwrap(), url)
+    }
+
+    #[tokio::test]
+    async fn conformance_on_a_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let (db, url) = open_file(&dir).await;
+        conformance::run_all(&db).await;
+        conformance::reopen_is_idempotent(&db, &url).await;
+        let other = Sysdb::open(&url).await.unwrap();
+        conformance::concurrent_commits_from_two_handles(&db, &other).await;
+    }
+
+    #[tokio::test]
+    async fn conformance_in_memory() {
+        let db = Sysdb::open("sqlite::memory:").await.unwrap();
+        conformance::run_all(&db).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn conformance_on_a_multi_threaded_runtime() {
+        let dir = tempfile::tempdir().unwrap();
+        let (db, _) = open_file(&dir).await;
+        conformance::concurrent_commits_with_the_same_from(&db).await;
+    }
+
+    #[tokio::test]
+    async fn a_database_newer_than_the_binary_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let (db, url) = open_file(&dir).await;
+        drop(db);
+        let path = dir.path().join("sysdb.sqlite");
+        let conn = Connection::open(&path).unwrap();
+        conn.execute(
+            "INSERT INTO schema_migrations (version, description, applied_at_ms) VALUES (?1, 'from the future', 0)",
+            [schema::latest(schema::SQLITE) + 1],
+        )
+        .unwrap();
+        drop(conn);
+        match Sysdb::open(&url).await {
+            Err(SysdbError::Config(m)) => assert!(m.contains("schema version"), "{m}"),
+            Err(e) => panic!("expected a Config error, got {e}"),
+            Ok(_) => panic!("a newer schema was accepted"),
+        }
+    }
+
+    #[tokio::test]
+    async fn settings_are_applied_to_file_databases() {
+        let dir = tempfile::tempdir().unwrap();
+        let (db, _) = open_file(&dir).await;
+        let Sysdb::Sqlite(s) = &db else { unreachable!() };
+        let (mode, sync, busy) = s
+            .read(|c| {
+                let mode: String = c.query_row("PRAGMA journal_mode", [], |r| r.get(0))?;
+                let sync: i64 = c.query_row("PRAGMA synchronous", [], |r| r.get(0))?;
+                let busy: i64 = c.query_row("PRAGMA busy_timeout", [], |r| r.get(0))?;
+                Ok((mode, sync, busy))
+            })
+            .await
+            .unwrap();
+        assert_eq!(mode, "wal");
+        assert_eq!(sync, 1, "synchronous=NORMAL");
+        assert_eq!(busy, 5000);
+    }
+
+    #[tokio::test]
+    async fn an_unopenable_path_is_unavailable_not_a_panic() {
+        match SqliteSysdb::open("/nonexistent-dir-for-sluice-tests/sub/sysdb.sqlite").await {
+            Err(e) => assert!(e.is_retryable(), "{e}"),
+            Ok(_) => panic!("opened a file in a missing directory"),
+        }
+    }
+
+    #[test]
+    fn busy_and_io_errors_are_retryable() {
+        let busy = rusqlite::Error::SqliteFailure(rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_BUSY), None);
+        assert!(SysdbError::from(busy).is_retryable());
+        let constraint = rusqlite::Error::SqliteFailure(rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_CONSTRAINT), None);
+        assert!(!SysdbError::from(constraint).is_retryable());
+    }
+
+    /// `cargo test --release -p sluice --lib sysdb::sqlite::tests::commit_throughput -- --ignored --nocapture`
+    #[tokio::test]
+    #[ignore = "measurement, prints records/s"]
+    async fn commit_throughput() {
+        let dir = tempfile::tempdir().unwrap();
+        let (db, _) = open_file(&dir).await;
+        conformance::measure_commit_throughput(&db, 5_000, 384, 5).await;
+    }
+}
