@@ -25,7 +25,10 @@ fn record(dim: usize) -> LogRecord {
     );
     r.embedding = Some((0..dim).map(|i| ((i as f32) * 0.731).sin()).collect());
     r.metadata = Some(Metadata::from([
-        ("source".to_string(), MetaValue::String("crawler-eu-west".into())),
+        (
+            "source".to_string(),
+            MetaValue::String("crawler-eu-west".into()),
+        ),
         ("page".to_string(), MetaValue::Long(1234)),
         ("score".to_string(), MetaValue::Double(0.875)),
     ]));
@@ -78,7 +81,15 @@ fn summary_table() {
     println!("decode summary (single thread, {budget:?} per cell; MB = 10^6 bytes of datum)");
     println!(
         "{:>5} {:>7} | {:>12} {:>10} {:>9} | {:>12} {:>10} {:>9} | {:>8}",
-        "dim", "bytes", "fast rec/s", "fast MB/s", "fast µs", "generic rec/s", "gen MB/s", "gen µs", "ratio"
+        "dim",
+        "bytes",
+        "fast rec/s",
+        "fast MB/s",
+        "fast µs",
+        "generic rec/s",
+        "gen MB/s",
+        "gen µs",
+        "ratio"
     );
     for dim in DIMS {
         let bytes = encode(&record(dim));

@@ -23,7 +23,7 @@ pub enum ConfigError {
 }
 
 /// The whole configuration.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Config {
     pub kafka: KafkaConfig,
@@ -37,19 +37,6 @@ pub struct Config {
     /// settings (`enable.auto.commit`, `enable.auto.offset.store`, `partitioner`, ...)
     /// win over these where correctness depends on them.
     pub librdkafka: BTreeMap<String, String>,
-}
-
-impl Default for Config {
-    fn default() -> Self {
-        Config {
-            kafka: KafkaConfig::default(),
-            sysdb: SysdbConfig::default(),
-            processor: ProcessorConfig::default(),
-            limits: Limits::default(),
-            http: HttpConfig::default(),
-            librdkafka: BTreeMap::new(),
-        }
-    }
 }
 
 /// How a replica's partitions are shared in the consumer group.

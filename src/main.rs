@@ -61,6 +61,10 @@ fn main() -> std::process::ExitCode {
     rt.shutdown_timeout(std::time::Duration::from_secs(2));
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
+        // `sluice records ... | head` closes the pipe early: that is not an error.
+        Err(e) if e.chain().any(|c| c.downcast_ref::<std::io::Error>().is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)) => {
+            std::process::ExitCode::SUCCESS
+        }
         Err(e) => {
             eprintln!("sluice: {e:#}");
             std::process::ExitCode::FAILURE

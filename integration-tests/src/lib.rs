@@ -50,8 +50,12 @@ pub async fn require_postgres() -> bool {
             let ok = client.simple_query("select 1").await.is_ok();
             ok || !may_skip("PostgreSQL", "deploy/local/postgres.sh start", "select 1 failed")
         }
-        Err(e) => !may_skip("PostgreSQL at 127.0.0.1:55432", "deploy/local/postgres.sh start", &e.to_string()),
+        Err(e) => !may_skip(&format!("PostgreSQL at {}", redact(&postgres_url())), "deploy/local/postgres.sh start", &e.to_string()),
     }
+}
+
+fn redact(url: &str) -> String {
+    sluice::sysdb::redact_url(url)
 }
 
 /// A random suffix for topic, group and collection names.

@@ -36,17 +36,15 @@ pub async fn ensure_topic(
     }
     let opts = AdminOptions::new().operation_timeout(Some(settings.timeout()));
     let results = admin.create_topics([&new], &opts).await.map_err(|e| broker_err(format!("create topic {topic}"), e))?;
-    for r in results {
-        match r {
-            Ok(_) => return Ok(TopicOutcome::Created),
-            Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {
-                let partitions = partition_count(settings, topic)?;
-                return Ok(TopicOutcome::AlreadyExists { partitions });
-            }
-            Err((t, code)) => return Err(broker_err(format!("create topic {t}"), code)),
+    match results.into_iter().next() {
+        Some(Ok(_)) => Ok(TopicOutcome::Created),
+        Some(Err((_, RDKafkaErrorCode::TopicAlreadyExists))) => {
+            let partitions = partition_count(settings, topic)?;
+            Ok(TopicOutcome::AlreadyExists { partitions })
         }
+        Some(Err((t, code))) => Err(broker_err(format!("create topic {t}"), code)),
+        None => Err(broker_err(format!("create topic {topic}"), "no result from the broker")),
     }
-    Err(broker_err(format!("create topic {topic}"), "no result from the broker"))
 }
 
 /// Delete topics (tests and tooling).

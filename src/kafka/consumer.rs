@@ -498,10 +498,8 @@ fn poll_loop(consumer: BaseConsumer<Ctx>, commands: std_mpsc::Receiver<Command>)
 fn push(ctx: &Ctx, ev: Event) {
     let mut st = ctx.state();
     if st.overflow.is_empty() {
-        match ctx.events.try_send(ev) {
-            Ok(()) => return,
-            Err(mpsc::error::TrySendError::Full(ev)) => st.overflow.push_back(ev),
-            Err(mpsc::error::TrySendError::Closed(_)) => {}
+        if let Err(mpsc::error::TrySendError::Full(ev)) = ctx.events.try_send(ev) {
+            st.overflow.push_back(ev);
         }
     } else {
         st.overflow.push_back(ev);

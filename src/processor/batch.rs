@@ -67,11 +67,14 @@ pub enum Known {
     Unknown,
 }
 
+/// A collection's row (if registered) and its records of the batch, in offset order.
+pub type CollectionBatch = (Option<CollectionRow>, Vec<(i64, LogRecord)>);
+
 /// Collections of one batch, split for folding, plus what went to the DLQ on the way.
 #[derive(Debug, Default)]
 pub struct Routed {
     /// Per collection (id order): its row if registered, and its records in offset order.
-    pub collections: BTreeMap<String, (Option<CollectionRow>, Vec<(i64, LogRecord)>)>,
+    pub collections: BTreeMap<String, CollectionBatch>,
     pub dlq: Vec<DlqEntry>,
 }
 

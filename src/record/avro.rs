@@ -38,7 +38,8 @@ pub fn backfill_task_schema() -> &'static Schema {
 fn parse_embedded(json: &str, file: &str) -> Schema {
     // The text is compiled into the binary and parsed by a unit test, so a failure here
     // is a build defect, not a runtime condition.
-    Schema::parse_str(json).unwrap_or_else(|e| panic!("embedded schemas/{file} does not parse: {e}"))
+    Schema::parse_str(json)
+        .unwrap_or_else(|e| panic!("embedded schemas/{file} does not parse: {e}"))
 }
 
 /// The 64-bit Rabin fingerprint (CRC-64-AVRO) of the schema's Parsing Canonical Form, as
@@ -73,7 +74,11 @@ pub enum ValueError {
     #[error("record has no field `{field}`")]
     MissingField { field: &'static str },
     #[error("field `{field}`: expected {expected}, found {found}")]
-    WrongType { field: &'static str, expected: &'static str, found: String },
+    WrongType {
+        field: &'static str,
+        expected: &'static str,
+        found: String,
+    },
     #[error("field `{field}`: unknown enum symbol `{symbol}`")]
     UnknownSymbol { field: &'static str, symbol: String },
     #[error("embedding of {len} bytes is not a multiple of 4")]
@@ -111,8 +116,10 @@ pub fn log_record_to_value(r: &LogRecord) -> Value {
     let metadata = match &r.metadata {
         None => union(0, Value::Null),
         Some(m) => {
-            let map: HashMap<String, Value> =
-                m.iter().map(|(k, v)| (k.clone(), meta_to_value(v))).collect();
+            let map: HashMap<String, Value> = m
+                .iter()
+                .map(|(k, v)| (k.clone(), meta_to_value(v)))
+                .collect();
             union(1, Value::Map(map))
         }
     };
@@ -131,9 +138,15 @@ pub fn log_record_to_value(r: &LogRecord) -> Value {
         ),
     };
     Value::Record(vec![
-        ("collection_id".into(), Value::String(r.collection_id.clone())),
+        (
+            "collection_id".into(),
+            Value::String(r.collection_id.clone()),
+        ),
         ("id".into(), Value::String(r.id.clone())),
-        ("operation".into(), Value::Enum(op.avro_index(), op.symbol().into())),
+        (
+            "operation".into(),
+            Value::Enum(op.avro_index(), op.symbol().into()),
+        ),
         ("embedding".into(), embedding),
         ("encoding".into(), Value::Enum(0, "FLOAT32".into())),
         ("metadata".into(), metadata),
@@ -169,18 +182,30 @@ fn strip_union(v: Value) -> Value {
 fn record_fields(v: Value) -> Result<HashMap<String, Value>, ValueError> {
     match v {
         Value::Record(fields) => Ok(fields.into_iter().collect()),
-        other => Err(ValueError::NotARecord { found: kind_of(&other) }),
+        other => Err(ValueError::NotARecord {
+            found: kind_of(&other),
+        }),
     }
 }
 
 fn take(fields: &mut HashMap<String, Value>, field: &'static str) -> Result<Value, ValueError> {
-    fields.remove(field).map(strip_union).ok_or(ValueError::MissingField { field })
+    fields
+        .remove(field)
+        .map(strip_union)
+        .ok_or(ValueError::MissingField { field })
 }
 
-fn take_string(fields: &mut HashMap<String, Value>, field: &'static str) -> Result<String, ValueError> {
+fn take_string(
+    fields: &mut HashMap<String, Value>,
+    field: &'static str,
+) -> Result<String, ValueError> {
     match take(fields, field)? {
         Value::String(s) => Ok(s),
-        other => Err(ValueError::WrongType { field, expected: "string", found: kind_of(&other) }),
+        other => Err(ValueError::WrongType {
+            field,
+            expected: "string",
+            found: kind_of(&other),
+        }),
     }
 }
 
@@ -188,14 +213,25 @@ fn take_long(fields: &mut HashMap<String, Value>, field: &'static str) -> Result
     match take(fields, field)? {
         Value::Long(l) | Value::TimestampMillis(l) => Ok(l),
         Value::Int(i) => Ok(i64::from(i)),
-        other => Err(ValueError::WrongType { field, expected: "long", found: kind_of(&other) }),
+        other => Err(ValueError::WrongType {
+            field,
+            expected: "long",
+            found: kind_of(&other),
+        }),
     }
 }
 
-fn take_symbol(fields: &mut HashMap<String, Value>, field: &'static str) -> Result<String, ValueError> {
+fn take_symbol(
+    fields: &mut HashMap<String, Value>,
+    field: &'static str,
+) -> Result<String, ValueError> {
     match take(fields, field)? {
         Value::Enum(_, symbol) => Ok(symbol),
-        other => Err(ValueError::WrongType { field, expected: "enum", found: kind_of(&other) }),
+        other => Err(ValueError::WrongType {
+            field,
+            expected: "enum",
+            found: kind_of(&other),
+        }),
     }
 }
 
@@ -209,19 +245,31 @@ pub fn log_record_from_value(v: Value) -> Result<LogRecord, ValueError> {
     let operation = Operation::ALL
         .into_iter()
         .find(|op| op.symbol() == symbol)
-        .ok_or(ValueError::UnknownSymbol { field: "operation", symbol })?;
+        .ok_or(ValueError::UnknownSymbol {
+            field: "operation",
+            symbol,
+        })?;
     let embedding = match take(&mut f, "embedding")? {
         Value::Null => None,
-        Value::Bytes(b) => {
-            Some(f32s_from_le_bytes(&b).ok_or(ValueError::EmbeddingNotMultipleOf4 { len: b.len() })?)
-        }
+        Value::Bytes(b) => Some(
+            f32s_from_le_bytes(&b).ok_or(ValueError::EmbeddingNotMultipleOf4 { len: b.len() })?,
+        ),
         other => {
-            return Err(ValueError::WrongType { field: "embedding", expected: "null or bytes", found: kind_of(&other) })
+            return Err(ValueError::WrongType {
+                field: "embedding",
+                expected: "null or bytes",
+                found: kind_of(&other),
+            })
         }
     };
     let encoding = match take_symbol(&mut f, "encoding")?.as_str() {
         "FLOAT32" => Encoding::Float32,
-        symbol => return Err(ValueError::UnknownSymbol { field: "encoding", symbol: symbol.into() }),
+        symbol => {
+            return Err(ValueError::UnknownSymbol {
+                field: "encoding",
+                symbol: symbol.into(),
+            })
+        }
     };
     let metadata = match take(&mut f, "metadata")? {
         Value::Null => None,
@@ -233,14 +281,22 @@ pub fn log_record_from_value(v: Value) -> Result<LogRecord, ValueError> {
             Some(out)
         }
         other => {
-            return Err(ValueError::WrongType { field: "metadata", expected: "null or map", found: kind_of(&other) })
+            return Err(ValueError::WrongType {
+                field: "metadata",
+                expected: "null or map",
+                found: kind_of(&other),
+            })
         }
     };
     let document = match take(&mut f, "document")? {
         Value::Null => None,
         Value::String(s) => Some(s),
         other => {
-            return Err(ValueError::WrongType { field: "document", expected: "null or string", found: kind_of(&other) })
+            return Err(ValueError::WrongType {
+                field: "document",
+                expected: "null or string",
+                found: kind_of(&other),
+            })
         }
     };
     let backfill = match take(&mut f, "backfill")? {
@@ -253,10 +309,23 @@ pub fn log_record_from_value(v: Value) -> Result<LogRecord, ValueError> {
             })
         }
         other => {
-            return Err(ValueError::WrongType { field: "backfill", expected: "null or record", found: kind_of(&other) })
+            return Err(ValueError::WrongType {
+                field: "backfill",
+                expected: "null or record",
+                found: kind_of(&other),
+            })
         }
     };
-    Ok(LogRecord { collection_id, id, operation, embedding, encoding, metadata, document, backfill })
+    Ok(LogRecord {
+        collection_id,
+        id,
+        operation,
+        embedding,
+        encoding,
+        metadata,
+        document,
+        backfill,
+    })
 }
 
 fn meta_from_value(v: Value) -> Result<MetaValue, ValueError> {
@@ -284,7 +353,10 @@ fn meta_from_value(v: Value) -> Result<MetaValue, ValueError> {
 
 /// Encodes through apache-avro (`Value` + `to_avro_datum`, which validates the value).
 pub fn encode_generic(r: &LogRecord) -> Result<Vec<u8>, GenericError> {
-    Ok(apache_avro::to_avro_datum(log_record_schema(), log_record_to_value(r))?)
+    Ok(apache_avro::to_avro_datum(
+        log_record_schema(),
+        log_record_to_value(r),
+    )?)
 }
 
 /// Decodes datums written with one writer schema into the current `LogRecord` shape.
@@ -302,7 +374,10 @@ impl GenericDecoder {
     pub fn new(writer: Schema, reader: &Schema) -> Result<Self, GenericError> {
         SchemaCompatibility::can_read(&writer, reader)?;
         let same = writer.canonical_form() == reader.canonical_form();
-        Ok(GenericDecoder { writer, reader: (!same).then(|| reader.clone()) })
+        Ok(GenericDecoder {
+            writer,
+            reader: (!same).then(|| reader.clone()),
+        })
     }
 
     /// A decoder for `LogRecord`s written with `writer`, read as the current schema.
@@ -313,7 +388,10 @@ impl GenericDecoder {
     /// The decoder for datums written with the current `LogRecord` schema.
     pub fn current() -> &'static GenericDecoder {
         static DECODER: OnceLock<GenericDecoder> = OnceLock::new();
-        DECODER.get_or_init(|| GenericDecoder { writer: log_record_schema().clone(), reader: None })
+        DECODER.get_or_init(|| GenericDecoder {
+            writer: log_record_schema().clone(),
+            reader: None,
+        })
     }
 
     /// Decodes one datum to a `Value` shaped by the reader schema, consuming all bytes.
@@ -345,11 +423,17 @@ pub fn backfill_task_to_value(t: &BackfillTask) -> Value {
     Value::Record(vec![
         ("request_id".into(), Value::String(t.request_id.clone())),
         ("function_id".into(), Value::String(t.function_id.clone())),
-        ("collection_id".into(), Value::String(t.collection_id.clone())),
+        (
+            "collection_id".into(),
+            Value::String(t.collection_id.clone()),
+        ),
         ("topic".into(), Value::String(t.topic.clone())),
         ("partition".into(), Value::Int(t.partition)),
         ("marker_offset".into(), Value::Long(t.marker_offset)),
-        ("produced_at_ms".into(), Value::TimestampMillis(t.produced_at_ms)),
+        (
+            "produced_at_ms".into(),
+            Value::TimestampMillis(t.produced_at_ms),
+        ),
     ])
 }
 
@@ -358,7 +442,13 @@ pub fn backfill_task_from_value(v: Value) -> Result<BackfillTask, ValueError> {
     let mut f = record_fields(v)?;
     let partition = match take(&mut f, "partition")? {
         Value::Int(p) => p,
-        other => return Err(ValueError::WrongType { field: "partition", expected: "int", found: kind_of(&other) }),
+        other => {
+            return Err(ValueError::WrongType {
+                field: "partition",
+                expected: "int",
+                found: kind_of(&other),
+            })
+        }
     };
     Ok(BackfillTask {
         request_id: take_string(&mut f, "request_id")?,
@@ -373,7 +463,10 @@ pub fn backfill_task_from_value(v: Value) -> Result<BackfillTask, ValueError> {
 
 /// Encodes a backfill task datum (no framing).
 pub fn encode_backfill_task(t: &BackfillTask) -> Result<Vec<u8>, GenericError> {
-    Ok(apache_avro::to_avro_datum(backfill_task_schema(), backfill_task_to_value(t))?)
+    Ok(apache_avro::to_avro_datum(
+        backfill_task_schema(),
+        backfill_task_to_value(t),
+    )?)
 }
 
 /// Decodes a backfill task datum written with the current schema, consuming all bytes.
@@ -386,181 +479,5 @@ pub fn decode_backfill_task(mut bytes: &[u8]) -> Result<BackfillTask, GenericErr
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// `LogRecord` as it was before the `backfill` field existed.
-    const LOG_RECORD_V0: &str = r#"{
-      "type": "record", "name": "LogRecord", "namespace": "sluice.v1",
-      "fields": [
-        {"name": "collection_id", "type": "string"},
-        {"name": "id", "type": "string"},
-        {"name": "operation", "type": {"type": "enum", "name": "Operation",
-          "symbols": ["ADD", "UPDATE", "UPSERT", "DELETE", "BACKFILL_FN"]}},
-        {"name": "embedding", "type": ["null", "bytes"], "default": null},
-        {"name": "encoding", "type": {"type": "enum", "name": "EmbeddingEncoding",
-          "symbols": ["FLOAT32"]}, "default": "FLOAT32"},
-        {"name": "metadata", "type": ["null", {"type": "map",
-          "values": ["null", "string", "long", "double", "boolean"]}], "default": null},
-        {"name": "document", "type": ["null", "string"], "default": null}
-      ]
-    }"#;
-
-    fn sample() -> LogRecord {
-        let mut r = LogRecord::data("c-1", "r-1", Operation::Upsert);
-        r.embedding = Some(vec![1.0, -2.5, f32::MIN_POSITIVE]);
-        r.metadata = Some(Metadata::from([
-            ("a".to_string(), MetaValue::Long(-7)),
-            ("b".to_string(), MetaValue::Null),
-        ]));
-        r.document = Some("héllo".into());
-        r
-    }
-
-    /// The JSON of every record type in a schema, walked recursively.
-    fn records(v: &serde_json::Value, out: &mut Vec<serde_json::Value>) {
-        match v {
-            serde_json::Value::Object(o) => {
-                if o.get("type").and_then(|t| t.as_str()) == Some("record") {
-                    out.push(v.clone());
-                }
-                o.values().for_each(|x| records(x, out));
-            }
-            serde_json::Value::Array(a) => a.iter().for_each(|x| records(x, out)),
-            _ => {}
-        }
-    }
-
-    #[test]
-    fn embedded_schemas_parse_in_namespace_with_a_doc_on_every_field() {
-        assert_eq!(log_record_schema().name().map(|n| n.fullname(None)), Some("sluice.v1.LogRecord".into()));
-        assert_eq!(backfill_task_schema().name().map(|n| n.fullname(None)), Some("sluice.v1.BackfillTask".into()));
-        for json in [LOG_RECORD_SCHEMA_JSON, BACKFILL_TASK_SCHEMA_JSON] {
-            let parsed: serde_json::Value = serde_json::from_str(json).expect("valid JSON");
-            let mut recs = Vec::new();
-            records(&parsed, &mut recs);
-            assert!(!recs.is_empty());
-            for rec in recs {
-                for field in rec["fields"].as_array().expect("fields") {
-                    let doc = field["doc"].as_str().unwrap_or("");
-                    assert!(!doc.trim().is_empty(), "field {} has no doc", field["name"]);
-                }
-            }
-        }
-    }
-
-    #[test]
-    fn log_record_fields_are_in_the_order_the_codec_reads_them() {
-        let parsed: serde_json::Value = serde_json::from_str(LOG_RECORD_SCHEMA_JSON).expect("valid JSON");
-        let names: Vec<&str> =
-            parsed["fields"].as_array().expect("fields").iter().filter_map(|f| f["name"].as_str()).collect();
-        assert_eq!(
-            names,
-            ["collection_id", "id", "operation", "embedding", "encoding", "metadata", "document", "backfill"]
-        );
-    }
-
-    /// CRC-64-AVRO written out from the specification, independently of apache-avro.
-    fn spec_rabin(data: &[u8]) -> u64 {
-        const EMPTY: u64 = 0xc15d_213a_a4d7_a795;
-        let mut table = [0u64; 256];
-        for (i, slot) in table.iter_mut().enumerate() {
-            let mut fp = i as u64;
-            for _ in 0..8 {
-                fp = (fp >> 1) ^ (EMPTY & (fp & 1).wrapping_neg());
-            }
-            *slot = fp;
-        }
-        let mut fp = EMPTY;
-        for &b in data {
-            fp = (fp >> 8) ^ table[((fp ^ u64::from(b)) & 0xff) as usize];
-        }
-        fp
-    }
-
-    #[test]
-    fn fingerprints_are_the_spec_rabin_of_the_canonical_form() {
-        let lr = log_record_schema();
-        assert_eq!(log_record_fingerprint(), spec_rabin(lr.canonical_form().as_bytes()));
-        let bt = backfill_task_schema();
-        assert_eq!(backfill_task_fingerprint(), spec_rabin(bt.canonical_form().as_bytes()));
-        assert_ne!(log_record_fingerprint(), backfill_task_fingerprint());
-        // Spec test vector: the fingerprint of the schema `"int"`.
-        let int = Schema::parse_str(r#""int""#).expect("int schema");
-        assert_eq!(rabin_fingerprint(&int), spec_rabin(b"\"int\""));
-    }
-
-    #[test]
-    fn record_written_with_schema_without_backfill_is_read_with_current_schema() {
-        let old = Schema::parse_str(LOG_RECORD_V0).expect("v0 schema parses");
-        let mut old_value = log_record_to_value(&sample());
-        if let Value::Record(fields) = &mut old_value {
-            fields.retain(|(name, _)| name != "backfill");
-        }
-        let bytes = apache_avro::to_avro_datum(&old, old_value).expect("encode with v0");
-
-        let decoder = GenericDecoder::for_log_records(old).expect("v0 readable as current");
-        assert_eq!(decoder.decode(&bytes).expect("resolved decode"), sample());
-        // Without resolution the hand-written decoder sees a truncated datum. (apache-avro
-        // 0.21 reads end-of-input at a union index as branch 0, so its plain decode of
-        // these bytes "works" by accident; the codec is deliberately stricter.)
-        assert_eq!(crate::record::codec::decode(&bytes).map_err(|e| e.kind()), Err("truncated"));
-        assert_eq!(decode_generic(&bytes).expect("apache-avro EOF-as-null quirk"), sample());
-    }
-
-    #[test]
-    fn schema_compatibility_new_reader_reads_old_writer_and_back() {
-        let old = Schema::parse_str(LOG_RECORD_V0).expect("v0 schema parses");
-        SchemaCompatibility::can_read(&old, log_record_schema()).expect("reader new, writer old");
-        SchemaCompatibility::can_read(log_record_schema(), &old).expect("reader old, writer new");
-    }
-
-    #[test]
-    fn incompatible_writer_schema_is_refused_at_construction() {
-        let writer = Schema::parse_str(
-            r#"{"type":"record","name":"LogRecord","namespace":"sluice.v1",
-                "fields":[{"name":"collection_id","type":"long"}]}"#,
-        )
-        .expect("parses");
-        assert!(matches!(GenericDecoder::for_log_records(writer), Err(GenericError::Incompatible(_))));
-    }
-
-    #[test]
-    fn generic_roundtrip_and_trailing_bytes() {
-        let mut r = sample();
-        r.operation = Operation::BackfillFn;
-        r.backfill = Some(BackfillRef { request_id: "req".into(), function_id: "fn".into() });
-        let mut bytes = encode_generic(&r).expect("encode");
-        assert_eq!(decode_generic(&bytes).expect("decode"), r);
-        bytes.push(0);
-        assert!(matches!(decode_generic(&bytes), Err(GenericError::TrailingBytes { count: 1 })));
-    }
-
-    #[test]
-    fn backfill_task_roundtrips_through_its_schema() {
-        let task = BackfillTask {
-            request_id: "7f1c".into(),
-            function_id: "f-9".into(),
-            collection_id: "c-1".into(),
-            topic: "sluice-log".into(),
-            partition: 3,
-            marker_offset: 1 << 40,
-            produced_at_ms: 1_760_000_000_123,
-        };
-        let mut bytes = encode_backfill_task(&task).expect("encode");
-        assert_eq!(decode_backfill_task(&bytes).expect("decode"), task);
-        bytes.push(0);
-        assert!(matches!(decode_backfill_task(&bytes), Err(GenericError::TrailingBytes { count: 1 })));
-        assert!(decode_backfill_task(&bytes[..bytes.len() - 4]).is_err());
-    }
-
-    #[test]
-    fn value_of_wrong_shape_is_a_typed_error() {
-        assert!(matches!(log_record_from_value(Value::Null), Err(ValueError::NotARecord { .. })));
-        let mut v = log_record_to_value(&sample());
-        if let Value::Record(fields) = &mut v {
-            fields.retain(|(name, _)| name != "id");
-        }
-        assert_eq!(log_record_from_value(v), Err(ValueError::MissingField { field: "id" }));
-    }
-}
+#[path = "avro_tests.rs"]
+mod tests;

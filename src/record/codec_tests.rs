@@ -79,11 +79,20 @@ fn encodes_the_avro_spec_zigzag_varints() {
         (1, vec![0x02]),
         (-64, vec![0x7f]),
         (64, vec![0x80, 0x01]),
-        (i64::MAX, vec![0xfe, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01]),
-        (i64::MIN, vec![0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01]),
+        (
+            i64::MAX,
+            vec![0xfe, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01],
+        ),
+        (
+            i64::MIN,
+            vec![0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01],
+        ),
     ] {
         assert_eq!(long(v), bytes, "encoding {v}");
-        let mut r = Reader { buf: &bytes, pos: 0 };
+        let mut r = Reader {
+            buf: &bytes,
+            pos: 0,
+        };
         assert_eq!(r.long("x"), Ok(v));
         assert_eq!(r.pos, bytes.len());
     }
@@ -101,8 +110,15 @@ fn minimal_record_roundtrips_and_matches_generic_bytes() {
 #[test]
 fn nan_embedding_and_metadata_roundtrip_bit_for_bit() {
     let mut r = sample();
-    r.embedding = Some(vec![f32::from_bits(0x7fc0_1234), f32::from_bits(0xffff_ffff), -0.0]);
-    r.metadata = Some(Metadata::from([("n".to_string(), MetaValue::Double(f64::from_bits(0xfff0_0000_0000_0001)))]));
+    r.embedding = Some(vec![
+        f32::from_bits(0x7fc0_1234),
+        f32::from_bits(0xffff_ffff),
+        -0.0,
+    ]);
+    r.metadata = Some(Metadata::from([(
+        "n".to_string(),
+        MetaValue::Double(f64::from_bits(0xfff0_0000_0000_0001)),
+    )]));
     let decoded = decode(&encode(&r)).expect("decode");
     assert!(bitwise_eq(&decoded, &r), "{decoded:?} != {r:?}");
 }
@@ -132,7 +148,10 @@ fn map_in_several_blocks_with_negative_counts_decodes_like_apache_avro() {
         ("c".to_string(), MetaValue::Bool(true)),
     ]));
     assert_eq!(decode(&bytes), Ok(expected.clone()));
-    assert_eq!(decode_generic(&bytes).expect("apache-avro agrees"), expected);
+    assert_eq!(
+        decode_generic(&bytes).expect("apache-avro agrees"),
+        expected
+    );
 }
 
 fn err(bytes: &[u8]) -> DecodeError {
@@ -145,22 +164,57 @@ fn err(bytes: &[u8]) -> DecodeError {
 #[test]
 fn truncated_input_names_the_field_and_its_start() {
     let bytes = encode(&sample());
-    assert_eq!(err(&[]), DecodeError::Truncated { field: "collection_id", pos: 0 });
+    assert_eq!(
+        err(&[]),
+        DecodeError::Truncated {
+            field: "collection_id",
+            pos: 0
+        }
+    );
     // Cut inside the document string: the length says more than what remains.
     let doc_start = bytes.len() - 1 - "a document".len() - 1;
     let e = err(&bytes[..bytes.len() - 3]);
     assert_eq!(e.kind(), "length_overflow");
-    assert_eq!(e, DecodeError::LengthOverflow { field: "document", len: 10, max: 8, pos: doc_start });
+    assert_eq!(
+        e,
+        DecodeError::LengthOverflow {
+            field: "document",
+            len: 10,
+            max: 8,
+            pos: doc_start
+        }
+    );
     // Cut before the last union index.
-    assert_eq!(err(&bytes[..bytes.len() - 1]), DecodeError::Truncated { field: "backfill", pos: bytes.len() - 1 });
+    assert_eq!(
+        err(&bytes[..bytes.len() - 1]),
+        DecodeError::Truncated {
+            field: "backfill",
+            pos: bytes.len() - 1
+        }
+    );
 }
 
 #[test]
 fn lying_lengths_are_rejected_before_allocating() {
     // i64::MAX-long collection id in a 10-byte input.
     let e = err(&long(i64::MAX));
-    assert_eq!(e, DecodeError::LengthOverflow { field: "collection_id", len: i64::MAX as u64, max: 0, pos: 0 });
-    assert_eq!(err(&long(-5)), DecodeError::NegativeLength { field: "collection_id", len: -5, pos: 0 });
+    assert_eq!(
+        e,
+        DecodeError::LengthOverflow {
+            field: "collection_id",
+            len: i64::MAX as u64,
+            max: 0,
+            pos: 0
+        }
+    );
+    assert_eq!(
+        err(&long(-5)),
+        DecodeError::NegativeLength {
+            field: "collection_id",
+            len: -5,
+            pos: 0
+        }
+    );
     // 2^62 map entries.
     let e = err(&[prefix(), long(1), long(1 << 62)].concat());
     assert_eq!(e.kind(), "length_overflow");
@@ -168,71 +222,177 @@ fn lying_lengths_are_rejected_before_allocating() {
     let e = err(&[prefix(), long(1), long(i64::MIN), long(0)].concat());
     assert_eq!(e.kind(), "length_overflow");
     // Huge declared block size.
-    let e = err(&[prefix(), long(1), long(-1), long(i64::MAX), string("a"), long(0), long(0)].concat());
+    let e = err(&[
+        prefix(),
+        long(1),
+        long(-1),
+        long(i64::MAX),
+        string("a"),
+        long(0),
+        long(0),
+    ]
+    .concat());
     assert_eq!(e.kind(), "length_overflow");
     // Huge embedding.
     let e = err(&[string("c"), string("i"), long(0), long(1), long(i64::MAX)].concat());
-    assert!(matches!(e, DecodeError::LengthOverflow { field: "embedding", .. }));
+    assert!(matches!(
+        e,
+        DecodeError::LengthOverflow {
+            field: "embedding",
+            ..
+        }
+    ));
 }
 
 #[test]
 fn each_malformed_item_gets_its_kind_and_position() {
     let p = prefix().len();
     let cases: Vec<(Vec<u8>, DecodeError)> = vec![
-        (vec![0xff; 11], DecodeError::VarintOverflow { field: "collection_id", pos: 0 }),
+        (
+            vec![0xff; 11],
+            DecodeError::VarintOverflow {
+                field: "collection_id",
+                pos: 0,
+            },
+        ),
         (
             [vec![0xff; 9], vec![0x02]].concat(),
-            DecodeError::VarintOverflow { field: "collection_id", pos: 0 },
+            DecodeError::VarintOverflow {
+                field: "collection_id",
+                pos: 0,
+            },
         ),
-        ([string("c"), long(1), vec![0xff]].concat(), DecodeError::InvalidUtf8 { field: "id", pos: 3 }),
+        (
+            [string("c"), long(1), vec![0xff]].concat(),
+            DecodeError::InvalidUtf8 {
+                field: "id",
+                pos: 3,
+            },
+        ),
         (
             [string("c"), string("i"), long(5)].concat(),
-            DecodeError::BadEnumIndex { field: "operation", index: 5, symbols: 5, pos: 4 },
+            DecodeError::BadEnumIndex {
+                field: "operation",
+                index: 5,
+                symbols: 5,
+                pos: 4,
+            },
         ),
         (
             [string("c"), string("i"), long(-1)].concat(),
-            DecodeError::BadEnumIndex { field: "operation", index: -1, symbols: 5, pos: 4 },
+            DecodeError::BadEnumIndex {
+                field: "operation",
+                index: -1,
+                symbols: 5,
+                pos: 4,
+            },
         ),
         (
             [string("c"), string("i"), long(0), long(2)].concat(),
-            DecodeError::BadUnionIndex { field: "embedding", index: 2, branches: 2, pos: 5 },
+            DecodeError::BadUnionIndex {
+                field: "embedding",
+                index: 2,
+                branches: 2,
+                pos: 5,
+            },
         ),
         (
-            [string("c"), string("i"), long(0), long(1), long(5), vec![0; 5]].concat(),
+            [
+                string("c"),
+                string("i"),
+                long(0),
+                long(1),
+                long(5),
+                vec![0; 5],
+            ]
+            .concat(),
             DecodeError::EmbeddingNotMultipleOf4 { len: 5, pos: 7 },
         ),
         (
             [string("c"), string("i"), long(0), long(0), long(1)].concat(),
-            DecodeError::BadEnumIndex { field: "encoding", index: 1, symbols: 1, pos: 6 },
+            DecodeError::BadEnumIndex {
+                field: "encoding",
+                index: 1,
+                symbols: 1,
+                pos: 6,
+            },
         ),
         (
             [prefix(), long(1), long(1), string("k"), long(5)].concat(),
-            DecodeError::BadUnionIndex { field: "metadata.value", index: 5, branches: 5, pos: p + 4 },
+            DecodeError::BadUnionIndex {
+                field: "metadata.value",
+                index: 5,
+                branches: 5,
+                pos: p + 4,
+            },
         ),
         (
             [prefix(), long(1), long(1), string("k"), long(4), vec![2]].concat(),
-            DecodeError::BadBool { field: "metadata.value", byte: 2, pos: p + 5 },
+            DecodeError::BadBool {
+                field: "metadata.value",
+                byte: 2,
+                pos: p + 5,
+            },
         ),
         (
             [prefix(), long(1), long(1), string("k"), long(3), vec![0; 7]].concat(),
-            DecodeError::Truncated { field: "metadata.value", pos: p + 5 },
+            DecodeError::Truncated {
+                field: "metadata.value",
+                pos: p + 5,
+            },
         ),
         (
-            [prefix(), long(1), long(2), string("k"), long(0), string("k"), long(0), long(0)].concat(),
-            DecodeError::DuplicateMapKey { field: "metadata", pos: p + 5 },
+            [
+                prefix(),
+                long(1),
+                long(2),
+                string("k"),
+                long(0),
+                string("k"),
+                long(0),
+                long(0),
+            ]
+            .concat(),
+            DecodeError::DuplicateMapKey {
+                field: "metadata",
+                pos: p + 5,
+            },
         ),
         (
-            [prefix(), long(1), long(-1), long(5), string("k"), long(0), long(0), long(0), long(0), long(0)]
-                .concat(),
-            DecodeError::BadBlockSize { field: "metadata", declared: 5, actual: 3, pos: p + 1 },
+            [
+                prefix(),
+                long(1),
+                long(-1),
+                long(5),
+                string("k"),
+                long(0),
+                long(0),
+                long(0),
+                long(0),
+                long(0),
+            ]
+            .concat(),
+            DecodeError::BadBlockSize {
+                field: "metadata",
+                declared: 5,
+                actual: 3,
+                pos: p + 1,
+            },
         ),
         (
             [prefix(), long(1), long(-1), long(-3)].concat(),
-            DecodeError::NegativeLength { field: "metadata", len: -3, pos: p + 2 },
+            DecodeError::NegativeLength {
+                field: "metadata",
+                len: -3,
+                pos: p + 2,
+            },
         ),
         (
             [prefix(), long(0), long(0), long(0), vec![9, 9]].concat(),
-            DecodeError::TrailingBytes { count: 2, pos: p + 3 },
+            DecodeError::TrailingBytes {
+                count: 2,
+                pos: p + 3,
+            },
         ),
     ];
     for (bytes, expected) in cases {
@@ -248,13 +408,47 @@ fn error_kinds_are_distinct_snake_case_labels() {
     let kinds = [
         DecodeError::Truncated { field: "f", pos: 0 }.kind(),
         DecodeError::VarintOverflow { field: "f", pos: 0 }.kind(),
-        DecodeError::NegativeLength { field: "f", len: -1, pos: 0 }.kind(),
-        DecodeError::LengthOverflow { field: "f", len: 1, max: 0, pos: 0 }.kind(),
-        DecodeError::BadUnionIndex { field: "f", index: 9, branches: 2, pos: 0 }.kind(),
-        DecodeError::BadEnumIndex { field: "f", index: 9, symbols: 2, pos: 0 }.kind(),
+        DecodeError::NegativeLength {
+            field: "f",
+            len: -1,
+            pos: 0,
+        }
+        .kind(),
+        DecodeError::LengthOverflow {
+            field: "f",
+            len: 1,
+            max: 0,
+            pos: 0,
+        }
+        .kind(),
+        DecodeError::BadUnionIndex {
+            field: "f",
+            index: 9,
+            branches: 2,
+            pos: 0,
+        }
+        .kind(),
+        DecodeError::BadEnumIndex {
+            field: "f",
+            index: 9,
+            symbols: 2,
+            pos: 0,
+        }
+        .kind(),
         DecodeError::InvalidUtf8 { field: "f", pos: 0 }.kind(),
-        DecodeError::BadBool { field: "f", byte: 2, pos: 0 }.kind(),
-        DecodeError::BadBlockSize { field: "f", declared: 1, actual: 2, pos: 0 }.kind(),
+        DecodeError::BadBool {
+            field: "f",
+            byte: 2,
+            pos: 0,
+        }
+        .kind(),
+        DecodeError::BadBlockSize {
+            field: "f",
+            declared: 1,
+            actual: 2,
+            pos: 0,
+        }
+        .kind(),
         DecodeError::DuplicateMapKey { field: "f", pos: 0 }.kind(),
         DecodeError::EmbeddingNotMultipleOf4 { len: 3, pos: 0 }.kind(),
         DecodeError::TrailingBytes { count: 1, pos: 0 }.kind(),
@@ -262,7 +456,11 @@ fn error_kinds_are_distinct_snake_case_labels() {
     let unique: std::collections::BTreeSet<_> = kinds.iter().collect();
     assert_eq!(unique.len(), kinds.len());
     for k in kinds {
-        assert!(k.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_'), "{k}");
+        assert!(
+            k.chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_'),
+            "{k}"
+        );
     }
 }
 
@@ -287,11 +485,17 @@ fn meta_value() -> impl Strategy<Value = MetaValue> {
 }
 
 pub(crate) fn log_record() -> impl Strategy<Value = LogRecord> {
-    let embedding = prop::option::of(prop::collection::vec(any::<u32>().prop_map(f32::from_bits), 0..48));
+    let embedding = prop::option::of(prop::collection::vec(
+        any::<u32>().prop_map(f32::from_bits),
+        0..48,
+    ));
     let metadata = prop::option::of(prop::collection::btree_map(unicode(12), meta_value(), 0..6));
-    let backfill = prop::option::of((unicode(16), unicode(16)).prop_map(|(request_id, function_id)| {
-        BackfillRef { request_id, function_id }
-    }));
+    let backfill = prop::option::of((unicode(16), unicode(16)).prop_map(
+        |(request_id, function_id)| BackfillRef {
+            request_id,
+            function_id,
+        },
+    ));
     (
         unicode(16),
         unicode(40),
@@ -301,16 +505,18 @@ pub(crate) fn log_record() -> impl Strategy<Value = LogRecord> {
         prop::option::of(unicode(64)),
         backfill,
     )
-        .prop_map(|(collection_id, id, operation, embedding, metadata, document, backfill)| LogRecord {
-            collection_id,
-            id,
-            operation,
-            embedding,
-            encoding: Encoding::Float32,
-            metadata,
-            document,
-            backfill,
-        })
+        .prop_map(
+            |(collection_id, id, operation, embedding, metadata, document, backfill)| LogRecord {
+                collection_id,
+                id,
+                operation,
+                embedding,
+                encoding: Encoding::Float32,
+                metadata,
+                document,
+                backfill,
+            },
+        )
 }
 
 /// A valid encoding damaged by a few edits: byte overwrites, truncation, insertion, and
@@ -326,7 +532,11 @@ fn mutated_encoding() -> impl Strategy<Value = Vec<u8>> {
                 1 => bytes.truncate(i),
                 2 => bytes.insert(i, byte),
                 _ => {
-                    let v = if byte % 2 == 0 { i64::MAX } else { i64::MIN + i64::from(byte) };
+                    let v = if byte % 2 == 0 {
+                        i64::MAX
+                    } else {
+                        i64::MIN + i64::from(byte)
+                    };
                     let tail = bytes.split_off(i.min(bytes.len()));
                     bytes.extend(long(v));
                     bytes.extend(tail);
@@ -409,7 +619,10 @@ fn decoder_survives_one_million_arbitrary_inputs() {
     use proptest::test_runner::{Config, TestRunner};
 
     const INPUTS: usize = 1_000_000;
-    let seed = std::env::var("SLUICE_FUZZ_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(0x5eed_u64);
+    let seed = std::env::var("SLUICE_FUZZ_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0x5eed_u64);
     let mut rng = Rng(seed | 1);
 
     // A pool of valid encodings from the property-test strategy, to mutate.

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Installs (idempotently) the Debian packages Sluice's build, scripts and tests need,
+# and checks the toolchains that cannot come from apt here (Rust via rustup, Java 17).
+set -euo pipefail
+
+need=()
+have_pkg() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed"; }
+# Build: rdkafka's bundled librdkafka with the `ssl` feature needs OpenSSL headers and
+# pkg-config; zstd/zlib are compiled from the crates. Scripts/tests: kcat, python venv,
+# PostgreSQL, Prometheus (the service scripts install those two themselves too).
+for p in build-essential pkg-config libssl-dev kcat python3-venv postgresql prometheus curl procps; do
+    have_pkg "$p" || need+=("$p")
+done
+if ((${#need[@]})); then
+    echo "deps.sh: installing ${need[*]}" >&2
+    export DEBIAN_FRONTEND=noninteractive
+    if ! apt-get install -y --no-install-recommends "${need[@]}" >/tmp/sluice-apt.log 2>&1; then
+        apt-get update >/tmp/sluice-apt-update.log 2>&1 || true
+        apt-get install -y --no-install-recommends "${need[@]}" >/tmp/sluice-apt.log 2>&1 ||
+            { echo "deps.sh: apt-get install ${need[*]} failed; see /tmp/sluice-apt.log" >&2; exit 1; }
+    fi
+fi
+command -v cargo >/dev/null || { echo "deps.sh: cargo not found. Install Rust: https://rustup.rs (rustup toolchain install stable)" >&2; exit 1; }
+command -v java >/dev/null || { echo "deps.sh: java not found. Fix: apt-get install -y openjdk-17-jdk-headless" >&2; exit 1; }
+command -v mvn >/dev/null || { echo "deps.sh: mvn not found. Fix: apt-get install -y maven" >&2; exit 1; }

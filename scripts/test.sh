@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# The whole test suite, on a fresh machine: installs what is missing, starts the local
+# services the tests need (Kafka, PostgreSQL), builds, and runs every test.
+# Logs of the services: .local/kafka/run/..., .local/postgres/log/... (paths printed).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+deploy/local/deps.sh
+deploy/local/kafka.sh start
+deploy/local/postgres.sh start
+deploy/local/python-env.sh >/dev/null
+cargo build --locked --bin sluice
+cargo test --locked --workspace --no-fail-fast
+integration-tests/scripts/kafka-scripts.sh

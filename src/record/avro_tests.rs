@@ -1,0 +1,229 @@
+//! Tests of the schemas and the generic path: docs and field order, fingerprints,
+//! schema evolution (resolution and compatibility), BackfillTask roundtrip.
+
+use super::*;
+
+/// `LogRecord` as it was before the `backfill` field existed.
+const LOG_RECORD_V0: &str = r#"{
+  "type": "record", "name": "LogRecord", "namespace": "sluice.v1",
+  "fields": [
+    {"name": "collection_id", "type": "string"},
+    {"name": "id", "type": "string"},
+    {"name": "operation", "type": {"type": "enum", "name": "Operation",
+      "symbols": ["ADD", "UPDATE", "UPSERT", "DELETE", "BACKFILL_FN"]}},
+    {"name": "embedding", "type": ["null", "bytes"], "default": null},
+    {"name": "encoding", "type": {"type": "enum", "name": "EmbeddingEncoding",
+      "symbols": ["FLOAT32"]}, "default": "FLOAT32"},
+    {"name": "metadata", "type": ["null", {"type": "map",
+      "values": ["null", "string", "long", "double", "boolean"]}], "default": null},
+    {"name": "document", "type": ["null", "string"], "default": null}
+  ]
+}"#;
+
+fn sample() -> LogRecord {
+    let mut r = LogRecord::data("c-1", "r-1", Operation::Upsert);
+    r.embedding = Some(vec![1.0, -2.5, f32::MIN_POSITIVE]);
+    r.metadata = Some(Metadata::from([
+        ("a".to_string(), MetaValue::Long(-7)),
+        ("b".to_string(), MetaValue::Null),
+    ]));
+    r.document = Some("héllo".into());
+    r
+}
+
+/// The JSON of every record type in a schema, walked recursively.
+fn records(v: &serde_json::Value, out: &mut Vec<serde_json::Value>) {
+    match v {
+        serde_json::Value::Object(o) => {
+            if o.get("type").and_then(|t| t.as_str()) == Some("record") {
+                out.push(v.clone());
+            }
+            o.values().for_each(|x| records(x, out));
+        }
+        serde_json::Value::Array(a) => a.iter().for_each(|x| records(x, out)),
+        _ => {}
+    }
+}
+
+#[test]
+fn embedded_schemas_parse_in_namespace_with_a_doc_on_every_field() {
+    assert_eq!(
+        log_record_schema().name().map(|n| n.fullname(None)),
+        Some("sluice.v1.LogRecord".into())
+    );
+    assert_eq!(
+        backfill_task_schema().name().map(|n| n.fullname(None)),
+        Some("sluice.v1.BackfillTask".into())
+    );
+    for json in [LOG_RECORD_SCHEMA_JSON, BACKFILL_TASK_SCHEMA_JSON] {
+        let parsed: serde_json::Value = serde_json::from_str(json).expect("valid JSON");
+        let mut recs = Vec::new();
+        records(&parsed, &mut recs);
+        assert!(!recs.is_empty());
+        for rec in recs {
+            for field in rec["fields"].as_array().expect("fields") {
+                let doc = field["doc"].as_str().unwrap_or("");
+                assert!(!doc.trim().is_empty(), "field {} has no doc", field["name"]);
+            }
+        }
+    }
+}
+
+#[test]
+fn log_record_fields_are_in_the_order_the_codec_reads_them() {
+    let parsed: serde_json::Value =
+        serde_json::from_str(LOG_RECORD_SCHEMA_JSON).expect("valid JSON");
+    let names: Vec<&str> = parsed["fields"]
+        .as_array()
+        .expect("fields")
+        .iter()
+        .filter_map(|f| f["name"].as_str())
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "collection_id",
+            "id",
+            "operation",
+            "embedding",
+            "encoding",
+            "metadata",
+            "document",
+            "backfill"
+        ]
+    );
+}
+
+/// CRC-64-AVRO written out from the specification, independently of apache-avro.
+fn spec_rabin(data: &[u8]) -> u64 {
+    const EMPTY: u64 = 0xc15d_213a_a4d7_a795;
+    let mut table = [0u64; 256];
+    for (i, slot) in table.iter_mut().enumerate() {
+        let mut fp = i as u64;
+        for _ in 0..8 {
+            fp = (fp >> 1) ^ (EMPTY & (fp & 1).wrapping_neg());
+        }
+        *slot = fp;
+    }
+    let mut fp = EMPTY;
+    for &b in data {
+        fp = (fp >> 8) ^ table[((fp ^ u64::from(b)) & 0xff) as usize];
+    }
+    fp
+}
+
+#[test]
+fn fingerprints_are_the_spec_rabin_of_the_canonical_form() {
+    let lr = log_record_schema();
+    assert_eq!(
+        log_record_fingerprint(),
+        spec_rabin(lr.canonical_form().as_bytes())
+    );
+    let bt = backfill_task_schema();
+    assert_eq!(
+        backfill_task_fingerprint(),
+        spec_rabin(bt.canonical_form().as_bytes())
+    );
+    assert_ne!(log_record_fingerprint(), backfill_task_fingerprint());
+    // Spec test vector: the fingerprint of the schema `"int"`.
+    let int = Schema::parse_str(r#""int""#).expect("int schema");
+    assert_eq!(rabin_fingerprint(&int), spec_rabin(b"\"int\""));
+}
+
+#[test]
+fn record_written_with_schema_without_backfill_is_read_with_current_schema() {
+    let old = Schema::parse_str(LOG_RECORD_V0).expect("v0 schema parses");
+    let mut old_value = log_record_to_value(&sample());
+    if let Value::Record(fields) = &mut old_value {
+        fields.retain(|(name, _)| name != "backfill");
+    }
+    let bytes = apache_avro::to_avro_datum(&old, old_value).expect("encode with v0");
+
+    let decoder = GenericDecoder::for_log_records(old).expect("v0 readable as current");
+    assert_eq!(decoder.decode(&bytes).expect("resolved decode"), sample());
+    // Without resolution the hand-written decoder sees a truncated datum. (apache-avro
+    // 0.21 reads end-of-input at a union index as branch 0, so its plain decode of
+    // these bytes "works" by accident; the codec is deliberately stricter.)
+    assert_eq!(
+        crate::record::codec::decode(&bytes).map_err(|e| e.kind()),
+        Err("truncated")
+    );
+    assert_eq!(
+        decode_generic(&bytes).expect("apache-avro EOF-as-null quirk"),
+        sample()
+    );
+}
+
+#[test]
+fn schema_compatibility_new_reader_reads_old_writer_and_back() {
+    let old = Schema::parse_str(LOG_RECORD_V0).expect("v0 schema parses");
+    SchemaCompatibility::can_read(&old, log_record_schema()).expect("reader new, writer old");
+    SchemaCompatibility::can_read(log_record_schema(), &old).expect("reader old, writer new");
+}
+
+#[test]
+fn incompatible_writer_schema_is_refused_at_construction() {
+    let writer = Schema::parse_str(
+        r#"{"type":"record","name":"LogRecord","namespace":"sluice.v1",
+            "fields":[{"name":"collection_id","type":"long"}]}"#,
+    )
+    .expect("parses");
+    assert!(matches!(
+        GenericDecoder::for_log_records(writer),
+        Err(GenericError::Incompatible(_))
+    ));
+}
+
+#[test]
+fn generic_roundtrip_and_trailing_bytes() {
+    let mut r = sample();
+    r.operation = Operation::BackfillFn;
+    r.backfill = Some(BackfillRef {
+        request_id: "req".into(),
+        function_id: "fn".into(),
+    });
+    let mut bytes = encode_generic(&r).expect("encode");
+    assert_eq!(decode_generic(&bytes).expect("decode"), r);
+    bytes.push(0);
+    assert!(matches!(
+        decode_generic(&bytes),
+        Err(GenericError::TrailingBytes { count: 1 })
+    ));
+}
+
+#[test]
+fn backfill_task_roundtrips_through_its_schema() {
+    let task = BackfillTask {
+        request_id: "7f1c".into(),
+        function_id: "f-9".into(),
+        collection_id: "c-1".into(),
+        topic: "sluice-log".into(),
+        partition: 3,
+        marker_offset: 1 << 40,
+        produced_at_ms: 1_760_000_000_123,
+    };
+    let mut bytes = encode_backfill_task(&task).expect("encode");
+    assert_eq!(decode_backfill_task(&bytes).expect("decode"), task);
+    bytes.push(0);
+    assert!(matches!(
+        decode_backfill_task(&bytes),
+        Err(GenericError::TrailingBytes { count: 1 })
+    ));
+    assert!(decode_backfill_task(&bytes[..bytes.len() - 4]).is_err());
+}
+
+#[test]
+fn value_of_wrong_shape_is_a_typed_error() {
+    assert!(matches!(
+        log_record_from_value(Value::Null),
+        Err(ValueError::NotARecord { .. })
+    ));
+    let mut v = log_record_to_value(&sample());
+    if let Value::Record(fields) = &mut v {
+        fields.retain(|(name, _)| name != "id");
+    }
+    assert_eq!(
+        log_record_from_value(v),
+        Err(ValueError::MissingField { field: "id" })
+    );
+}
