@@ -11,7 +11,8 @@
 #   4. `sluice process` on SQLite (fresh file) and on PostgreSQL (fresh database), each
 #      with a fresh group: polls `sluice offsets show --format json` every 0.5 s until
 #      every partition has lag 0 and sysdb_next_offset == high_watermark, then SIGTERM;
-#   5. prints a table and writes it as JSON to target/bench/baseline-<date>.json.
+#   5. prints a table and writes it as JSON to target/bench/baseline-<date>.json (the
+#      replicas' JSON logs are kept beside it as baseline-<date>-sluice-<sysdb>.log).
 #
 # Usage: scripts/bench-baseline.sh [--records N] [--partitions P] [--dim D]
 #            [--collections C] [--ids-per-collection K] [--seed S]
@@ -26,8 +27,8 @@
 # How things are measured (also written into the JSON):
 #   bytes      sum over all records of key length + value length, from
 #              `kcat -C -e -f '%K %S\n'` (the same quantity consumer-perf-test counts);
-#              MB = 2^20 bytes, like consumer-perf-test. The log segment size on disk
-#              (du -sb of the topic's partition folders) is recorded beside it.
+#              MB = 2^20 bytes, like consumer-perf-test. The size of the topic's *.log
+#              segment files (batch headers included) is recorded beside it.
 #   seconds    consumer-perf-test: its own elapsed time (from its CSV: nMsg.sec) and,
 #              separately, the wall time of the whole JVM run; kcat: wall time of the
 #              process; sluice: from spawn to the end of the first poll that saw it
@@ -135,6 +136,7 @@ pg_cpu() {
 broker_cpu() { if [[ -n "$BROKER_PID" ]]; then pid_cpu "$BROKER_PID"; else echo 0; fi; }
 
 SCRIPT_T0="$(now)"
+RUN_DATE="$(date +%Y%m%d-%H%M%S)"
 
 # ------------------------------------------------------------------ 1. build --------
 log "building the release binary (cargo may wait for a lock held by another build)"
@@ -216,7 +218,9 @@ read -r N_MSGS KEY_BYTES VALUE_BYTES < <(timeout "$PHASE_TIMEOUT" kcat -C -b "$B
 TOTAL_BYTES=$((KEY_BYTES + VALUE_BYTES))
 SEGMENT_BYTES=0
 if [[ -n "$KAFKA_DATA" ]]; then
-    SEGMENT_BYTES="$(du -scb "$KAFKA_DATA/$LOG_TOPIC"-* 2>/dev/null | tail -1 | awk '{ print $1 }')"
+    # *.log segment files only (the .index/.timeindex files are preallocated, sparse)
+    SEGMENT_BYTES="$(find "$KAFKA_DATA" -path "$KAFKA_DATA/$LOG_TOPIC-*" -name '*.log' -printf '%s\n' 2>/dev/null |
+        awk '{ s += $1 } END { printf "%d\n", s }')"
 fi
 log "$N_MSGS records, $TOTAL_BYTES bytes key+value (keys $KEY_BYTES), log segments on disk $SEGMENT_BYTES bytes, produced in $PRODUCE_S s"
 printf 'produce (workload|sluice produce)\t%s\t%s\t%s\t%s\t\t{}\n' "$RECORDS" "$PRODUCE_S" \
@@ -327,6 +331,12 @@ run_sluice() {
     materialized="$(SLUICE_SYSDB="$url" SLUICE_GROUP="$group" timeout 60 "$SLUICE" collections list --format json | jq '[.[].records] | add // 0')"
     dlq="$(timeout 120 kcat -C -b "$BS" -t "$PREFIX.dlq" -e -o beginning -q -f 'x\n' 2>/dev/null | wc -l)"
     ((rc == 0)) || { tail -20 "$logf" >&2; log "WARNING: sluice process ($name) exited with $rc after SIGTERM"; }
+    if ((errors > 0)); then
+        log "$name: ERROR log lines (first 5):"
+        jq -c 'select(.level == "ERROR")' "$logf" | head -5 >&2
+    fi
+    mkdir -p "$REPO/target/bench"
+    cp "$logf" "$REPO/target/bench/baseline-$RUN_DATE-sluice-$name.log"
     log "$name: caught up in $secs s (first assignment at ${assign_s:-?} s, $polls polls), CPU $cpu s, peak RSS $rss kB, exit $rc after ${stop_s} s, $errors ERROR / $warns WARN log lines, $materialized live records, DLQ total $dlq"
     printf 'sluice process (%s)\t%s\t%s\t%s\t%s\t%s\t%s\n' "$name" "$RECORDS" "$secs" "$cpu" "$rss" "$assign_s" \
         "$(jq -cn --arg b "$(fsub "$b1" "$b0")" --arg p "$(fsub "$p1" "$p0")" --arg pg "$name" --argjson rc "$rc" \
@@ -345,7 +355,7 @@ run_sluice postgres "$PG_URL" "$GROUP_PG"
 
 # ------------------------------------------------------------------ 5. report -------
 mkdir -p "$REPO/target/bench"
-OUT_JSON="$REPO/target/bench/baseline-$(date +%Y%m%d-%H%M%S).json"
+OUT_JSON="$REPO/target/bench/baseline-$RUN_DATE.json"
 SCRIPT_S="$(fsub "$(now)" "$SCRIPT_T0")"
 python3 - "$RESULTS" "$OUT_JSON" <<EOF
 import json, sys
@@ -368,7 +378,7 @@ cpt = next(r for r in rows if r["contender"].startswith("kafka consumer-perf-tes
 for r in rows:
     r["ratio_vs_cpt"] = round(r["records_per_s"] / cpt, 3)
 doc = {
-    "commit": "$COMMIT", "worktree_dirty": $DIRTY,
+    "commit": "$COMMIT", "worktree_dirty": "$DIRTY" == "true",
     "date": "$(date -u +%Y-%m-%dT%H:%M:%SZ)",
     "machine": {"nproc": $(nproc), "cpu_model": "$CPU_MODEL", "mem_total_kb": $(awk '/^MemTotal:/ { print $2 }' /proc/meminfo),
                 "kernel": "$(uname -r)"},

@@ -2,8 +2,12 @@
 # Runs 1,000,000 arbitrary, mutated and truncated inputs through the hand-written
 # LogRecord decoder (src/record/codec.rs) and fails if any of them panics.
 # Prints the count, the wall time and how many inputs ended in each error kind.
-# Usage: scripts/fuzz-decoder-1m.sh        (SLUICE_FUZZ_SEED=<u64> to vary the inputs)
+#
+# Usage: scripts/fuzz-decoder-1m.sh [--release]
+#   Default is the dev profile, where integer overflow panics (so an unchecked length
+#   addition would be caught); --release runs the optimized build. SLUICE_FUZZ_SEED=<u64>
+#   varies the inputs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-time cargo test --release -p sluice --lib -- --ignored --exact --nocapture \
+time cargo test "$@" -p sluice --lib -- --ignored --exact --nocapture \
     record::codec::tests::decoder_survives_one_million_arbitrary_inputs

@@ -220,7 +220,8 @@ impl Overrides {
             sysdb: var("SLUICE_SYSDB"),
             group: var("SLUICE_GROUP"),
             topic_prefix: var("SLUICE_TOPIC_PREFIX"),
-            http: var("SLUICE_HTTP"),
+            // Empty is meaningful here: it disables the HTTP server.
+            http: std::env::var("SLUICE_HTTP").ok(),
         }
     }
 

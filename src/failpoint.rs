@@ -17,9 +17,21 @@ fn spec() -> &'static Option<(String, u64)> {
 }
 
 /// Abort if `name` is the configured fail point and this is its N-th hit.
+///
+/// A configured name of the form `sleep_<name>` instead sleeps (blocking the calling
+/// thread) for `SLUICE_FAILPOINT_SLEEP_MS` (default 5000) at that hit: a stalled replica
+/// for zombie tests.
 pub fn hit(name: &str) {
     if let Some((n, at)) = spec() {
-        if n == name && HITS.fetch_add(1, Ordering::Relaxed) + 1 == *at {
+        let sleeping = n.strip_prefix("sleep_") == Some(name);
+        if (n == name || sleeping) && HITS.fetch_add(1, Ordering::Relaxed) + 1 == *at {
+            if sleeping {
+                let ms = std::env::var("SLUICE_FAILPOINT_SLEEP_MS").ok().and_then(|v| v.parse().ok()).unwrap_or(5000);
+                eprintln!("sluice: fail point sleep_{name} reached (hit {at}): sleeping {ms} ms");
+                std::thread::sleep(std::time::Duration::from_millis(ms));
+                eprintln!("sluice: fail point sleep_{name}: awake");
+                return;
+            }
             eprintln!("sluice: fail point {name} reached (hit {at}): aborting");
             std::process::abort();
         }

@@ -10,5 +10,7 @@ pub mod config;
 pub mod kafka;
 pub mod failpoint;
 pub mod processor;
+pub mod metrics;
+pub mod api;
 pub mod cli;
 pub mod workload;

@@ -9,7 +9,10 @@ use tracing_subscriber::EnvFilter;
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     let filter = EnvFilter::try_from_env("SLUICE_LOG").unwrap_or_else(|_| EnvFilter::new("info,rdkafka=warn"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_writer(std::io::stderr);
     match cli.global.log_format {
         LogFormat::Human => builder.init(),
         LogFormat::Json => builder.json().init(),

@@ -54,6 +54,10 @@ pub async fn require_postgres() -> bool {
     }
 }
 
+fn fxhash(s: &str) -> u64 {
+    s.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3))
+}
+
 fn redact(url: &str) -> String {
     sluice::sysdb::redact_url(url)
 }
@@ -87,6 +91,10 @@ pub struct Env {
     pub sysdb: String,
     pub dir: PathBuf,
     pub extra: Vec<(String, String)>,
+    /// Extra TOML appended to the test config (sections other than [kafka] and the
+    /// first [processor] keys must not repeat those tables; use `[processor]` keys via
+    /// `processor_toml`).
+    pub processor_toml: String,
 }
 
 impl Env {
@@ -101,6 +109,7 @@ impl Env {
             sysdb: format!("sqlite://{}", dir.join("sysdb.db").display()),
             dir,
             extra: Vec::new(),
+            processor_toml: String::new(),
         }
     }
 
@@ -115,7 +124,14 @@ impl Env {
         let url = format!("{}/{db}", &base[..base.rfind('/').expect("db in url")]);
         let dir = std::env::temp_dir().join(format!("sluice-it-{name}-{s}"));
         std::fs::create_dir_all(&dir).expect("temp dir");
-        Env { prefix: format!("it-{name}-{s}"), group: format!("it-{name}-{s}"), sysdb: url, dir, extra: Vec::new() }
+        Env {
+            prefix: format!("it-{name}-{s}"),
+            group: format!("it-{name}-{s}"),
+            sysdb: url,
+            dir,
+            extra: Vec::new(),
+            processor_toml: String::new(),
+        }
     }
 
     pub fn log_topic(&self) -> String {
@@ -128,12 +144,25 @@ impl Env {
     /// Path of this test's config file (short session timeout so that a killed replica's
     /// partitions move within seconds).
     pub fn config_path(&self) -> PathBuf {
-        let p = self.dir.join("sluice.toml");
+        let p = self.dir.join(format!("sluice-{:x}.toml", fxhash(&self.processor_toml)));
         if !p.exists() {
-            std::fs::write(&p, "[kafka]\nsession_timeout_ms = 6000\n[processor]\nshutdown_timeout_ms = 15000\nbatch_max_records = 200\n")
-                .expect("write config");
+            std::fs::write(
+                &p,
+                format!(
+                    "[kafka]\nsession_timeout_ms = 6000\n[processor]\nshutdown_timeout_ms = 15000\nbatch_max_records = 200\n{}\n",
+                    self.processor_toml
+                ),
+            )
+            .expect("write config");
         }
         p
+    }
+
+    /// The same environment with extra `[processor]` keys (e.g. `on_data_loss = "skip"`).
+    pub fn with_processor(&self, toml: &str) -> Env {
+        let mut e = self.clone();
+        e.processor_toml = toml.to_string();
+        e
     }
 
     /// A `sluice` command with this environment.

@@ -304,8 +304,21 @@ pub fn workload(spec: &crate::workload::WorkloadSpec) -> Result<()> {
 
 pub async fn process(config: Config) -> Result<()> {
     let sysdb = Arc::new(open_sysdb(&config).await?);
-    let counters = Arc::new(crate::processor::stats::Counters::default());
-    crate::processor::run(config, sysdb, counters, shutdown_signal()).await
+    let metrics = crate::metrics::Metrics::new();
+    let health = crate::api::Health::new();
+    // The HTTP server starts before the processor joins the group (so /readyz says
+    // "starting") and stops after it has left (the last metrics stay scrapeable).
+    let server = if config.http.listen.is_empty() {
+        None
+    } else {
+        let state = crate::api::AppState { metrics: metrics.clone(), health: health.clone() };
+        Some(crate::api::Server::start(&config.http.listen, state).await?)
+    };
+    let result = crate::processor::run(config, sysdb, metrics, health, shutdown_signal()).await;
+    if let Some(server) = server {
+        server.shutdown().await;
+    }
+    result
 }
 
 async fn shutdown_signal() {

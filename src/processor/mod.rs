@@ -7,29 +7,32 @@
 pub mod batch;
 pub mod partition;
 pub mod start;
-pub mod stats;
 
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{anyhow, Context};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot, Notify};
 use tokio::task::JoinHandle;
 use tracing::{error, info, warn};
 
+use crate::api::Health;
 use crate::config::Config;
 use crate::kafka::admin::MetadataClient;
 use crate::kafka::consumer::{Command, ConsumerHandle, ConsumerSettings, Event, StartDecision};
 use crate::kafka::producer::Producer;
-use crate::kafka::{ClientSettings, Msg, PartitionInfo};
+use crate::kafka::{ClientSettings, KafkaError, Msg, PartitionInfo};
+use crate::metrics::Metrics;
 use crate::sysdb::Sysdb;
 use partition::{Shared, Worker, WorkerMsg};
 use start::{resolve_start, HaltReason, Start};
-use stats::Counters;
 
 /// Inbox size of a worker, in message chunks.
 const WORKER_INBOX: usize = 64;
+
+/// How often the partition gauges read the high watermarks and group offsets.
+const GAUGE_REFRESH: Duration = Duration::from_secs(5);
 
 /// Kafka client settings from the config.
 pub fn client_settings(config: &Config) -> ClientSettings {
@@ -49,7 +52,8 @@ struct WorkerHandle {
 pub async fn run(
     config: Config,
     sysdb: Arc<Sysdb>,
-    counters: Arc<Counters>,
+    metrics: Arc<Metrics>,
+    health: Arc<Health>,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> anyhow::Result<()> {
     let settings = client_settings(&config);
@@ -75,18 +79,23 @@ pub async fn run(
         max_poll_interval_ms: config.kafka.max_poll_interval_ms,
         channel_capacity: 256,
     })?;
+    metrics.attach_consumer(consumer.stats.clone());
+    health.consumer_started();
     let shared = Arc::new(Shared {
         dlq_topic: config.kafka.dlq_topic(),
         config: config.clone(),
         sysdb: sysdb.clone(),
         producer,
         commander: consumer.commander(),
-        counters: counters.clone(),
+        metrics: metrics.clone(),
+        health: health.clone(),
         metadata,
         topic: topic.clone(),
         topic_partitions,
     });
     info!(topic = %topic, group = %config.kafka.group, sysdb = sysdb.backend(), "processor started");
+    let refresh_now = Arc::new(Notify::new());
+    let refresh = tokio::spawn(refresh_partition_gauges(shared.clone(), refresh_now.clone()));
 
     let mut workers: HashMap<i32, WorkerHandle> = HashMap::new();
     tokio::pin!(shutdown);
@@ -99,6 +108,7 @@ pub async fn run(
             ev = events.recv() => ev,
             _ = &mut shutdown, if !stopping => {
                 info!("shutdown requested: committing in-flight batches and leaving the group");
+                health.stopping("shutdown requested");
                 stopping = true;
                 stop_deadline = Some(tokio::time::Instant::now() + shutdown_timeout);
                 consumer.send(Command::Shutdown);
@@ -119,6 +129,7 @@ pub async fn run(
                     }
                     Err(e) => {
                         error!(error = %e, "cannot load positions for the assignment; exiting so another replica takes over");
+                        health.stopping(format!("cannot load positions for the assignment: {e}"));
                         fatal = Some(e.to_string());
                         consumer.send(Command::Shutdown);
                         stopping = true;
@@ -133,9 +144,12 @@ pub async fn run(
                         let _ = w.inbox.send(WorkerMsg::Generation(generation)).await;
                     }
                 }
+                health.assignment_completed();
+                refresh_now.notify_one();
             }
             Event::Revoke { partitions, done } => {
                 stop_workers(&mut workers, &partitions).await;
+                forget_partitions(&shared, &partitions);
                 let _ = done.send(());
             }
             Event::Messages(msgs) => route_messages(&workers, msgs).await,
@@ -151,6 +165,7 @@ pub async fn run(
             }
             Event::Fatal(msg) => {
                 error!(error = %msg, "fatal consumer error");
+                health.stopping(format!("fatal consumer error: {msg}"));
                 fatal = Some(msg);
                 if !stopping {
                     consumer.send(Command::Shutdown);
@@ -162,6 +177,8 @@ pub async fn run(
     }
     let all: Vec<i32> = workers.keys().copied().collect();
     stop_workers(&mut workers, &all).await;
+    forget_partitions(&shared, &all);
+    refresh.abort();
     tokio::task::spawn_blocking(move || consumer.shutdown(Duration::from_secs(5))).await?;
     info!("processor stopped");
     match fatal {
@@ -204,6 +221,60 @@ async fn stop_workers(workers: &mut HashMap<i32, WorkerHandle>, partitions: &[i3
     }
 }
 
+/// Revoked (or stopped) partitions: drop their gauges and their halted state.
+fn forget_partitions(shared: &Shared, partitions: &[i32]) {
+    for p in partitions {
+        shared.metrics.partition_revoked(*p);
+    }
+    shared.health.partitions_revoked(partitions);
+}
+
+/// Every [`GAUGE_REFRESH`], and when `now` is notified (after an assignment): read the
+/// high watermarks and the group's committed offsets of the assigned partitions for the
+/// partition gauges. The lag is computed from the sysdb position, never from librdkafka's
+/// consumer lag (PITFALLS item 13).
+async fn refresh_partition_gauges(shared: Arc<Shared>, now: Arc<Notify>) {
+    let mut tick = tokio::time::interval(GAUGE_REFRESH);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut failing = false;
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = now.notified() => {}
+        }
+        let partitions = shared.metrics.tracked_partitions();
+        if partitions.is_empty() {
+            continue;
+        }
+        let md = shared.metadata.clone();
+        let topic = shared.topic.clone();
+        let read = tokio::task::spawn_blocking(move || -> Result<Vec<(i32, i64, Option<i64>)>, KafkaError> {
+            let md = md.lock().unwrap_or_else(|e| e.into_inner());
+            let group = md.group_offsets(&topic, &partitions)?;
+            partitions.iter().map(|&p| Ok((p, md.watermarks(&topic, p)?.1, group.get(&p).copied()))).collect()
+        })
+        .await;
+        match read {
+            Ok(Ok(rows)) => {
+                for (p, high, group) in rows {
+                    shared.metrics.partition_broker_offsets(p, high, group);
+                }
+                if failing {
+                    info!("partition gauges: watermarks and group offsets readable again");
+                    failing = false;
+                }
+            }
+            // Logged once per outage, not every 5 s.
+            Ok(Err(e)) if !failing => {
+                warn!(error = %e, "partition gauges: cannot read watermarks or group offsets; keeping the last values");
+                failing = true;
+            }
+            Ok(Err(_)) => {}
+            Err(e) => warn!(error = %e, "partition gauges: refresh task failed"),
+        }
+    }
+}
+
 /// Answer an assignment: read the sysdb positions, decide each partition's start, create
 /// missing rows, record skipped gaps, and start the workers.
 async fn assign(
@@ -212,31 +283,31 @@ async fn assign(
     partitions: Vec<PartitionInfo>,
 ) -> anyhow::Result<Vec<StartDecision>> {
     let cfg = &shared.config;
-    let positions = retry_sysdb(|| shared.sysdb.positions(&shared.topic)).await?;
+    let positions = retry_sysdb(&shared.metrics, || shared.sysdb.positions(&shared.topic)).await?;
     let mut decisions = Vec::new();
     for info in partitions {
         let mut s: Start =
             resolve_start(positions.get(&info.partition).copied(), info, cfg.kafka.auto_offset_reset, cfg.processor.on_data_loss);
         if s.group_ahead {
-            shared.counters.add(stats::GROUP_AHEAD, &info.partition.to_string(), 1);
+            shared.metrics.group_offset_ahead();
             warn!(partition = info.partition, sysdb = s.offset, group = ?info.group_offset, "group offset is AHEAD of the sysdb position; the sysdb wins (records after it will be re-read and applied once)");
         }
         if s.needs_row {
             let from = s.gap.map(|(from, _)| from).unwrap_or(s.offset);
-            let stored = retry_sysdb(|| shared.sysdb.init_position(&shared.topic, info.partition, from)).await?;
+            let stored = retry_sysdb(&shared.metrics, || shared.sysdb.init_position(&shared.topic, info.partition, from)).await?;
             if stored != from {
                 // Another replica created the row meanwhile: decide again from it.
                 s = resolve_start(Some(stored), info, cfg.kafka.auto_offset_reset, cfg.processor.on_data_loss);
             }
         }
         if let Some((from, to)) = s.gap {
-            retry_sysdb(|| shared.sysdb.record_gap(&shared.topic, info.partition, from, to)).await?;
-            shared.counters.add(stats::GAPS, &info.partition.to_string(), 1);
+            retry_sysdb(&shared.metrics, || shared.sysdb.record_gap(&shared.topic, info.partition, from, to)).await?;
+            shared.metrics.gap();
             warn!(partition = info.partition, from, to, "records deleted before processing; gap recorded and skipped (on_data_loss = \"skip\")");
         }
         match s.halted {
             Some(HaltReason::DataLoss { from, to }) => {
-                shared.counters.add(stats::GAPS, &info.partition.to_string(), 1);
+                shared.metrics.gap();
                 error!(partition = info.partition, from, to, "records [{from}, {to}) were deleted by retention before being processed: partition HALTED (on_data_loss = \"halt\"). To accept the loss: `sluice offsets reset --partition {} --to {to}` (or set on_data_loss = \"skip\")", info.partition);
             }
             Some(HaltReason::AheadOfLog { sysdb, high }) => {
@@ -245,6 +316,8 @@ async fn assign(
             None => {}
         }
         let halted = s.halted.is_some();
+        shared.metrics.partition_assigned(info.partition, s.offset, info.high, info.group_offset, halted);
+        shared.set_halted(info.partition, halted);
         let (tx, rx) = mpsc::channel(WORKER_INBOX);
         let worker = Worker::new(info.partition, shared.clone(), s.offset, halted);
         let task = tokio::spawn(worker.run(rx));
@@ -263,7 +336,7 @@ async fn assign(
 }
 
 /// Retry a retryable sysdb call with backoff for up to ~30 s.
-async fn retry_sysdb<T, F, Fut>(mut f: F) -> Result<T, crate::sysdb::SysdbError>
+async fn retry_sysdb<T, F, Fut>(metrics: &Metrics, mut f: F) -> Result<T, crate::sysdb::SysdbError>
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Result<T, crate::sysdb::SysdbError>>,
@@ -273,6 +346,7 @@ where
     loop {
         match f().await {
             Err(e) if e.is_retryable() && tokio::time::Instant::now() < deadline => {
+                metrics.sysdb_retry();
                 warn!(%e, "sysdb unavailable; retrying");
                 tokio::time::sleep(backoff).await;
                 backoff = (backoff * 2).min(Duration::from_secs(3));

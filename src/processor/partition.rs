@@ -14,13 +14,14 @@ use tokio::sync::mpsc;
 use tracing::{debug, error, info, info_span, warn, Instrument};
 
 use super::batch::{self, BatchCounts, DlqEntry, Known};
-use super::stats::{self, Counters};
+use crate::api::Health;
 use crate::config::{Config, OnDataLoss};
 use crate::failpoint;
 use crate::kafka::admin::MetadataClient;
 use crate::kafka::consumer::{Command, Commander};
 use crate::kafka::producer::{Outgoing, Producer};
 use crate::kafka::Msg;
+use crate::metrics::{self, Metrics};
 use crate::positions::PositionDelta;
 use crate::sysdb::{Sysdb, SysdbError};
 
@@ -30,11 +31,20 @@ pub struct Shared {
     pub sysdb: Arc<Sysdb>,
     pub producer: Producer,
     pub commander: Commander,
-    pub counters: Arc<Counters>,
+    pub metrics: Arc<Metrics>,
+    pub health: Arc<Health>,
     pub metadata: Arc<std::sync::Mutex<MetadataClient>>,
     pub topic: String,
     pub dlq_topic: String,
     pub topic_partitions: i32,
+}
+
+impl Shared {
+    /// Halt or resume a partition: its gauge and the replica's readiness together.
+    pub fn set_halted(&self, partition: i32, halted: bool) {
+        self.metrics.partition_halted(partition, halted);
+        self.health.set_halted(partition, halted);
+    }
 }
 
 /// Messages from the router to a worker, in the consumer's order.
@@ -152,24 +162,28 @@ impl Worker {
                 return;
             }
         };
+        let flush_started = Instant::now();
         let span = info_span!("batch", topic = %self.shared.topic, partition = self.partition, from = delta.from, to = delta.to);
         let mut backoff = Duration::from_millis(100);
         loop {
             match self.process(&msgs, delta).instrument(span.clone()).await {
                 Ok(()) => {
                     self.next = delta.to;
+                    self.shared.metrics.partition_sysdb_next(self.partition, delta.to);
+                    self.shared.metrics.observe_batch_duration(flush_started.elapsed());
                     self.shared.commander.send(Command::Commit(vec![(self.partition, delta.to)]));
                     return;
                 }
                 Err(SysdbError::Conflict(e)) => {
-                    self.shared.counters.add(stats::CAS_CONFLICTS, &self.partition.to_string(), 1);
+                    self.shared.metrics.sysdb_cas_conflict();
+                    self.shared.metrics.observe_batch_duration(flush_started.elapsed());
                     warn!(%e, partition = self.partition, "batch refused by the sysdb compare-and-set; re-reading the position");
                     self.known.clear();
                     self.resync().await;
                     return;
                 }
                 Err(e) => {
-                    self.shared.counters.add(stats::SYSDB_RETRIES, e.is_retryable().to_string().as_str(), 1);
+                    self.shared.metrics.sysdb_retry();
                     warn!(%e, partition = self.partition, retry_in = ?backoff, "batch commit failed; retrying");
                     tokio::time::sleep(backoff).await;
                     backoff = (backoff * 2).min(Duration::from_secs(5));
@@ -186,6 +200,7 @@ impl Worker {
                 Ok(pos) => {
                     let stored = pos.get(&self.partition).copied().unwrap_or(self.next);
                     self.next = stored;
+                    self.shared.metrics.partition_sysdb_next(self.partition, stored);
                     self.generation = 0; // drop everything until the seek is confirmed
                     self.shared.commander.send(Command::Seek { partition: self.partition, offset: stored });
                     return;
@@ -242,8 +257,14 @@ impl Worker {
 
         failpoint::hit("before_sysdb_commit");
         let commit = batch::commit(&self.shared.topic, delta, updates);
-        self.shared.sysdb.commit_batch(&commit).await?;
+        let commit_started = Instant::now();
+        let committed = self.shared.sysdb.commit_batch(&commit).await;
+        self.shared.metrics.observe_sysdb_commit(commit_started.elapsed());
+        committed?;
         failpoint::hit("after_sysdb_commit");
+        let committed_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as i64);
 
         // The commit is in: update caches and counters.
         for u in &commit.collections {
@@ -262,18 +283,20 @@ impl Worker {
                 }),
             );
         }
-        let c = &self.shared.counters;
+        let m = &self.shared.metrics;
         for (op, n) in &counts.by_operation {
-            c.add(stats::RECORDS, op, *n);
+            m.records_processed(op, *n);
         }
         for (reason, n) in &counts.ignored {
-            c.add(stats::IGNORED, reason, *n);
+            m.records_ignored(reason, *n);
         }
         for d in &dlq {
-            c.add(stats::DLQ, d.kind, 1);
+            m.dlq_record(d.kind);
         }
-        c.add(stats::CONTROL, "ignored_no_function", counts.controls);
-        c.add(stats::BATCHES, "committed", 1);
+        m.control_records(metrics::CONTROL_IGNORED_NO_FUNCTION, counts.controls);
+        m.batch_committed();
+        // Every message of the batch (DLQ'd ones included) is done at this commit.
+        m.observe_end_to_end(committed_ms, msgs.iter().map(|msg| msg.timestamp_ms));
         debug!(records = msgs.len(), dlq = dlq.len(), elapsed_ms = started.elapsed().as_millis() as u64, "batch committed");
         Ok(())
     }
@@ -327,17 +350,19 @@ impl Worker {
         if self.next >= low || self.halted {
             return;
         }
-        self.shared.counters.add(stats::GAPS, &p.to_string(), 1);
+        self.shared.metrics.gap();
         match self.shared.config.processor.on_data_loss {
             OnDataLoss::Halt => {
                 error!(partition = p, from = self.next, to = low, "records were deleted by retention before being processed; partition HALTED (on_data_loss = \"halt\"). Decide with `sluice offsets reset --partition {p} --to {low}`");
                 self.halted = true;
+                self.shared.set_halted(p, true);
                 self.shared.commander.send(Command::Pause(vec![p]));
             }
             OnDataLoss::Skip => match self.shared.sysdb.record_gap(&self.shared.topic, p, self.next, low).await {
                 Ok(()) => {
                     warn!(partition = p, from = self.next, to = low, "data-loss gap recorded; skipping (on_data_loss = \"skip\")");
                     self.next = low;
+                    self.shared.metrics.partition_sysdb_next(p, low);
                     self.generation = 0;
                     self.shared.commander.send(Command::Seek { partition: p, offset: low });
                 }

@@ -613,7 +613,7 @@ impl Rng {
 }
 
 #[test]
-#[ignore = "slow in debug builds; run with scripts/fuzz-decoder-1m.sh"]
+#[ignore = "one million inputs (~2 s in a dev build): run scripts/fuzz-decoder-1m.sh"]
 fn decoder_survives_one_million_arbitrary_inputs() {
     use proptest::strategy::ValueTree;
     use proptest::test_runner::{Config, TestRunner};

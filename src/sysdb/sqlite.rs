@@ -576,5 +576,6 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let (db, _) = open_file(&dir).await;
         conformance::measure_commit_throughput(&db, 5_000, 384, 5).await;
+        conformance::measure_commit_throughput(&db, 5_000, 1536, 3).await;
     }
 }

@@ -1,0 +1,226 @@
+//! `/metrics`, `/healthz` and `/readyz` of a real `sluice process` replica against the
+//! real broker: the partition gauges agree with `sluice offsets show`, the record counters
+//! with what was produced, and readiness follows the assignment and halted partitions.
+
+use std::collections::BTreeMap;
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use sluice::cli::jsonl::log_record_to_json;
+use sluice::record::LogRecord;
+use sluice::workload::{generate, WorkloadSpec};
+use sluice_integration_tests::{require_kafka, Env, Replica};
+
+const WAIT: Duration = Duration::from_secs(120);
+
+/// A free local port (bound, then released for the replica).
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// `GET path` over a raw HTTP/1.1 connection: `(status, content type, body)`, or `None`
+/// while nothing listens.
+fn get(port: u16, path: &str) -> Option<(u16, String, String)> {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
+    write!(s, "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n").ok()?;
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).ok()?;
+    let text = String::from_utf8(raw).expect("utf-8 response");
+    let (head, body) = text.split_once("\r\n\r\n").expect("HTTP head");
+    let status = head.split(' ').nth(1).expect("status").parse().expect("numeric status");
+    let content_type = head
+        .lines()
+        .find_map(|l| l.split_once(':').filter(|(k, _)| k.eq_ignore_ascii_case("content-type")).map(|(_, v)| v.trim().to_string()))
+        .unwrap_or_default();
+    Some((status, content_type, body.to_string()))
+}
+
+/// `series → value` of a text exposition (series = name plus its labels as printed).
+fn samples(text: &str) -> BTreeMap<String, f64> {
+    text.lines()
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+        .map(|l| {
+            let (k, v) = l.rsplit_once(' ').expect("sample line");
+            (k.to_string(), v.parse().expect("numeric sample"))
+        })
+        .collect()
+}
+
+fn scrape(port: u16) -> BTreeMap<String, f64> {
+    let (status, content_type, body) = get(port, "/metrics").expect("metrics endpoint answers");
+    assert_eq!(status, 200);
+    assert!(
+        content_type.starts_with("application/openmetrics-text") || content_type.starts_with("text/plain"),
+        "unexpected content type {content_type:?}"
+    );
+    samples(&body)
+}
+
+fn readyz(port: u16) -> Option<(u16, Value)> {
+    get(port, "/readyz").map(|(status, _, body)| (status, serde_json::from_str(&body).expect("readyz JSON body")))
+}
+
+fn offsets(env: &Env) -> Vec<Value> {
+    let v: Value = serde_json::from_str(&env.run(&["offsets", "show", "--format", "json"])).unwrap();
+    v.as_array().unwrap().clone()
+}
+
+/// Poll `/readyz` from the replica's start until it is ready; every earlier answer must be
+/// a 503 saying it is starting. Returns how many such 503s were seen.
+fn wait_ready(port: u16, replica: &mut Replica) -> usize {
+    let deadline = Instant::now() + WAIT;
+    let mut starting = 0;
+    loop {
+        assert!(replica.child.try_wait().unwrap().is_none(), "replica exited:\n{}", replica.log_text());
+        match readyz(port) {
+            Some((200, v)) => {
+                assert_eq!(v["ready"], true);
+                return starting;
+            }
+            Some((503, v)) => {
+                assert_eq!(v["ready"], false);
+                let reason = v["reason"].as_str().unwrap_or_default();
+                assert!(reason.starts_with("starting"), "not ready for another reason than start-up: {v}");
+                starting += 1;
+            }
+            Some((status, v)) => panic!("/readyz answered {status}: {v}"),
+            None => {}
+        }
+        assert!(Instant::now() < deadline, "replica never became ready:\n{}", replica.log_text());
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+fn workload(env: &Env) -> Vec<LogRecord> {
+    generate(&WorkloadSpec {
+        records: 2_000,
+        collections: 5,
+        dim: 4,
+        ids_per_collection: 30,
+        mix: [50, 20, 15, 15],
+        seed: 99,
+        collection_prefix: format!("{}-c", env.prefix),
+    })
+    .collect()
+}
+
+#[test]
+fn metrics_agree_with_offsets_show_and_the_workload() {
+    if !require_kafka() {
+        return;
+    }
+    let env = Env::sqlite("metrics-http");
+    env.run(&["init", "--partitions", "3"]);
+    let produced = workload(&env);
+    let lines: Vec<String> = produced.iter().map(|r| log_record_to_json(r).to_string()).collect();
+    env.produce(&lines);
+
+    let port = free_port();
+    let listen = format!("127.0.0.1:{port}");
+    let mut replica = env.spawn_replica("r1", &[("SLUICE_HTTP", listen.as_str())]);
+    let starting = wait_ready(port, &mut replica);
+    eprintln!("/readyz answered 503 \"starting\" {starting} times before the first assignment");
+    let (status, _, _) = get(port, "/healthz").expect("healthz answers");
+    assert_eq!(status, 200);
+
+    env.wait_caught_up(WAIT);
+
+    // The gauges equal `offsets show` once the periodic refresh (5 s) has seen the last
+    // group commit; both sides are polled until they agree.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let (rows, m) = loop {
+        let rows = offsets(&env);
+        let m = scrape(port);
+        let agree = rows.iter().all(|r| {
+            let p = r["partition"].as_i64().unwrap();
+            let g = |name: &str| m.get(&format!("sluice_partition_{name}{{partition=\"{p}\"}}")).map(|v| *v as i64);
+            g("sysdb_next_offset") == r["sysdb_next_offset"].as_i64()
+                && g("group_offset") == r["group_offset"].as_i64()
+                && g("high_watermark") == r["high_watermark"].as_i64()
+        });
+        if agree {
+            break (rows, m);
+        }
+        let gauges: Vec<_> = m.iter().filter(|(k, _)| k.starts_with("sluice_partition_")).collect();
+        assert!(Instant::now() < deadline, "gauges never matched `offsets show`:\n{rows:#?}\n{gauges:#?}");
+        std::thread::sleep(Duration::from_millis(500));
+    };
+    for r in &rows {
+        let p = r["partition"].as_i64().unwrap();
+        let label = format!("{{partition=\"{p}\"}}");
+        assert_eq!(m[&format!("sluice_partition_lag_records{label}")], 0.0, "partition {p} caught up");
+        assert_eq!(m[&format!("sluice_partition_commit_debt_records{label}")], 0.0, "partition {p} group offset caught up");
+        assert_eq!(m[&format!("sluice_partition_halted{label}")], 0.0);
+    }
+    let total_high: i64 = rows.iter().map(|r| r["high_watermark"].as_i64().unwrap()).sum();
+    assert_eq!(total_high, produced.len() as i64, "every produced record is in the log");
+
+    // Counters: every produced record is a data record, none goes to the DLQ, so each is
+    // applied (possibly as an ignored no-op) and counted under its operation.
+    let mut expected: BTreeMap<String, f64> = BTreeMap::new();
+    for r in &produced {
+        assert!(r.operation.is_data());
+        *expected.entry(format!("sluice_records_processed_total{{operation=\"{}\"}}", r.operation.symbol())).or_default() += 1.0;
+    }
+    let processed: BTreeMap<String, f64> =
+        m.iter().filter(|(k, v)| k.starts_with("sluice_records_processed_total{") && **v > 0.0).map(|(k, v)| (k.clone(), *v)).collect();
+    assert_eq!(processed, expected, "records processed by operation");
+    let sum = |prefix: &str| m.iter().filter(|(k, _)| k.starts_with(prefix)).map(|(_, v)| v).sum::<f64>();
+    assert_eq!(sum("sluice_records_processed_total{"), produced.len() as f64);
+    assert_eq!(sum("sluice_dlq_records_total"), 0.0, "no DLQ entries");
+    assert!(sum("sluice_records_ignored_total{") > 0.0, "the mix has no-op records (e.g. deletes of absent ids)");
+    let batches = m["sluice_batches_total"];
+    assert!(batches >= 3.0, "at least one batch per partition, got {batches}");
+    assert_eq!(m["sluice_batch_duration_seconds_count"], batches);
+    assert_eq!(m["sluice_sysdb_commit_duration_seconds_count"], batches);
+    assert_eq!(m["sluice_end_to_end_latency_seconds_count"], produced.len() as f64, "one latency per record");
+    assert!(m["sluice_rebalances_total{kind=\"assign\"}"] >= 1.0);
+    assert!(m["sluice_offset_commits_total{result=\"ok\"}"] >= 1.0, "{:#?}", m.iter().filter(|(k, _)| k.contains("commits") || k.contains("rebal")).collect::<Vec<_>>());
+    assert_eq!(m["sluice_sysdb_cas_conflicts_total"], 0.0);
+    assert_eq!(m["sluice_gaps_total"], 0.0);
+    assert_eq!(m.get("sluice_build_info{version=\"0.1.0\"}"), Some(&1.0));
+
+    // Graceful stop: exits 0 and the HTTP server goes away with the processor.
+    assert_eq!(replica.terminate(Duration::from_secs(30)), Some(0), "{}", replica.log_text());
+    assert!(get(port, "/healthz").is_none(), "HTTP server still up after the replica exited");
+}
+
+#[test]
+fn readyz_is_503_while_a_partition_is_halted() {
+    if !require_kafka() {
+        return;
+    }
+    let env = Env::sqlite("metrics-halted");
+    env.run(&["init", "--partitions", "2"]);
+    // A sysdb position beyond the (empty) log: partition 1 is assigned but halted.
+    env.run(&["offsets", "reset", "--partition", "1", "--to", "1000", "--reason", "test"]);
+
+    let port = free_port();
+    let listen = format!("127.0.0.1:{port}");
+    let replica = env.spawn_replica("r1", &[("SLUICE_HTTP", listen.as_str())]);
+    let deadline = Instant::now() + WAIT;
+    let (status, v) = loop {
+        match readyz(port) {
+            Some((503, v)) if v["reason"].as_str().unwrap_or_default().starts_with("starting") => {}
+            Some(answer) => break answer,
+            None => {}
+        }
+        assert!(Instant::now() < deadline, "no assignment:\n{}", replica.log_text());
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(status, 503, "{v}");
+    assert_eq!(v["ready"], false);
+    let reason = v["reason"].as_str().unwrap();
+    assert!(reason.contains("[1] halted"), "{reason}");
+    assert_eq!(get(port, "/healthz").expect("healthz").0, 200, "alive while not ready");
+
+    let m = scrape(port);
+    assert_eq!(m["sluice_partition_halted{partition=\"1\"}"], 1.0);
+    assert_eq!(m["sluice_partition_halted{partition=\"0\"}"], 0.0);
+    assert_eq!(m["sluice_partition_sysdb_next_offset{partition=\"1\"}"], 1000.0);
+    assert_eq!(m["sluice_partition_high_watermark{partition=\"1\"}"], 0.0);
+    assert_eq!(m["sluice_partition_lag_records{partition=\"1\"}"], -1000.0, "sysdb beyond the log shows as negative lag");
+}

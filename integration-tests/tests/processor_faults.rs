@@ -1,0 +1,357 @@
+//! The processor under faults, against the real broker: group offsets moved by Kafka's
+//! own tool, replicas killed and frozen (zombies), poison records, retention gaps.
+//! Every test checks the final records against the reference model.
+
+use std::collections::{BTreeMap, HashMap};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::message::{Headers, Message};
+use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
+use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+use serde_json::Value;
+use sluice::cli::jsonl::{log_record_to_json, record_to_json};
+use sluice::materialize::model::reference;
+use sluice::record::codec::encode;
+use sluice::record::partitioner::partition_for;
+use sluice::record::{LogRecord, Operation};
+use sluice::workload::{generate, WorkloadSpec};
+use sluice_integration_tests::{brokers, repo_root, require_kafka, require_postgres, Env};
+
+const WAIT: Duration = Duration::from_secs(120);
+
+fn workload(records: usize, seed: u64, prefix: &str, collections: usize) -> Vec<LogRecord> {
+    generate(&WorkloadSpec {
+        records,
+        collections,
+        dim: 4,
+        ids_per_collection: 30,
+        mix: [50, 20, 15, 15],
+        seed,
+        collection_prefix: format!("{prefix}-c"),
+    })
+    .collect()
+}
+
+fn lines(records: &[LogRecord]) -> Vec<String> {
+    records.iter().map(|r| log_record_to_json(r).to_string()).collect()
+}
+
+fn assert_matches_model(env: &Env, applied_in_order: &[LogRecord]) {
+    let log: Vec<(i64, LogRecord)> = applied_in_order.iter().cloned().enumerate().map(|(i, r)| (i as i64, r)).collect();
+    let model = reference(&log);
+    for (cid, cm) in &model.collections {
+        let expected: Vec<Value> = cm.records.values().map(record_to_json).collect();
+        let out = env.run(&["records", cid, "--format", "jsonl"]);
+        let actual: Vec<Value> = out.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+        assert_eq!(actual, expected, "records of {cid}");
+    }
+}
+
+fn offsets(env: &Env) -> Vec<Value> {
+    serde_json::from_str::<Value>(&env.run(&["offsets", "show", "--format", "json"])).unwrap().as_array().unwrap().clone()
+}
+
+fn kafka_tool(args: &[&str]) -> String {
+    let out = Command::new(repo_root().join("deploy/local/kafka-tool.sh")).args(args).output().expect("kafka-tool.sh");
+    assert!(out.status.success(), "kafka-tool.sh {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn wait_for_log(r: &sluice_integration_tests::Replica, needle: &str, timeout: Duration) {
+    let deadline = Instant::now() + timeout;
+    while !r.log_text().contains(needle) {
+        assert!(Instant::now() < deadline, "{needle:?} never appeared in {}:\n{}", r.log.display(), r.log_text());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// c. The group offset moved with Kafka's own consumer-groups tool.
+
+#[test]
+fn group_offset_moved_behind_or_ahead_the_sysdb_wins() {
+    if !require_kafka() {
+        return;
+    }
+    let env = Env::sqlite("group-moved");
+    env.run(&["init", "--partitions", "2"]);
+    let a = workload(600, 1, &env.prefix, 4);
+    env.produce(&lines(&a));
+    let mut r = env.spawn_replica("r1", &[]);
+    env.wait_caught_up(WAIT);
+    assert_eq!(r.terminate(Duration::from_secs(30)), Some(0));
+    let at_a: HashMap<i64, i64> =
+        offsets(&env).iter().map(|o| (o["partition"].as_i64().unwrap(), o["sysdb_next_offset"].as_i64().unwrap())).collect();
+
+    // Behind: reset the (now empty) group to the earliest offsets.
+    kafka_tool(&["consumer-groups", "--bootstrap-server", &brokers(), "--group", &env.group, "--reset-offsets", "--to-earliest", "--topic", &env.log_topic(), "--execute"]);
+    assert!(offsets(&env).iter().all(|o| o["group_offset"].as_i64() == Some(0)), "the tool moved the group to 0");
+    let b = workload(300, 2, &env.prefix, 4);
+    env.produce(&lines(&b));
+    let mut r = env.spawn_replica("r2", &[]);
+    env.wait_caught_up(WAIT);
+    for (p, n) in &at_a {
+        wait_for_log(&r, &format!("partition starts partition={p} offset={n} source=Sysdb"), Duration::from_secs(5));
+    }
+    assert!(!r.log_text().contains("AHEAD"), "a lagging group offset is normal, not a warning");
+    assert_eq!(r.terminate(Duration::from_secs(30)), Some(0));
+    let ab: Vec<LogRecord> = a.iter().chain(&b).cloned().collect();
+    assert_matches_model(&env, &ab);
+    assert!(offsets(&env).iter().all(|o| o["group_offset"] == o["sysdb_next_offset"]), "the group offset caught up");
+
+    // Ahead: new records, then the group is moved to the end before anyone read them.
+    let c = workload(300, 3, &env.prefix, 4);
+    env.produce(&lines(&c));
+    kafka_tool(&["consumer-groups", "--bootstrap-server", &brokers(), "--group", &env.group, "--reset-offsets", "--to-latest", "--topic", &env.log_topic(), "--execute"]);
+    assert!(offsets(&env).iter().any(|o| o["group_offset"].as_i64() > o["sysdb_next_offset"].as_i64()));
+    let r3 = env.spawn_replica("r3", &[]);
+    env.wait_caught_up(WAIT);
+    wait_for_log(&r3, "AHEAD of the sysdb position", Duration::from_secs(5));
+    let abc: Vec<LogRecord> = ab.iter().chain(&c).cloned().collect();
+    assert_matches_model(&env, &abc);
+    drop(r);
+}
+
+// ---------------------------------------------------------------------------------------
+// d. Three replicas on PostgreSQL under continuous produce; kill -9, start, graceful
+//    stop; a frozen replica (zombie) wakes up and its late commit is refused by the CAS.
+
+#[tokio::test(flavor = "multi_thread")]
+async fn replicas_killed_frozen_and_stopped_under_load_on_postgres() {
+    if !require_kafka() || !require_postgres().await {
+        return;
+    }
+    let env = Env::postgres("replicas").await;
+    tokio::task::spawn_blocking(move || replicas_scenario(env)).await.unwrap();
+}
+
+fn replicas_scenario(env: Env) {
+    env.run(&["init", "--partitions", "6"]);
+    let chunks: Vec<Vec<LogRecord>> = (0..12).map(|i| workload(400, 100 + i, &env.prefix, 12)).collect();
+    let all: Vec<LogRecord> = chunks.iter().flatten().cloned().collect();
+
+    // The zombie-to-be stalls (blocking) just before its 2nd sysdb commit.
+    let mut zombie = env.spawn_replica(
+        "zombie",
+        &[("SLUICE_FAILPOINT", "sleep_before_sysdb_commit:2"), ("SLUICE_FAILPOINT_SLEEP_MS", "3000")],
+    );
+    env.produce(&lines(&chunks[0]));
+    wait_for_log(&zombie, "fail point sleep_before_sysdb_commit reached", WAIT);
+    // Freeze it mid-batch: no heartbeats, so the group evicts it after the session timeout.
+    Command::new("kill").args(["-STOP", &zombie.child.id().to_string()]).status().unwrap();
+
+    let env2 = env.clone();
+    let producer = std::thread::spawn(move || {
+        for c in &chunks[1..] {
+            env2.produce(&lines(c));
+            std::thread::sleep(Duration::from_millis(400));
+        }
+    });
+    let mut r1 = env.spawn_replica("r1", &[]);
+    let mut r2 = env.spawn_replica("r2", &[]);
+    std::thread::sleep(Duration::from_secs(9));
+    r1.kill9();
+    let r3 = env.spawn_replica("r3", &[]);
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(r2.terminate(Duration::from_secs(30)), Some(0), "graceful stop exits 0");
+    producer.join().unwrap();
+    env.wait_caught_up(WAIT);
+
+    // Wake the zombie: its stalled batch must be refused by the compare-and-set.
+    Command::new("kill").args(["-CONT", &zombie.child.id().to_string()]).status().unwrap();
+    wait_for_log(&zombie, "batch refused by the sysdb compare-and-set", Duration::from_secs(30));
+    env.wait_caught_up(WAIT);
+    assert_matches_model(&env, &all);
+    zombie.kill9();
+    drop(r3);
+}
+
+// ---------------------------------------------------------------------------------------
+// e. Poison records interleaved with good ones.
+
+fn raw_producer() -> ThreadedProducer<DefaultProducerContext> {
+    ClientConfig::new()
+        .set("bootstrap.servers", brokers())
+        .set("enable.idempotence", "true")
+        .set("partitioner", "murmur2_random")
+        .create()
+        .expect("producer")
+}
+
+/// Consume every message of `topic` up to its high watermarks.
+fn read_all(topic: &str, partitions: i32) -> Vec<(i32, i64, Option<Vec<u8>>, BTreeMap<String, String>)> {
+    let c: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", brokers())
+        .set("group.id", format!("reader-{}", sluice_integration_tests::suffix()))
+        .set("enable.auto.commit", "false")
+        .create()
+        .unwrap();
+    let mut tpl = TopicPartitionList::new();
+    let mut remaining = 0;
+    for p in 0..partitions {
+        let (_, high) = c.fetch_watermarks(topic, p, Duration::from_secs(5)).unwrap();
+        remaining += high;
+        tpl.add_partition_offset(topic, p, Offset::Beginning).unwrap();
+    }
+    c.assign(&tpl).unwrap();
+    let mut out = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while (out.len() as i64) < remaining && Instant::now() < deadline {
+        if let Some(Ok(m)) = c.poll(Duration::from_millis(200)) {
+            let mut h = BTreeMap::new();
+            if let Some(hs) = m.headers() {
+                for i in 0..hs.count() {
+                    let hd = hs.get(i);
+                    h.insert(hd.key.to_string(), String::from_utf8_lossy(hd.value.unwrap_or_default()).into_owned());
+                }
+            }
+            out.push((m.partition(), m.offset(), m.payload().map(<[u8]>::to_vec), h));
+        }
+    }
+    out
+}
+
+#[test]
+fn poison_records_go_to_the_dlq_with_headers_and_never_stall() {
+    if !require_kafka() {
+        return;
+    }
+    let env = Env::sqlite("poison");
+    env.run(&["init", "--partitions", "3"]);
+    let good = workload(400, 5, &env.prefix, 6);
+    // A known collection: good records first, so its dimension (4) is fixed.
+    env.produce(&lines(&good[..200]));
+    let prod = raw_producer();
+    let topic = env.log_topic();
+    let send = |key: &str, partition: Option<i32>, payload: &[u8]| {
+        let mut r = BaseRecord::to(&topic).key(key).payload(payload);
+        if let Some(p) = partition {
+            r = r.partition(p);
+        }
+        prod.send(r).map_err(|(e, _)| e).unwrap();
+    };
+    let c0 = good[0].collection_id.clone();
+    let home = partition_for(c0.as_bytes(), 3) as i32;
+    let valid = encode(&good[0]);
+    let mut wrong_dim = good.iter().find(|r| r.collection_id == c0 && r.embedding.is_some()).unwrap().clone();
+    wrong_dim.embedding = Some(vec![1.0; 5]);
+    let mut expected_kinds: BTreeMap<String, usize> = BTreeMap::new();
+    let mut expect = |k: &str| *expected_kinds.entry(k.to_string()).or_default() += 1;
+    send(&c0, None, b"\xff\xfe garbage that is not avro");
+    expect("undecodable");
+    send(&c0, None, &valid[..valid.len() / 2]);
+    expect("undecodable");
+    send(&c0, None, &encode(&wrong_dim));
+    expect("dimension_mismatch");
+    send(&c0, Some((home + 1) % 3), &valid);
+    expect("misrouted");
+    prod.flush(Duration::from_secs(10)).unwrap();
+    env.produce(&lines(&good[200..]));
+
+    let r = env.spawn_replica("r1", &[]);
+    env.wait_caught_up(WAIT);
+    drop(r);
+    assert_matches_model(&env, &good);
+
+    // Unknown collections under the reject policy: the known ones keep flowing.
+    let strict = env.with_processor("unknown_collections = \"reject\"");
+    let stranger = LogRecord::data(format!("{}-stranger", env.prefix), "x", Operation::Upsert);
+    send(&stranger.collection_id, None, &encode(&stranger));
+    expect("unknown_collection");
+    let more = workload(100, 6, &env.prefix, 6);
+    prod.flush(Duration::from_secs(10)).unwrap();
+    strict.produce(&lines(&more));
+    let r = strict.spawn_replica("r2", &[]);
+    strict.wait_caught_up(WAIT);
+    drop(r);
+    let all: Vec<LogRecord> = good.iter().chain(&more).cloned().collect();
+    assert_matches_model(&env, &all);
+
+    let dlq = read_all(&env.dlq_topic(), 3);
+    let mut kinds: BTreeMap<String, usize> = BTreeMap::new();
+    for (_, _, _, h) in &dlq {
+        assert_eq!(h.get("sluice.source.topic"), Some(&topic), "{h:?}");
+        assert!(h.get("sluice.source.partition").is_some_and(|p| p.parse::<i32>().is_ok()), "{h:?}");
+        assert!(h.get("sluice.source.offset").is_some_and(|p| p.parse::<i64>().is_ok()), "{h:?}");
+        assert!(h.get("sluice.error.message").is_some_and(|m| !m.is_empty()), "{h:?}");
+        let k = h.get("sluice.error.kind").cloned().unwrap_or_default();
+        // Garbage and truncated Avro are both decode errors, each with its own kind.
+        let class = match k.as_str() {
+            "dimension_mismatch" | "misrouted" | "unknown_collection" => k.clone(),
+            _ => "undecodable".into(),
+        };
+        *kinds.entry(class).or_default() += 1;
+    }
+    assert_eq!(kinds, expected_kinds, "DLQ by kind: {dlq:?}");
+}
+
+// ---------------------------------------------------------------------------------------
+// f. Retention deleted records that were never processed.
+
+fn low_watermark(topic: &str) -> i64 {
+    let c: BaseConsumer = ClientConfig::new().set("bootstrap.servers", brokers()).create().unwrap();
+    c.fetch_watermarks(topic, 0, Duration::from_secs(5)).unwrap().0
+}
+
+#[test]
+fn retention_gap_halts_or_is_recorded_and_skipped() {
+    if !require_kafka() {
+        return;
+    }
+    let env = Env::sqlite("gap");
+    env.run(&["init", "--partitions", "1"]);
+    let topic = env.log_topic();
+    let a = workload(100, 9, &env.prefix, 3);
+    env.produce(&lines(&a));
+    let mut r = env.spawn_replica("r1", &[]);
+    env.wait_caught_up(WAIT);
+    assert_eq!(r.terminate(Duration::from_secs(30)), Some(0));
+
+    // Tiny retention: new records land in short segments that are deleted within seconds.
+    kafka_tool(&["configs", "--bootstrap-server", &brokers(), "--alter", "--entity-type", "topics", "--entity-name", &topic, "--add-config", "retention.ms=1000,segment.ms=300"]);
+    let b = workload(200, 10, &env.prefix, 3);
+    let deadline = Instant::now() + Duration::from_secs(90);
+    let mut produced_after: Vec<LogRecord> = Vec::new();
+    let mut i = 0;
+    while low_watermark(&topic) <= a.len() as i64 {
+        assert!(Instant::now() < deadline, "retention never deleted the unprocessed records");
+        env.produce(&lines(&b[i % 200..i % 200 + 1]));
+        produced_after.push(b[i % 200].clone());
+        i += 1;
+        std::thread::sleep(Duration::from_millis(400));
+    }
+    // Stop retention from deleting more while we look.
+    kafka_tool(&["configs", "--bootstrap-server", &brokers(), "--alter", "--entity-type", "topics", "--entity-name", &topic, "--add-config", "retention.ms=-1"]);
+    let tail = workload(50, 11, &env.prefix, 3);
+    env.produce(&lines(&tail));
+    let low = low_watermark(&topic);
+    let sysdb_before = offsets(&env)[0]["sysdb_next_offset"].as_i64().unwrap();
+    assert!(sysdb_before < low, "the sysdb ({sysdb_before}) is now behind the log start ({low})");
+
+    // halt (the default): loud, and the position does not move.
+    let mut h = env.spawn_replica("halt", &[]);
+    wait_for_log(&h, "HALTED", Duration::from_secs(30));
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(offsets(&env)[0]["sysdb_next_offset"].as_i64(), Some(sysdb_before), "a halted partition does not move");
+    assert_eq!(h.terminate(Duration::from_secs(30)), Some(0));
+
+    // skip: the gap is recorded in the sysdb and processing resumes after it.
+    let skip = env.with_processor("on_data_loss = \"skip\"");
+    let s = skip.spawn_replica("skip", &[]);
+    skip.wait_caught_up(WAIT);
+    drop(s);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let gaps = rt.block_on(async {
+        let db = sluice::sysdb::Sysdb::open(&env.sysdb).await.unwrap();
+        db.gaps(&topic).await.unwrap()
+    });
+    assert_eq!(gaps.len(), 1, "{gaps:?}");
+    assert_eq!((gaps[0].partition, gaps[0].from_offset, gaps[0].to_offset), (0, sysdb_before, low));
+    // Applied = a, then every record from the log start on (offsets = produce order).
+    let after: Vec<LogRecord> = produced_after.iter().chain(&tail).cloned().collect();
+    let skipped = (low - a.len() as i64) as usize;
+    let applied: Vec<LogRecord> = a.iter().chain(&after[skipped..]).cloned().collect();
+    assert_matches_model(&env, &applied);
+}

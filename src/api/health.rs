@@ -1,0 +1,117 @@
+//! Liveness and readiness of a replica, as the processor reports it.
+//!
+//! `/healthz` only needs the process to answer. `/readyz` needs a *ready* replica: its
+//! consumer is running (not starting, not shutting down), it has completed a partition
+//! assignment (possibly empty) whose positions were loaded from the sysdb, and none of its
+//! assigned partitions is halted. Later rebalances do not flip readiness (a cooperative
+//! revoke is not always followed by an assignment callback); a halted partition does, until
+//! it is revoked or resumed.
+
+use std::collections::BTreeSet;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+#[derive(Debug, Default)]
+struct State {
+    consuming: bool,
+    assigned: bool,
+    stopping: Option<String>,
+    halted: BTreeSet<i32>,
+}
+
+/// Shared between the processor (writer) and the HTTP server (reader).
+#[derive(Debug, Default)]
+pub struct Health {
+    state: Mutex<State>,
+}
+
+impl Health {
+    pub fn new() -> Arc<Health> {
+        Arc::new(Health::default())
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The group consumer is created and polling.
+    pub fn consumer_started(&self) {
+        self.lock().consuming = true;
+    }
+
+    /// An assignment (possibly empty) took effect, its positions read from the sysdb.
+    pub fn assignment_completed(&self) {
+        self.lock().assigned = true;
+    }
+
+    /// Shutdown or a fatal error: not ready any more, for good.
+    pub fn stopping(&self, reason: impl Into<String>) {
+        let mut s = self.lock();
+        s.consuming = false;
+        if s.stopping.is_none() {
+            s.stopping = Some(reason.into());
+        }
+    }
+
+    pub fn set_halted(&self, partition: i32, halted: bool) {
+        let mut s = self.lock();
+        if halted {
+            s.halted.insert(partition);
+        } else {
+            s.halted.remove(&partition);
+        }
+    }
+
+    /// Revoked partitions are no longer this replica's concern.
+    pub fn partitions_revoked(&self, partitions: &[i32]) {
+        let mut s = self.lock();
+        for p in partitions {
+            s.halted.remove(p);
+        }
+    }
+
+    /// `Ok` when ready, else why not (for the operator: the `/readyz` body).
+    pub fn readiness(&self) -> Result<(), String> {
+        let s = self.lock();
+        if let Some(why) = &s.stopping {
+            return Err(format!("stopping: {why}"));
+        }
+        if !s.consuming {
+            return Err("starting: the group consumer is not running yet".into());
+        }
+        if !s.assigned {
+            return Err("starting: waiting for the first partition assignment (positions are loaded from the sysdb)".into());
+        }
+        if !s.halted.is_empty() {
+            return Err(format!(
+                "partitions {:?} halted (data-loss gap or sysdb position beyond the log); see the replica's log and `sluice offsets reset`",
+                s.halted.iter().collect::<Vec<_>>()
+            ));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ready_only_after_an_assignment_and_without_halted_partitions() {
+        let h = Health::new();
+        assert!(h.readiness().unwrap_err().contains("not running"));
+        h.consumer_started();
+        assert!(h.readiness().unwrap_err().contains("first partition assignment"));
+        h.assignment_completed();
+        assert_eq!(h.readiness(), Ok(()));
+        h.set_halted(2, true);
+        assert!(h.readiness().unwrap_err().contains("[2] halted"));
+        h.partitions_revoked(&[2]);
+        assert_eq!(h.readiness(), Ok(()));
+        h.set_halted(1, true);
+        h.set_halted(1, false);
+        assert_eq!(h.readiness(), Ok(()));
+        h.stopping("shutdown requested");
+        h.stopping("later reasons do not replace the first");
+        assert_eq!(h.readiness(), Err("stopping: shutdown requested".into()));
+    }
+}
