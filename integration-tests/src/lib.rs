@@ -95,6 +95,8 @@ pub struct Env {
     /// first [processor] keys must not repeat those tables; use `[processor]` keys via
     /// `processor_toml`).
     pub processor_toml: String,
+    /// Extra `[kafka]` keys.
+    pub kafka_toml: String,
 }
 
 impl Env {
@@ -110,6 +112,7 @@ impl Env {
             dir,
             extra: Vec::new(),
             processor_toml: String::new(),
+            kafka_toml: String::new(),
         }
     }
 
@@ -131,6 +134,7 @@ impl Env {
             dir,
             extra: Vec::new(),
             processor_toml: String::new(),
+            kafka_toml: String::new(),
         }
     }
 
@@ -144,18 +148,25 @@ impl Env {
     /// Path of this test's config file (short session timeout so that a killed replica's
     /// partitions move within seconds).
     pub fn config_path(&self) -> PathBuf {
-        let p = self.dir.join(format!("sluice-{:x}.toml", fxhash(&self.processor_toml)));
+        let p = self.dir.join(format!("sluice-{:x}.toml", fxhash(&format!("{}\n{}", self.kafka_toml, self.processor_toml))));
         if !p.exists() {
             std::fs::write(
                 &p,
                 format!(
-                    "[kafka]\nsession_timeout_ms = 6000\n[processor]\nshutdown_timeout_ms = 15000\nbatch_max_records = 200\n{}\n",
-                    self.processor_toml
+                    "[kafka]\nsession_timeout_ms = 6000\n{}\n[processor]\nshutdown_timeout_ms = 15000\nbatch_max_records = 200\n{}\n",
+                    self.kafka_toml, self.processor_toml
                 ),
             )
             .expect("write config");
         }
         p
+    }
+
+    /// The same environment with extra `[kafka]` keys (e.g. `rebalance_protocol = "eager"`).
+    pub fn with_kafka(&self, toml: &str) -> Env {
+        let mut e = self.clone();
+        e.kafka_toml = toml.to_string();
+        e
     }
 
     /// The same environment with extra `[processor]` keys (e.g. `on_data_loss = "skip"`).
