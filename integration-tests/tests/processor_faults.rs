@@ -71,11 +71,23 @@ fn wait_for_log(r: &sluice_integration_tests::Replica, needle: &str, timeout: Du
 // c. The group offset moved with Kafka's own consumer-groups tool.
 
 #[test]
-fn group_offset_moved_behind_or_ahead_the_sysdb_wins() {
+fn sqlite_group_offset_moved_behind_or_ahead_the_sysdb_wins() {
     if !require_kafka() {
         return;
     }
-    let env = Env::sqlite("group-moved");
+    group_moved(Env::sqlite("group-moved"));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn postgres_group_offset_moved_behind_or_ahead_the_sysdb_wins() {
+    if !require_kafka() || !require_postgres().await {
+        return;
+    }
+    let env = Env::postgres("group-moved").await;
+    tokio::task::spawn_blocking(move || group_moved(env)).await.unwrap();
+}
+
+fn group_moved(env: Env) {
     env.run(&["init", "--partitions", "2"]);
     let a = workload(600, 1, &env.prefix, 4);
     env.produce(&lines(&a));
@@ -214,11 +226,23 @@ fn read_all(topic: &str, partitions: i32) -> Vec<(i32, i64, Option<Vec<u8>>, BTr
 }
 
 #[test]
-fn poison_records_go_to_the_dlq_with_headers_and_never_stall() {
+fn sqlite_poison_records_go_to_the_dlq_with_headers_and_never_stall() {
     if !require_kafka() {
         return;
     }
-    let env = Env::sqlite("poison");
+    poison(Env::sqlite("poison"));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn postgres_poison_records_go_to_the_dlq_with_headers_and_never_stall() {
+    if !require_kafka() || !require_postgres().await {
+        return;
+    }
+    let env = Env::postgres("poison").await;
+    tokio::task::spawn_blocking(move || poison(env)).await.unwrap();
+}
+
+fn poison(env: Env) {
     env.run(&["init", "--partitions", "3"]);
     let good = workload(400, 5, &env.prefix, 6);
     // A known collection: good records first, so its dimension (4) is fixed.
@@ -296,11 +320,23 @@ fn low_watermark(topic: &str) -> i64 {
 }
 
 #[test]
-fn retention_gap_halts_or_is_recorded_and_skipped() {
+fn sqlite_retention_gap_halts_or_is_recorded_and_skipped() {
     if !require_kafka() {
         return;
     }
-    let env = Env::sqlite("gap");
+    retention_gap(Env::sqlite("gap"));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn postgres_retention_gap_halts_or_is_recorded_and_skipped() {
+    if !require_kafka() || !require_postgres().await {
+        return;
+    }
+    let env = Env::postgres("gap").await;
+    tokio::task::spawn_blocking(move || retention_gap(env)).await.unwrap();
+}
+
+fn retention_gap(env: Env) {
     env.run(&["init", "--partitions", "1"]);
     let topic = env.log_topic();
     let a = workload(100, 9, &env.prefix, 3);

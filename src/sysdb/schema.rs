@@ -71,7 +71,7 @@ CREATE TABLE records (
     document      TEXT    NULL,
     last_offset   INTEGER NOT NULL,
     PRIMARY KEY (collection_id, id)
-);
+) WITHOUT ROWID;
 
 CREATE TABLE gaps (
     id             INTEGER PRIMARY KEY AUTOINCREMENT,
