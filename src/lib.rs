@@ -9,6 +9,7 @@ pub mod sysdb;
 pub mod config;
 pub mod kafka;
 pub mod failpoint;
+pub mod functions;
 pub mod processor;
 pub mod metrics;
 pub mod api;

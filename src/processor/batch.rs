@@ -213,7 +213,7 @@ pub fn fold_collection(
 
 /// Assemble the commit.
 pub fn commit(topic: &str, delta: PositionDelta, collections: Vec<CollectionUpdate>) -> BatchCommit {
-    BatchCommit { topic: topic.to_string(), delta, collections }
+    BatchCommit { topic: topic.to_string(), delta, collections, functions: Vec::new() }
 }
 
 #[cfg(test)]

@@ -10,7 +10,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
 
 use super::codec::metadata_bit_eq;
-use super::{BatchCommit, CollectionRow, CollectionUpdate, Sysdb, SysdbError};
+use super::{BatchCommit, CollectionRow, CollectionUpdate, CommitReport, Sysdb, SysdbError};
 use crate::positions::{IncompatibleDelta, PositionDelta};
 use crate::record::{MetaValue, Metadata, Record};
 
@@ -34,7 +34,7 @@ fn delete(id: &str) -> (String, Option<Record>) {
 }
 
 fn batch(topic: &str, partition: i32, from: i64, to: i64, collections: Vec<CollectionUpdate>) -> BatchCommit {
-    BatchCommit { topic: topic.into(), delta: PositionDelta::new(partition, from, to).expect("valid delta"), collections }
+    BatchCommit { topic: topic.into(), delta: PositionDelta::new(partition, from, to).expect("valid delta"), collections, functions: Vec::new() }
 }
 
 fn update(id: &str, partition: i32, dimension: Option<u32>, log_position: i64, delta: i64, writes: Vec<(String, Option<Record>)>) -> CollectionUpdate {
@@ -54,11 +54,11 @@ fn assert_records_bit_eq(got: &Record, want: &Record, what: &str) {
     assert_eq!(bits(&got.embedding), bits(&want.embedding), "{what}: embedding bits");
 }
 
-fn expect_conflict(result: Result<(), SysdbError>, want: IncompatibleDelta, what: &str) {
+fn expect_conflict<T>(result: Result<T, SysdbError>, want: IncompatibleDelta, what: &str) {
     match result {
         Err(SysdbError::Conflict(got)) => assert_eq!(got, want, "{what}"),
         Err(e) => panic!("{what}: expected Conflict({want:?}), got error {e}"),
-        Ok(()) => panic!("{what}: expected Conflict({want:?}), but the commit succeeded"),
+        Ok(_) => panic!("{what}: expected Conflict({want:?}), but the commit succeeded"),
     }
 }
 
@@ -280,15 +280,15 @@ async fn concurrent_commits(a: &Sysdb, b: &Sysdb) {
         let (ra, rb) = tokio::join!(a.commit_batch(&ba), b.commit_batch(&bb));
         let conflict = IncompatibleDelta::PositionMoved { partition: 0, expected: from, stored: to };
         let winner = match (ra, rb) {
-            (Ok(()), Err(e)) => {
-                expect_conflict(Err(e), conflict, "loser of the race");
+            (Ok(_), Err(e)) => {
+                expect_conflict::<CommitReport>(Err(e), conflict, "loser of the race");
                 "a"
             }
-            (Err(e), Ok(())) => {
-                expect_conflict(Err(e), conflict, "loser of the race");
+            (Err(e), Ok(_)) => {
+                expect_conflict::<CommitReport>(Err(e), conflict, "loser of the race");
                 "b"
             }
-            (Ok(()), Ok(())) => panic!("round {round}: both commits with from={from} succeeded"),
+            (Ok(_), Ok(_)) => panic!("round {round}: both commits with from={from} succeeded"),
             (Err(x), Err(y)) => panic!("round {round}: both commits failed: {x} / {y}"),
         };
         wins[usize::from(winner == "b")] += 1;

@@ -22,6 +22,7 @@ use std::collections::HashMap;
 
 use thiserror::Error;
 
+use crate::functions::{Function, FunctionStatus, OutputDelta};
 use crate::positions::{IncompatibleDelta, PositionDelta};
 use crate::record::Record;
 
@@ -84,6 +85,117 @@ pub struct BatchCommit {
     pub topic: String,
     pub delta: PositionDelta,
     pub collections: Vec<CollectionUpdate>,
+    /// Attached functions of the batch's collections (see [`FunctionBatch`]).
+    pub functions: Vec<FunctionBatch>,
+}
+
+/// What one batch brings to one attached function. The sysdb decides **inside the batch
+/// transaction**, from the function's stored status (read there, never cached), what
+/// applies (DESIGN.md section 5):
+/// * `awaiting_marker`: the first marker whose request id is the function's moves it to
+///   `backfilling` at that offset O; changes after O apply as below; other markers are
+///   ignored. Without such a marker nothing applies.
+/// * `backfilling` at O: only changes with offset > O apply their deltas; such a change
+///   whose `before` was last written before O (`before.offset < O`) saves `before` as the
+///   function's preimage of that id, unless one is saved already.
+/// * `ready`: every change applies its deltas; no preimages.
+/// * `detached` (or gone): nothing applies.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FunctionBatch {
+    pub function_id: String,
+    /// BACKFILL_FN markers of this function in the batch: `(offset, request_id)`.
+    pub markers: Vec<(i64, String)>,
+    /// The input collection's changes in offset order, with this function's deltas.
+    pub changes: Vec<FunctionChange>,
+}
+
+/// One input change as a function sees it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FunctionChange {
+    pub offset: i64,
+    pub id: String,
+    /// The record before the change (its `offset` says when it was last written): the
+    /// preimage candidate.
+    pub before: Option<Record>,
+    pub deltas: Vec<OutputDelta>,
+}
+
+/// What the batch transaction did with markers.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CommitReport {
+    /// `(function_id, marker offset)` of markers that started a backfill.
+    pub markers_accepted: Vec<(String, i64)>,
+    /// Markers that were duplicates, of unknown or detached functions.
+    pub markers_ignored: usize,
+}
+
+/// An attached function as stored.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FunctionRow {
+    pub id: String,
+    pub collection_id: String,
+    /// Registry name (`record_counter`, ...).
+    pub function: String,
+    pub output_collection: String,
+    pub params: std::collections::BTreeMap<String, String>,
+    pub status: FunctionStatus,
+    /// Fresh per attach; the marker carries it.
+    pub request_id: String,
+    pub marker_offset: Option<i64>,
+    /// Last input id the backfill has covered (ids are walked in order).
+    pub backfill_cursor: Option<String>,
+    pub backfill_done: i64,
+    /// Size of the collection as of the marker, known once the backfill starts.
+    pub backfill_total: Option<i64>,
+    pub created_at_ms: i64,
+    pub updated_at_ms: i64,
+}
+
+/// A function to attach.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NewFunction {
+    pub id: String,
+    pub collection_id: String,
+    /// The input collection's partition (its marker goes there); the output collection is
+    /// registered on the same partition.
+    pub partition: i32,
+    pub function: String,
+    pub output_collection: String,
+    pub params: std::collections::BTreeMap<String, String>,
+    pub request_id: String,
+}
+
+/// An unsent (or not yet acknowledged) marker.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OutboxRow {
+    pub id: i64,
+    pub function_id: String,
+    pub collection_id: String,
+    pub partition: i32,
+    pub request_id: String,
+    pub created_at_ms: i64,
+}
+
+/// Result of attaching.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AttachOutcome {
+    /// New function row and its outbox row, committed together.
+    Created(FunctionRow, OutboxRow),
+    /// A function with the same (collection, output) that is not detached already exists:
+    /// nothing was written.
+    Existing(FunctionRow),
+}
+
+/// Result of one backfill step.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StepResult {
+    /// The function is not `backfilling` (ready, detached, gone): stop.
+    NotBackfilling,
+    /// The cursor is not where the caller expected (another worker advanced it): re-read.
+    CursorMoved { cursor: Option<String> },
+    /// A chunk was applied: `processed` as-of-marker records up to `cursor`; `finished`
+    /// when the walk is complete (the function is now `ready`, its preimages deleted).
+    Applied { processed: usize, cursor: Option<String>, finished: bool },
 }
 
 /// Position of one partition as stored.
@@ -200,8 +312,59 @@ impl Sysdb {
 
     /// Commit a batch atomically with compare-and-set on the partition position.
     /// `SysdbError::Conflict` leaves the sysdb untouched.
-    pub async fn commit_batch(&self, batch: &BatchCommit) -> Result<()> {
+    pub async fn commit_batch(&self, batch: &BatchCommit) -> Result<CommitReport> {
         dispatch!(self, s => s.commit_batch(batch).await)
+    }
+
+    /// Attach a function: in ONE transaction, insert the function (`awaiting_marker`,
+    /// `request_id` from `new`), register the output collection on `new.partition` if
+    /// missing, and insert the outbox row; or return the existing non-detached function
+    /// with the same (collection, output).
+    pub async fn attach_function(&self, new: &NewFunction) -> Result<AttachOutcome> {
+        dispatch!(self, s => s.attach_function(new).await)
+    }
+
+    /// Functions, all or of one input collection, ordered by creation.
+    pub async fn functions(&self, collection: Option<&str>) -> Result<Vec<FunctionRow>> {
+        dispatch!(self, s => s.functions(collection).await)
+    }
+
+    pub async fn function(&self, id: &str) -> Result<Option<FunctionRow>> {
+        dispatch!(self, s => s.function(id).await)
+    }
+
+    /// Detach: status `detached`, preimages deleted; with `drop_output` the output
+    /// collection (records, counters, tombstones, row) is deleted too. Returns the row as
+    /// it was before, `None` if unknown.
+    pub async fn detach_function(&self, id: &str, drop_output: bool) -> Result<Option<FunctionRow>> {
+        dispatch!(self, s => s.detach_function(id, drop_output).await)
+    }
+
+    /// Outbox rows not marked sent, oldest first.
+    pub async fn outbox_pending(&self, limit: usize) -> Result<Vec<OutboxRow>> {
+        dispatch!(self, s => s.outbox_pending(limit).await)
+    }
+
+    pub async fn mark_outbox_sent(&self, id: i64) -> Result<()> {
+        dispatch!(self, s => s.mark_outbox_sent(id).await)
+    }
+
+    /// One backfill chunk of `function_id`, in one transaction that holds the function
+    /// row (no batch of its collection commits in between): check it is `backfilling`
+    /// with `backfill_cursor == expected_cursor`; read, **in one statement**, the next
+    /// `limit` ids after the cursor of the collection as of the marker O — current records
+    /// with `last_offset < O` that have no preimage, and the function's preimages; apply
+    /// `f`'s deltas for each as an insert (`before = None`, `after = record`, offset = the
+    /// record's offset) with versioned output writes; advance the cursor and
+    /// `backfill_done` (and set `backfill_total` on the first step). A chunk shorter than
+    /// `limit` finishes: status `ready`, preimages and the output's tombstones deleted.
+    pub async fn backfill_step(&self, function_id: &str, expected_cursor: Option<&str>, limit: usize, f: &dyn Function) -> Result<StepResult> {
+        dispatch!(self, s => s.backfill_step(function_id, expected_cursor, limit, f).await)
+    }
+
+    /// Preimages currently saved for a function (tests and inspection).
+    pub async fn preimage_count(&self, function_id: &str) -> Result<i64> {
+        dispatch!(self, s => s.preimage_count(function_id).await)
     }
 
     /// Record a data-loss gap and move the partition from `from` to `to` (CAS on `from`).

@@ -445,14 +445,40 @@ impl PostgresSysdb {
         rows.iter().map(decode_row).collect()
     }
 
-    pub async fn commit_batch(&self, batch: &BatchCommit) -> Result<()> {
+    // ---- attached functions (stubs until implemented) ----
+    pub async fn attach_function(&self, _new: &super::NewFunction) -> Result<super::AttachOutcome> {
+        Err(SysdbError::Config("attached functions are not implemented yet".into()))
+    }
+    pub async fn functions(&self, _collection: Option<&str>) -> Result<Vec<super::FunctionRow>> {
+        Ok(Vec::new())
+    }
+    pub async fn function(&self, _id: &str) -> Result<Option<super::FunctionRow>> {
+        Ok(None)
+    }
+    pub async fn detach_function(&self, _id: &str, _drop_output: bool) -> Result<Option<super::FunctionRow>> {
+        Ok(None)
+    }
+    pub async fn outbox_pending(&self, _limit: usize) -> Result<Vec<super::OutboxRow>> {
+        Ok(Vec::new())
+    }
+    pub async fn mark_outbox_sent(&self, _id: i64) -> Result<()> {
+        Ok(())
+    }
+    pub async fn backfill_step(&self, _function_id: &str, _expected_cursor: Option<&str>, _limit: usize, _f: &dyn crate::functions::Function) -> Result<super::StepResult> {
+        Ok(super::StepResult::NotBackfilling)
+    }
+    pub async fn preimage_count(&self, _function_id: &str) -> Result<i64> {
+        Ok(0)
+    }
+
+    pub async fn commit_batch(&self, batch: &BatchCommit) -> Result<super::CommitReport> {
         PositionDelta::new(batch.delta.partition, batch.delta.from, batch.delta.to).map_err(|e| invalid(e.to_string()))?;
         let rows = BatchRows::new(batch)?;
         let mut client = self.client().await?;
         let mut attempt = 1;
         loop {
             match commit_once(&mut client, batch, &rows).await {
-                Ok(outcome) => return outcome.map_err(SysdbError::from),
+                Ok(outcome) => return outcome.map(|()| super::CommitReport::default()).map_err(SysdbError::from),
                 Err(e) if attempt == 1 && is_retry_once(&e) => {
                     tracing::debug!(error = %describe(&e), partition = batch.delta.partition, "sysdb commit retried once");
                     attempt += 1;
@@ -566,6 +592,7 @@ mod tests {
                 update(None, 3, 2, vec![("a".into(), Some(rec("a", 1))), ("b".into(), Some(rec("b", 2)))]),
                 update(Some(4), 9, -1, vec![("a".into(), None), ("b".into(), Some(rec("b", 8)))]),
             ],
+            functions: Vec::new(),
         };
         let rows = BatchRows::new(&batch).unwrap();
         assert_eq!(rows.coll_ids, ["c"]);

@@ -72,6 +72,7 @@ fn is_memory(path: &str) -> bool {
 
 fn configure(conn: &Connection, path: &str) -> Result<()> {
     conn.busy_timeout(BUSY_TIMEOUT)?;
+    conn.pragma_update(None, "page_size", 16384)?;
     if !is_memory(path) {
         let mode: String = conn.pragma_update_and_check(None, "journal_mode", "WAL", |r| r.get(0))?;
         if !mode.eq_ignore_ascii_case("wal") {
@@ -394,11 +395,37 @@ impl SqliteSysdb {
         .await
     }
 
-    pub async fn commit_batch(&self, batch: &BatchCommit) -> Result<()> {
+    pub async fn commit_batch(&self, batch: &BatchCommit) -> Result<super::CommitReport> {
         // The closure must own its data ('static, it runs on the blocking pool): the copy
         // is a memcpy of the batch, small next to the cost of writing it.
         let batch = batch.clone();
-        self.write(move |c| commit_batch_sync(c, &batch)).await
+        self.write(move |c| commit_batch_sync(c, &batch)).await.map(|()| super::CommitReport::default())
+    }
+
+    // ---- attached functions (stubs until implemented) ----
+    pub async fn attach_function(&self, _new: &super::NewFunction) -> Result<super::AttachOutcome> {
+        Err(SysdbError::Config("attached functions are not implemented yet".into()))
+    }
+    pub async fn functions(&self, _collection: Option<&str>) -> Result<Vec<super::FunctionRow>> {
+        Ok(Vec::new())
+    }
+    pub async fn function(&self, _id: &str) -> Result<Option<super::FunctionRow>> {
+        Ok(None)
+    }
+    pub async fn detach_function(&self, _id: &str, _drop_output: bool) -> Result<Option<super::FunctionRow>> {
+        Ok(None)
+    }
+    pub async fn outbox_pending(&self, _limit: usize) -> Result<Vec<super::OutboxRow>> {
+        Ok(Vec::new())
+    }
+    pub async fn mark_outbox_sent(&self, _id: i64) -> Result<()> {
+        Ok(())
+    }
+    pub async fn backfill_step(&self, _function_id: &str, _expected_cursor: Option<&str>, _limit: usize, _f: &dyn crate::functions::Function) -> Result<super::StepResult> {
+        Ok(super::StepResult::NotBackfilling)
+    }
+    pub async fn preimage_count(&self, _function_id: &str) -> Result<i64> {
+        Ok(0)
     }
 
     pub async fn record_gap(&self, topic: &str, partition: i32, from: i64, to: i64) -> Result<()> {

@@ -1,0 +1,98 @@
+//! Attached functions: derived collections computed from an input collection's
+//! **changes** `(id, before, after, offset)` (DESIGN.md section 5).
+//!
+//! A function is pure: it turns one change into output deltas. Aggregates
+//! (`record_counter`, `statistics`) emit counter increments, which commute, so the order
+//! in which live processing and a backfill apply them does not matter. Map functions
+//! (`normalize`) emit versioned puts and removes carrying the source offset; the sysdb
+//! applies a put only if it is newer than what the output holds (including a tombstone).
+//!
+//! Adding a function = one new module with a [`Function`] impl + one line in [`build`].
+
+use std::collections::BTreeMap;
+
+use thiserror::Error;
+
+use crate::record::{Metadata, Record};
+
+/// Lifecycle of an attached function.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum FunctionStatus {
+    /// Attached; its BACKFILL_FN marker has not been processed yet.
+    AwaitingMarker,
+    /// The marker was processed at `marker_offset`: live changes after it are applied
+    /// incrementally while the backfill worker covers the collection as of the marker.
+    Backfilling,
+    /// Backfill done: only live changes.
+    Ready,
+    /// Stopped; nothing is applied any more.
+    Detached,
+}
+
+impl FunctionStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FunctionStatus::AwaitingMarker => "awaiting_marker",
+            FunctionStatus::Backfilling => "backfilling",
+            FunctionStatus::Ready => "ready",
+            FunctionStatus::Detached => "detached",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<FunctionStatus> {
+        Some(match s {
+            "awaiting_marker" => FunctionStatus::AwaitingMarker,
+            "backfilling" => FunctionStatus::Backfilling,
+            "ready" => FunctionStatus::Ready,
+            "detached" => FunctionStatus::Detached,
+            _ => return None,
+        })
+    }
+}
+
+/// One change of the input collection, borrowed.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ChangeRef<'a> {
+    pub id: &'a str,
+    pub before: Option<&'a Record>,
+    pub after: Option<&'a Record>,
+    /// Offset of the log record that made the change.
+    pub offset: i64,
+}
+
+/// What a function emits for a change.
+#[derive(Debug, Clone, PartialEq)]
+pub enum OutputDelta {
+    /// Add `delta` to the counter behind output record `output_id`. The output record's
+    /// metadata is `fields` plus `count_field` = the new count. When the count reaches 0
+    /// the output record is removed if `remove_at_zero`, else kept with count 0.
+    Count { output_id: String, fields: Metadata, count_field: &'static str, delta: i64, remove_at_zero: bool },
+    /// Versioned upsert: `record.offset` is the source offset (the version).
+    Put { record: Record },
+    /// Versioned removal at source offset `offset` (leaves a tombstone while a backfill
+    /// runs, so an older backfilled put cannot resurrect it).
+    Remove { id: String, offset: i64 },
+}
+
+/// A function over changes.
+pub trait Function: Send + Sync {
+    /// The registry name (`record_counter`, `statistics`, `normalize`).
+    fn name(&self) -> &'static str;
+    /// Append the output deltas of one change to `out`.
+    fn deltas(&self, change: &ChangeRef<'_>, out: &mut Vec<OutputDelta>);
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum FunctionError {
+    #[error("unknown function {0:?}: available functions are record_counter, statistics, normalize")]
+    Unknown(String),
+    #[error("function {function}: invalid parameter {param:?}: {message}")]
+    BadParam { function: String, param: String, message: String },
+}
+
+/// Build a function from its registry name and parameters.
+pub fn build(name: &str, params: &BTreeMap<String, String>) -> Result<Box<dyn Function>, FunctionError> {
+    registry::build(name, params)
+}
+
+pub mod registry;
