@@ -149,6 +149,11 @@ impl ConsumerHandle {
                 if settings.cooperative { "cooperative-sticky" } else { "range" },
             )
             .set_log_level(RDKafkaLogLevel::Warning);
+        if !settings.client.librdkafka.contains_key("queued.max.messages.kbytes") {
+            // Prefetch bound per partition (librdkafka default 65536 KiB): the processor
+            // applies back-pressure itself; a large prefetch only costs memory.
+            c.set("queued.max.messages.kbytes", "16384");
+        }
         let consumer: BaseConsumer<Ctx> =
             c.create_with_context(ctx).map_err(|e| KafkaError::Config(e.to_string()))?;
         consumer
@@ -507,14 +512,10 @@ fn poll_loop(consumer: BaseConsumer<Ctx>, commands: std_mpsc::Receiver<Command>)
             push(ctx, Event::Messages(chunk));
         }
     }
-    // Leave the group: runs the revoke path through our callback, bounded.
-    if let Err(e) = consumer.close_queue() {
-        warn!(%e, "closing the consumer queue failed");
-    }
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !consumer.closed() && Instant::now() < deadline {
-        let _ = consumer.poll(Duration::from_millis(100));
-    }
+    // Leave the group: dropping closes the consumer queue and polls until closed, which
+    // runs the revoke path through our callback. It is unbounded (PITFALLS item 6), which
+    // is why it happens here, on our own thread: `ConsumerHandle::shutdown` waits for it
+    // with a timeout and leaves the thread behind if it hangs.
     drop(consumer);
     info!("consumer stopped");
 }
