@@ -42,7 +42,7 @@ step "producing $records log records (16 collections, 64-dim embeddings; 70% ups
 $sluice workload --records "$records" --collections 16 --dim 64 --ids-per-collection 500 >"$run_dir/workload.jsonl"
 time $sluice produce "$run_dir/workload.jsonl"
 
-step "waiting until every partition is materialized (lag 0)"
+wait_caught_up() {
 for _ in $(seq 1 240); do
     if $sluice offsets show --format json | python3 -c '
 import json, sys
@@ -52,14 +52,42 @@ sys.exit(0 if rows and all(r["lag"] == 0 and r["sysdb_next_offset"] == r["high_w
     fi
     sleep 0.5
 done
+}
+step "waiting until every partition is materialized (lag 0)"
+wait_caught_up
 
-step "sluice offsets show   (sysdb = authoritative, group = lagging copy, lag = high watermark - sysdb)"
-$sluice offsets show
 step "sluice collections list"
 $sluice collections list
 step "first 2 records of collection-0: sluice records collection-0"
 $sluice records collection-0 | head -2 | cut -c1-200
-step "attaching a function: not available yet (attached functions and backfill are the next milestone)"
+step "attaching functions to collection-0 (they backfill over its existing records while live processing goes on)"
+$sluice functions attach collection-0 --function record_counter --output collection-0-count
+$sluice functions attach collection-0 --function statistics --output collection-0-stats
+more="$run_dir/more.jsonl"
+$sluice workload --records 2000 --collections 16 --dim 64 --ids-per-collection 500 --seed 7 >"$more"
+$sluice produce "$more"
+for _ in $(seq 1 240); do
+    if $sluice functions list --format json | python3 -c '
+import json, sys
+sys.exit(0 if all(f["status"] == "ready" for f in json.load(sys.stdin)) else 1)'; then
+        break
+    fi
+    sleep 0.5
+done
+step "sluice functions list"
+$sluice functions list
+step "sluice records collection-0-count   (record_counter: live records of collection-0)"
+$sluice records collection-0-count
+step "first 3 records of collection-0-stats   (statistics: records per metadata key/value)"
+$sluice records collection-0-stats | head -3
+wait_caught_up
+step "sluice offsets show   (sysdb = authoritative, group = lagging copy, lag = high watermark - sysdb)"
+$sluice offsets show
+step "metrics: curl http://$SLUICE_HTTP/metrics   (per-partition sysdb, group, high watermark, lag)"
+curl -s "http://$SLUICE_HTTP/metrics" | grep -E '^sluice_partition_(sysdb_next_offset|group_offset|lag_records)' | head -12 || true
+if deploy/local/prometheus.sh status >/dev/null 2>&1; then
+    echo "Prometheus is running: $(deploy/local/prometheus.sh url) (add this replica with: deploy/local/prometheus.sh targets $SLUICE_HTTP)"
+fi
 
 kill -TERM $replica
 wait $replica && echo "replica stopped cleanly (exit 0)"

@@ -32,6 +32,7 @@ pub struct Config {
     /// Validation limits applied to every log record (oversized input goes to the DLQ).
     pub limits: Limits,
     pub http: HttpConfig,
+    pub backfill: BackfillConfig,
     /// librdkafka options passed through unchanged to every client (consumer, producer,
     /// admin): SASL/SSL settings, `client.id`, tuning. Values are strings. Sluice's own
     /// settings (`enable.auto.commit`, `enable.auto.offset.store`, `partitioner`, ...)
@@ -186,6 +187,30 @@ impl Default for ProcessorConfig {
     }
 }
 
+/// The backfill worker (a role of `sluice process`).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct BackfillConfig {
+    /// Records per backfill chunk (one transaction each). Smaller chunks hold the
+    /// function's row for less time, so live batches of that collection wait less.
+    pub chunk_size: usize,
+    /// Backfills running at once in this replica.
+    pub concurrency: usize,
+    /// Pause between two chunks of one backfill, to leave room for live processing.
+    pub pause_ms: u64,
+    /// How often the sysdb is scanned for `backfilling` functions that no worker runs
+    /// (start-up, a crashed replica's backfill, a lost task).
+    pub scan_interval_ms: u64,
+    /// How often the outbox relay republishes markers not yet acknowledged.
+    pub relay_interval_ms: u64,
+}
+
+impl Default for BackfillConfig {
+    fn default() -> Self {
+        BackfillConfig { chunk_size: 1000, concurrency: 2, pause_ms: 0, scan_interval_ms: 5_000, relay_interval_ms: 2_000 }
+    }
+}
+
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct HttpConfig {
@@ -279,6 +304,9 @@ impl Config {
         let p = &self.processor;
         if p.batch_max_records == 0 || p.batch_max_bytes == 0 {
             return Err(ConfigError::Invalid("processor.batch_max_records and batch_max_bytes must be > 0".into()));
+        }
+        if self.backfill.chunk_size == 0 || self.backfill.concurrency == 0 {
+            return Err(ConfigError::Invalid("backfill.chunk_size and backfill.concurrency must be > 0".into()));
         }
         if self.kafka.partitions <= 0 || self.kafka.replication_factor <= 0 {
             return Err(ConfigError::Invalid("kafka.partitions and kafka.replication_factor must be > 0".into()));

@@ -13,5 +13,6 @@ pub mod functions;
 pub mod processor;
 pub mod metrics;
 pub mod api;
+pub mod backfill;
 pub mod cli;
 pub mod workload;

@@ -42,7 +42,11 @@ fn main() -> std::process::ExitCode {
     let result = rt.block_on(async move {
         match cli.command {
             Cmd::Init { partitions, replication_factor } => commands::init(&config, partitions, replication_factor).await,
-            Cmd::Process => commands::process(config).await,
+            Cmd::Process { roles } => match commands::Roles::parse(&roles) {
+                Ok(roles) => commands::process(config, roles).await,
+                Err(e) => Err(e),
+            },
+            Cmd::Functions { command } => commands::functions(&config, command).await,
             Cmd::Produce { input } => commands::produce(&config, &input).await,
             Cmd::Records { collection, format } => commands::records(&config, &collection, format).await,
             Cmd::Collections { command } => commands::collections(&config, command).await,

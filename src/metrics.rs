@@ -44,9 +44,11 @@ use crate::record::Operation;
 /// The `Content-Type` of [`Metrics::encode`]'s output (OpenMetrics text 1.0.0).
 pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
-/// `sluice_control_records_total{result}`: control records acknowledged without effect
-/// because no function is attached (functions come later).
-pub const CONTROL_IGNORED_NO_FUNCTION: &str = "ignored_no_function";
+/// `sluice_control_records_total{result}`: a BACKFILL_FN marker that started a backfill.
+pub const CONTROL_BACKFILL_STARTED: &str = "backfill_started";
+/// `sluice_control_records_total{result}`: a marker without effect (duplicate, unknown or
+/// detached function).
+pub const CONTROL_IGNORED: &str = "ignored";
 
 /// Buckets of `sluice_batch_duration_seconds` (a whole flush: decode → DLQ → commit).
 const BATCH_BUCKETS: [f64; 15] = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0];
@@ -228,7 +230,34 @@ pub struct Metrics {
     batch_duration: Histogram,
     sysdb_commit_duration: Histogram,
     end_to_end_latency: Histogram,
+    backfill_tasks: Family<StatusLabel, Counter>,
+    records_backfilled: Counter,
+    backfill_duration: Histogram,
+    markers_published: Family<ResultLabel, Counter>,
 }
+
+/// `sluice_backfill_tasks_total{status}` values.
+pub mod backfill_status {
+    /// A task arrived from the backfill topic.
+    pub const RECEIVED: &str = "received";
+    /// A backfill started (from a task or the sysdb scan).
+    pub const STARTED: &str = "started";
+    /// A backfill walked the whole collection; the function is ready.
+    pub const FINISHED: &str = "finished";
+    /// A task or scan found nothing to do (duplicate, detached, another worker has it).
+    pub const SKIPPED: &str = "skipped";
+    /// A backfill step failed (it is retried by the next scan).
+    pub const FAILED: &str = "failed";
+    pub const ALL: [&str; 5] = [RECEIVED, STARTED, FINISHED, SKIPPED, FAILED];
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, PartialOrd, Ord, EncodeLabelSet)]
+struct StatusLabel {
+    status: &'static str,
+}
+
+/// Buckets of `sluice_backfill_duration_seconds` (one whole backfill).
+const BACKFILL_BUCKETS: [f64; 12] = [0.1, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0, 14400.0];
 
 impl Metrics {
     /// A fresh registry with every family registered (prefix `sluice_`).
@@ -259,7 +288,15 @@ impl Metrics {
             batch_duration: Histogram::new(BATCH_BUCKETS),
             sysdb_commit_duration: Histogram::new(SYSDB_COMMIT_BUCKETS),
             end_to_end_latency: Histogram::new(END_TO_END_BUCKETS),
+            backfill_tasks: Family::default(),
+            records_backfilled: Counter::default(),
+            backfill_duration: Histogram::new(BACKFILL_BUCKETS),
+            markers_published: Family::default(),
         };
+        r.register("backfill_tasks", "Backfill tasks and runs, by status (received, started, finished, skipped, failed)", m.backfill_tasks.clone());
+        r.register("records_backfilled", "Records of collections as of their marker that backfills have applied to functions", m.records_backfilled.clone());
+        r.register_with_unit("backfill_duration", "Duration of a whole backfill, from its start in this replica to the function being ready", Unit::Seconds, m.backfill_duration.clone());
+        r.register("markers_published", "BACKFILL_FN markers published by attach or the outbox relay, by result (ok, failed)", m.markers_published.clone());
         r.register("records_processed", "Data records applied to the sysdb, by operation", m.records_processed.clone());
         r.register("records_ignored", "Records that had no effect (e.g. ADD of an existing id), by reason", m.records_ignored.clone());
         r.register("dlq_records", "Records sent to the dead-letter topic, by reason (error kind)", m.dlq_records.clone());
@@ -282,7 +319,15 @@ impl Metrics {
         for reason in IgnoreReason::ALL {
             let _ = m.records_ignored.get_or_create(&ReasonLabel { reason: reason.label() });
         }
-        let _ = m.control_records.get_or_create(&ResultLabel { result: CONTROL_IGNORED_NO_FUNCTION });
+        for result in [CONTROL_BACKFILL_STARTED, CONTROL_IGNORED] {
+            let _ = m.control_records.get_or_create(&ResultLabel { result });
+        }
+        for status in backfill_status::ALL {
+            let _ = m.backfill_tasks.get_or_create(&StatusLabel { status });
+        }
+        for result in ["ok", "failed"] {
+            let _ = m.markers_published.get_or_create(&ResultLabel { result });
+        }
         Arc::new(Metrics { registry: r, ..m })
     }
 
@@ -324,6 +369,23 @@ impl Metrics {
         if n > 0 {
             self.control_records.get_or_create(&ResultLabel { result }).inc_by(n);
         }
+    }
+
+    /// `status` is one of [`backfill_status`].
+    pub fn backfill_task(&self, status: &'static str) {
+        self.backfill_tasks.get_or_create(&StatusLabel { status }).inc();
+    }
+
+    pub fn records_backfilled(&self, n: u64) {
+        self.records_backfilled.inc_by(n);
+    }
+
+    pub fn observe_backfill_duration(&self, d: Duration) {
+        self.backfill_duration.observe(d.as_secs_f64());
+    }
+
+    pub fn marker_published(&self, ok: bool) {
+        self.markers_published.get_or_create(&ResultLabel { result: if ok { "ok" } else { "failed" } }).inc();
     }
 
     pub fn sysdb_cas_conflict(&self) {
@@ -452,7 +514,7 @@ mod tests {
         m.records_processed("ADD", 3);
         m.records_ignored("add_existing", 1);
         m.dlq_record("truncated");
-        m.control_records(CONTROL_IGNORED_NO_FUNCTION, 1);
+        m.control_records(CONTROL_IGNORED, 1);
         m.batch_committed();
         m.observe_batch_duration(Duration::from_millis(3));
         m.observe_sysdb_commit(Duration::from_millis(1));
@@ -482,7 +544,7 @@ mod tests {
         for series in [
             "sluice_records_processed_total{operation=\"UPSERT\"}",
             "sluice_records_ignored_total{reason=\"delete_missing\"}",
-            "sluice_control_records_total{result=\"ignored_no_function\"}",
+            "sluice_control_records_total{result=\"ignored\"}",
             "sluice_offset_commits_total{result=\"failed\"}",
             "sluice_batch_duration_seconds_count",
             "sluice_gaps_total",

@@ -97,6 +97,8 @@ pub struct Env {
     pub processor_toml: String,
     /// Extra `[kafka]` keys.
     pub kafka_toml: String,
+    /// Extra whole sections (e.g. `[backfill]\nchunk_size = 50`), appended last.
+    pub sections_toml: String,
 }
 
 impl Env {
@@ -113,6 +115,7 @@ impl Env {
             extra: Vec::new(),
             processor_toml: String::new(),
             kafka_toml: String::new(),
+            sections_toml: String::new(),
         }
     }
 
@@ -135,6 +138,7 @@ impl Env {
             extra: Vec::new(),
             processor_toml: String::new(),
             kafka_toml: String::new(),
+            sections_toml: String::new(),
         }
     }
 
@@ -148,13 +152,13 @@ impl Env {
     /// Path of this test's config file (short session timeout so that a killed replica's
     /// partitions move within seconds).
     pub fn config_path(&self) -> PathBuf {
-        let p = self.dir.join(format!("sluice-{:x}.toml", fxhash(&format!("{}\n{}", self.kafka_toml, self.processor_toml))));
+        let p = self.dir.join(format!("sluice-{:x}.toml", fxhash(&format!("{}\n{}\n{}", self.kafka_toml, self.processor_toml, self.sections_toml))));
         if !p.exists() {
             std::fs::write(
                 &p,
                 format!(
-                    "[kafka]\nsession_timeout_ms = 6000\n{}\n[processor]\nshutdown_timeout_ms = 15000\nbatch_max_records = 200\n{}\n",
-                    self.kafka_toml, self.processor_toml
+                    "[kafka]\nsession_timeout_ms = 6000\n{}\n[processor]\nshutdown_timeout_ms = 15000\nbatch_max_records = 200\n{}\n{}\n",
+                    self.kafka_toml, self.processor_toml, self.sections_toml
                 ),
             )
             .expect("write config");
@@ -166,6 +170,13 @@ impl Env {
     pub fn with_kafka(&self, toml: &str) -> Env {
         let mut e = self.clone();
         e.kafka_toml = toml.to_string();
+        e
+    }
+
+    /// The same environment with extra whole TOML sections.
+    pub fn with_sections(&self, toml: &str) -> Env {
+        let mut e = self.clone();
+        e.sections_toml = toml.to_string();
         e
     }
 
@@ -214,10 +225,15 @@ impl Env {
 
     /// Start a `sluice process` replica; its log goes to a file in the test dir.
     pub fn spawn_replica(&self, name: &str, envs: &[(&str, &str)]) -> Replica {
+        self.spawn_replica_with(name, &[], envs)
+    }
+
+    /// Start `sluice process ARGS...` (e.g. `--roles backfill`).
+    pub fn spawn_replica_with(&self, name: &str, args: &[&str], envs: &[(&str, &str)]) -> Replica {
         let log = self.dir.join(format!("{name}.log"));
         let file = std::fs::File::create(&log).expect("log file");
         let mut c = self.cmd();
-        c.arg("process").stdout(Stdio::null()).stderr(file);
+        c.arg("process").args(args).stdout(Stdio::null()).stderr(file);
         for (k, v) in envs {
             c.env(k, v);
         }

@@ -302,7 +302,37 @@ pub fn workload(spec: &crate::workload::WorkloadSpec) -> Result<()> {
     Ok(())
 }
 
-pub async fn process(config: Config) -> Result<()> {
+/// Which parts of a replica run (`sluice process --roles`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Roles {
+    pub processor: bool,
+    pub backfill: bool,
+    pub relay: bool,
+}
+
+impl Roles {
+    pub const ALL: Roles = Roles { processor: true, backfill: true, relay: true };
+
+    /// Parse `processor,backfill,relay` (any subset, at least one).
+    pub fn parse(s: &str) -> Result<Roles> {
+        let mut r = Roles { processor: false, backfill: false, relay: false };
+        for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+            match part {
+                "processor" => r.processor = true,
+                "backfill" => r.backfill = true,
+                "relay" => r.relay = true,
+                "all" => r = Roles::ALL,
+                other => bail!("unknown role {other:?}: roles are processor, backfill, relay (comma separated)"),
+            }
+        }
+        if r == (Roles { processor: false, backfill: false, relay: false }) {
+            bail!("--roles needs at least one of processor, backfill, relay");
+        }
+        Ok(r)
+    }
+}
+
+pub async fn process(config: Config, roles: Roles) -> Result<()> {
     let sysdb = Arc::new(open_sysdb(&config).await?);
     let metrics = crate::metrics::Metrics::new();
     let health = crate::api::Health::new();
@@ -314,11 +344,103 @@ pub async fn process(config: Config) -> Result<()> {
         let state = crate::api::AppState { metrics: metrics.clone(), health: health.clone() };
         Some(crate::api::Server::start(&config.http.listen, state).await?)
     };
-    let result = crate::processor::run(config, sysdb, metrics, health, shutdown_signal()).await;
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let signal_tx = stop_tx.clone();
+    tokio::spawn(async move {
+        shutdown_signal().await;
+        let _ = signal_tx.send(true);
+    });
+    let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
+        while !*rx.borrow() {
+            if rx.changed().await.is_err() {
+                return;
+            }
+        }
+    };
+    let mut background = Vec::new();
+    if roles.backfill {
+        let worker = crate::backfill::Worker::new(config.clone(), sysdb.clone(), metrics.clone(), stop_rx.clone());
+        background.push(tokio::spawn(worker.run()));
+    }
+    if roles.relay {
+        let producer = Producer::new(&client_settings(&config), &[])?;
+        let relay = crate::backfill::attach::relay(config.clone(), sysdb.clone(), producer, metrics.clone(), stop_rx.clone());
+        background.push(tokio::spawn(async move {
+            relay.await;
+            Ok(())
+        }));
+    }
+    let result = if roles.processor {
+        crate::processor::run(config, sysdb, metrics, health, stopped(stop_rx.clone())).await
+    } else {
+        health.consumer_started();
+        health.assignment_completed();
+        stopped(stop_rx.clone()).await;
+        Ok(())
+    };
+    let _ = stop_tx.send(true);
+    for task in background {
+        match tokio::time::timeout(std::time::Duration::from_secs(15), task).await {
+            Ok(Ok(Err(e))) => tracing::warn!(error = %e, "background role stopped with an error"),
+            Ok(Err(e)) => tracing::warn!(error = %e, "background role panicked"),
+            _ => {}
+        }
+    }
     if let Some(server) = server {
         server.shutdown().await;
     }
     result
+}
+
+pub async fn functions(config: &Config, cmd: super::FunctionsCmd) -> Result<()> {
+    use super::FunctionsCmd;
+    let sysdb = open_sysdb(config).await?;
+    match cmd {
+        FunctionsCmd::Attach { collection, function, output, param } => {
+            let mut params = std::collections::BTreeMap::new();
+            for p in param {
+                let (k, v) = p.split_once('=').with_context(|| format!("--param {p:?} must be KEY=VALUE"))?;
+                params.insert(k.to_string(), v.to_string());
+            }
+            // Publishing fails fast when the broker is down (the relay retries later).
+            let producer = Producer::new(&client_settings(config), &[("message.timeout.ms", "10000")])?;
+            let attached = crate::backfill::attach::attach(config, &sysdb, &producer, &collection, &function, &output, params).await?;
+            println!("{}", serde_json::to_string(&attached)?);
+        }
+        FunctionsCmd::List { collection, format } => {
+            let rows = sysdb.functions(collection.as_deref()).await?;
+            let views: Vec<crate::backfill::attach::FunctionView> = rows.iter().map(Into::into).collect();
+            if format == Format::Human {
+                println!("{:<36} {:<24} {:<14} {:<24} {:<16} {:>8} {:>15}", "ID", "COLLECTION", "FUNCTION", "OUTPUT", "STATUS", "MARKER", "BACKFILL");
+                for v in &views {
+                    println!(
+                        "{:<36} {:<24} {:<14} {:<24} {:<16} {:>8} {:>15}",
+                        v.id,
+                        v.collection,
+                        v.function,
+                        v.output,
+                        v.status,
+                        v.marker_offset.map(|o| o.to_string()).unwrap_or_else(|| "-".into()),
+                        format!("{}/{}", v.backfill_done, v.backfill_total.map(|t| t.to_string()).unwrap_or_else(|| "?".into()))
+                    );
+                }
+            } else {
+                println!("{}", serde_json::to_string_pretty(&views)?);
+            }
+        }
+        FunctionsCmd::Detach { function_id, drop_output } => match sysdb.detach_function(&function_id, drop_output).await? {
+            Some(row) => println!(
+                "detached function {} ({} on {} -> {}){}",
+                row.id,
+                row.function,
+                row.collection_id,
+                row.output_collection,
+                if drop_output { "; output collection dropped" } else { "" }
+            ),
+            None => bail!("no function with id {function_id:?} (see `sluice functions list`)"),
+        },
+    }
+    Ok(())
 }
 
 async fn shutdown_signal() {

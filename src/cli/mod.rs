@@ -65,8 +65,18 @@ pub enum Cmd {
         #[arg(long)]
         replication_factor: Option<i32>,
     },
-    /// Run a replica: consume the log topic and materialize it into the sysdb.
-    Process,
+    /// Run a replica: consume the log topic and materialize it into the sysdb; run the
+    /// backfill worker and the outbox relay.
+    Process {
+        /// Roles to run, comma separated: processor, backfill, relay.
+        #[arg(long, default_value = "processor,backfill,relay")]
+        roles: String,
+    },
+    /// Attached functions: attach, list, detach.
+    Functions {
+        #[command(subcommand)]
+        command: FunctionsCmd,
+    },
     /// Produce JSON lines (a file or - for stdin) as log records.
     Produce {
         #[arg(default_value = "-")]
@@ -134,6 +144,36 @@ pub enum OffsetsCmd {
         to: i64,
         #[arg(long, default_value = "operator reset")]
         reason: String,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum FunctionsCmd {
+    /// Attach a function; prints {"function_id", "status", "marker"} as JSON.
+    Attach {
+        collection: String,
+        /// record_counter, statistics or normalize.
+        #[arg(long)]
+        function: String,
+        /// The output collection.
+        #[arg(long)]
+        output: String,
+        /// Function parameter KEY=VALUE (repeatable).
+        #[arg(long)]
+        param: Vec<String>,
+    },
+    /// List functions (all, or of one input collection).
+    List {
+        collection: Option<String>,
+        #[arg(long, value_enum, default_value_t = Format::Human)]
+        format: Format,
+    },
+    /// Detach a function; both the live path and the backfill stop.
+    Detach {
+        function_id: String,
+        /// Also delete the output collection.
+        #[arg(long)]
+        drop_output: bool,
     },
 }
 

@@ -7,7 +7,18 @@
 //! (`normalize`) emit versioned puts and removes carrying the source offset; the sysdb
 //! applies a put only if it is newer than what the output holds (including a tombstone).
 //!
-//! Adding a function = one new module with a [`Function`] impl + one line in [`build`].
+//! Adding a function = one new module with a [`Function`] impl and a `build(params)` +
+//! one line in [`registry::FUNCTIONS`].
+//!
+//! - [`record_counter`], [`statistics`], [`normalize`]: the functions.
+//! - [`registry`]: name → function.
+//! - [`apply`]: how deltas change an output collection (the semantics the sysdb
+//!   implements), pure; the property tests and the protocol simulation use it.
+//! - `proptests` (tests): live deltas over random logs and batch splits equal the
+//!   reference model's outputs.
+//! - `simulation` (tests): the backfill protocol of DESIGN.md section 5 — processor and
+//!   backfill worker interleaved at random — ends at the reference outputs, and each
+//!   known mistake of the protocol makes it fail.
 
 use std::collections::BTreeMap;
 
@@ -95,4 +106,13 @@ pub fn build(name: &str, params: &BTreeMap<String, String>) -> Result<Box<dyn Fu
     registry::build(name, params)
 }
 
+pub mod apply;
+pub mod normalize;
+pub mod record_counter;
 pub mod registry;
+pub mod statistics;
+
+#[cfg(test)]
+mod proptests;
+#[cfg(test)]
+mod simulation;

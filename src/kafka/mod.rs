@@ -5,6 +5,7 @@
 pub mod admin;
 pub mod consumer;
 pub mod producer;
+pub mod tasks;
 
 use std::collections::BTreeMap;
 

@@ -11,7 +11,7 @@ use crate::record::framing::{unframe, Framing};
 use crate::record::partitioner::partition_for;
 use crate::record::validate::{validate, Limits};
 use crate::record::{codec, LogRecord, Operation, Record};
-use crate::sysdb::{BatchCommit, CollectionRow, CollectionUpdate};
+use crate::sysdb::{BatchCommit, CollectionRow, CollectionUpdate, FunctionBatch};
 
 /// A record that goes to the dead-letter topic, with why.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -212,8 +212,8 @@ pub fn fold_collection(
 }
 
 /// Assemble the commit.
-pub fn commit(topic: &str, delta: PositionDelta, collections: Vec<CollectionUpdate>) -> BatchCommit {
-    BatchCommit { topic: topic.to_string(), delta, collections, functions: Vec::new() }
+pub fn commit(topic: &str, delta: PositionDelta, collections: Vec<CollectionUpdate>, functions: Vec<FunctionBatch>) -> BatchCommit {
+    BatchCommit { topic: topic.to_string(), delta, collections, functions }
 }
 
 #[cfg(test)]

@@ -5,6 +5,7 @@
 //! partition, and stops workers on revoke before the consumer unassigns.
 
 pub mod batch;
+pub mod functions;
 pub mod partition;
 pub mod start;
 
@@ -83,6 +84,7 @@ pub async fn run(
     health.consumer_started();
     let shared = Arc::new(Shared {
         dlq_topic: config.kafka.dlq_topic(),
+        backfill_topic: config.kafka.backfill_topic(),
         config: config.clone(),
         sysdb: sysdb.clone(),
         producer,

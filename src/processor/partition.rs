@@ -14,6 +14,7 @@ use tokio::sync::mpsc;
 use tracing::{debug, error, info, info_span, warn, Instrument};
 
 use super::batch::{self, BatchCounts, DlqEntry, Known};
+use super::functions;
 use crate::api::Health;
 use crate::config::{Config, OnDataLoss};
 use crate::failpoint;
@@ -36,6 +37,7 @@ pub struct Shared {
     pub metadata: Arc<std::sync::Mutex<MetadataClient>>,
     pub topic: String,
     pub dlq_topic: String,
+    pub backfill_topic: String,
     pub topic_partitions: i32,
 }
 
@@ -70,6 +72,7 @@ pub struct Worker {
     buf_bytes: usize,
     first_at: Option<Instant>,
     known: HashMap<String, Known>,
+    functions: functions::FunctionCache,
     halted: bool,
 }
 
@@ -84,6 +87,7 @@ impl Worker {
             buf_bytes: 0,
             first_at: None,
             known: HashMap::new(),
+            functions: functions::FunctionCache::default(),
             halted,
         }
     }
@@ -240,28 +244,49 @@ impl Worker {
         let mut dlq = routed.dlq;
         let mut counts = BatchCounts::default();
         let mut updates = Vec::new();
+        let mut function_batches = Vec::new();
+        let mut tasks = Vec::new();
+        let now_ms = crate::sysdb::now_ms();
         for (id, (row, records)) in &routed.collections {
             let mut ids: Vec<String> = records.iter().map(|(_, r)| r.id.clone()).collect();
             ids.sort_unstable();
             ids.dedup();
             let current = self.shared.sysdb.get_records(id, &ids).await?;
-            let (update, _outcome) =
+            let (update, outcome) =
                 batch::fold_collection(id, row.as_ref(), self.partition, records, &current, &mut counts, &mut dlq)
                     .map_err(|e| SysdbError::Database { backend: "processor", message: e.to_string() })?;
             if let Some(u) = update {
                 updates.push(u);
             }
+            let markers = functions::markers(records);
+            let named: Vec<&str> = markers.iter().map(|(_, b)| b.function_id.as_str()).collect();
+            let attached = self.functions.get(&self.shared.sysdb, id, &named).await?;
+            if !attached.is_empty() {
+                function_batches.extend(functions::function_batches(attached, &outcome, &markers));
+                tasks.extend(functions::tasks(attached, &markers, &self.shared.topic, self.partition, now_ms));
+            }
         }
         dlq.sort_by_key(|d| d.offset);
         self.produce_dlq(msgs, &dlq).await;
+        // Barrier (invariant 7): the backfill tasks are acknowledged before the commit.
+        self.produce_tasks(&tasks).await;
+        if !tasks.is_empty() {
+            failpoint::hit("after_backfill_task");
+        }
 
         failpoint::hit("before_sysdb_commit");
-        let commit = batch::commit(&self.shared.topic, delta, updates);
+        let commit = batch::commit(&self.shared.topic, delta, updates, function_batches);
         let commit_started = Instant::now();
         let committed = self.shared.sysdb.commit_batch(&commit).await;
         self.shared.metrics.observe_sysdb_commit(commit_started.elapsed());
-        committed?;
+        let report = committed?;
         failpoint::hit("after_sysdb_commit");
+        for (function_id, offset) in &report.markers_accepted {
+            info!(partition = self.partition, function = %function_id, marker_offset = offset, "backfill marker processed: function is backfilling");
+        }
+        if !report.markers_accepted.is_empty() {
+            self.functions.clear();
+        }
         let committed_ms = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_millis() as i64);
@@ -293,12 +318,46 @@ impl Worker {
         for d in &dlq {
             m.dlq_record(d.kind);
         }
-        m.control_records(metrics::CONTROL_IGNORED_NO_FUNCTION, counts.controls);
+        m.control_records(metrics::CONTROL_BACKFILL_STARTED, report.markers_accepted.len() as u64);
+        m.control_records(metrics::CONTROL_IGNORED, counts.controls.saturating_sub(report.markers_accepted.len() as u64));
         m.batch_committed();
         // Every message of the batch (DLQ'd ones included) is done at this commit.
         m.observe_end_to_end(committed_ms, msgs.iter().map(|msg| msg.timestamp_ms));
         debug!(records = msgs.len(), dlq = dlq.len(), elapsed_ms = started.elapsed().as_millis() as u64, "batch committed");
         Ok(())
+    }
+
+    /// Produce the backfill tasks to the backfill topic and wait for the acknowledgements
+    /// (retrying until delivered: the batch must not commit before its tasks are out).
+    async fn produce_tasks(&self, tasks: &[crate::record::BackfillTask]) {
+        for t in tasks {
+            let payload = match crate::record::avro::encode_backfill_task(t) {
+                Ok(p) => p,
+                Err(e) => {
+                    error!(%e, "internal: cannot encode a backfill task");
+                    continue;
+                }
+            };
+            let mut backoff = Duration::from_millis(100);
+            loop {
+                let out = Outgoing {
+                    topic: &self.shared.backfill_topic,
+                    partition: None,
+                    key: Some(t.function_id.as_bytes()),
+                    payload: &payload,
+                    headers: &[],
+                };
+                match self.shared.producer.send(out).await {
+                    Ok(_) => break,
+                    Err(e) => {
+                        warn!(%e, function = %t.function_id, "backfill task produce failed; retrying");
+                        tokio::time::sleep(backoff).await;
+                        backoff = (backoff * 2).min(Duration::from_secs(5));
+                    }
+                }
+            }
+            info!(function = %t.function_id, marker_offset = t.marker_offset, "backfill task produced");
+        }
     }
 
     /// Produce every DLQ entry and wait for the acknowledgements; retries until delivered

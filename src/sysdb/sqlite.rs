@@ -72,7 +72,6 @@ fn is_memory(path: &str) -> bool {
 
 fn configure(conn: &Connection, path: &str) -> Result<()> {
     conn.busy_timeout(BUSY_TIMEOUT)?;
-    conn.pragma_update(None, "page_size", 16384)?;
     if !is_memory(path) {
         let mode: String = conn.pragma_update_and_check(None, "journal_mode", "WAL", |r| r.get(0))?;
         if !mode.eq_ignore_ascii_case("wal") {

@@ -1,0 +1,177 @@
+//! The backfill worker (a role of `sluice process`).
+//!
+//! It learns of work from the backfill topic (tasks produced by the processor for each
+//! accepted marker) and from a periodic sysdb scan for `backfilling` functions (start-up,
+//! a crashed replica's backfill, a lost task). For each function it walks the collection
+//! as of the marker in id order, one chunk per transaction
+//! ([`crate::sysdb::Sysdb::backfill_step`], conditional on the cursor), so a crash or a
+//! duplicate worker never applies a chunk twice, and live processing goes on between
+//! chunks. Concurrency and chunk size are bounded (`[backfill]` config).
+
+pub mod attach;
+
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tokio::sync::{watch, Semaphore};
+use tracing::{info, warn};
+
+use crate::config::Config;
+use crate::functions::{build, FunctionStatus};
+use crate::kafka::tasks::TaskConsumer;
+use crate::metrics::{backfill_status, Metrics};
+use crate::sysdb::{StepResult, Sysdb};
+
+/// Shared state of the worker.
+#[derive(Clone)]
+pub struct Worker {
+    config: Config,
+    sysdb: Arc<Sysdb>,
+    metrics: Arc<Metrics>,
+    running: Arc<Mutex<HashSet<String>>>,
+    permits: Arc<Semaphore>,
+    stop: watch::Receiver<bool>,
+}
+
+impl Worker {
+    pub fn new(config: Config, sysdb: Arc<Sysdb>, metrics: Arc<Metrics>, stop: watch::Receiver<bool>) -> Worker {
+        let permits = Arc::new(Semaphore::new(config.backfill.concurrency));
+        Worker { config, sysdb, metrics, running: Arc::default(), permits, stop }
+    }
+
+    /// Consume tasks and scan the sysdb until `stop` flips.
+    pub async fn run(self) -> anyhow::Result<()> {
+        let settings = crate::processor::client_settings(&self.config);
+        let group = format!("{}.backfill", self.config.kafka.group);
+        let (consumer, mut tasks) = TaskConsumer::start(&settings, &group, &self.config.kafka.backfill_topic())?;
+        let mut scan = tokio::time::interval(Duration::from_millis(self.config.backfill.scan_interval_ms));
+        let mut stop = self.stop.clone();
+        info!(group = %group, "backfill worker started");
+        loop {
+            tokio::select! {
+                task = tasks.recv() => match task {
+                    Some(bytes) => {
+                        self.metrics.backfill_task(backfill_status::RECEIVED);
+                        match crate::record::avro::decode_backfill_task(&bytes) {
+                            Ok(t) => self.spawn(t.function_id),
+                            Err(e) => warn!(%e, "undecodable backfill task ignored"),
+                        }
+                    }
+                    None => break,
+                },
+                _ = scan.tick() => self.scan().await,
+                _ = stop.changed() => break,
+            }
+        }
+        tokio::task::spawn_blocking(move || consumer.shutdown(Duration::from_secs(5))).await?;
+        // Let running backfills notice the stop between chunks.
+        let _ = tokio::time::timeout(Duration::from_secs(10), self.permits.acquire_many(self.config.backfill.concurrency as u32)).await;
+        info!("backfill worker stopped");
+        Ok(())
+    }
+
+    async fn scan(&self) {
+        match self.sysdb.functions(None).await {
+            Ok(rows) => {
+                for r in rows.into_iter().filter(|r| r.status == FunctionStatus::Backfilling) {
+                    self.spawn(r.id);
+                }
+            }
+            Err(e) => warn!(%e, "backfill scan: sysdb error; will retry"),
+        }
+    }
+
+    /// Run the backfill of `function_id` unless this replica already runs it.
+    fn spawn(&self, function_id: String) {
+        {
+            let mut running = self.running.lock().unwrap_or_else(|p| p.into_inner());
+            if !running.insert(function_id.clone()) {
+                return;
+            }
+        }
+        let w = self.clone();
+        tokio::spawn(async move {
+            let permit = w.permits.clone().acquire_owned().await;
+            if permit.is_ok() {
+                w.backfill(&function_id).await;
+            }
+            w.running.lock().unwrap_or_else(|p| p.into_inner()).remove(&function_id);
+        });
+    }
+
+    async fn backfill(&self, function_id: &str) {
+        let row = match self.sysdb.function(function_id).await {
+            Ok(Some(r)) if r.status == FunctionStatus::Backfilling => r,
+            Ok(_) => {
+                self.metrics.backfill_task(backfill_status::SKIPPED);
+                return;
+            }
+            Err(e) => {
+                warn!(%e, function = function_id, "cannot read the function; the next scan retries");
+                self.metrics.backfill_task(backfill_status::FAILED);
+                return;
+            }
+        };
+        let f = match build(&row.function, &row.params) {
+            Ok(f) => f,
+            Err(e) => {
+                warn!(%e, function = function_id, "function cannot be built; backfill not started");
+                self.metrics.backfill_task(backfill_status::FAILED);
+                return;
+            }
+        };
+        self.metrics.backfill_task(backfill_status::STARTED);
+        info!(function = function_id, collection = %row.collection_id, marker_offset = ?row.marker_offset, cursor = ?row.backfill_cursor, "backfill started");
+        let started = Instant::now();
+        let mut cursor = row.backfill_cursor.clone();
+        let mut backoff = Duration::from_millis(100);
+        let chunk = self.config.backfill.chunk_size;
+        let pause = Duration::from_millis(self.config.backfill.pause_ms);
+        loop {
+            if *self.stop.borrow() {
+                return;
+            }
+            match self.sysdb.backfill_step(function_id, cursor.as_deref(), chunk, f.as_ref()).await {
+                Ok(StepResult::Applied { processed, cursor: c, finished }) => {
+                    self.metrics.records_backfilled(processed as u64);
+                    cursor = c;
+                    backoff = Duration::from_millis(100);
+                    if finished {
+                        self.metrics.backfill_task(backfill_status::FINISHED);
+                        self.metrics.observe_backfill_duration(started.elapsed());
+                        info!(function = function_id, elapsed_ms = started.elapsed().as_millis() as u64, "backfill finished: function is ready");
+                        return;
+                    }
+                }
+                Ok(StepResult::CursorMoved { .. }) => {
+                    // Another worker advanced it: let that one finish (the scan takes
+                    // over again if it dies).
+                    self.metrics.backfill_task(backfill_status::SKIPPED);
+                    return;
+                }
+                Ok(StepResult::NotBackfilling) => {
+                    info!(function = function_id, "function no longer backfilling (detached or done elsewhere)");
+                    self.metrics.backfill_task(backfill_status::SKIPPED);
+                    return;
+                }
+                Err(e) if e.is_retryable() => {
+                    warn!(%e, function = function_id, retry_in = ?backoff, "backfill step failed; retrying");
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_secs(5));
+                    continue;
+                }
+                Err(e) => {
+                    warn!(%e, function = function_id, "backfill step failed; the next scan retries");
+                    self.metrics.backfill_task(backfill_status::FAILED);
+                    return;
+                }
+            }
+            if !pause.is_zero() {
+                tokio::time::sleep(pause).await;
+            } else {
+                tokio::task::yield_now().await;
+            }
+        }
+    }
+}
