@@ -1,7 +1,7 @@
 //! Configuration: a TOML file (`--config`), overridden by environment variables
-//! (`SLUICE_BROKERS`, `SLUICE_SYSDB`, `SLUICE_GROUP`, `SLUICE_TOPIC_PREFIX`, `SLUICE_HTTP`),
-//! overridden by command-line flags. Unknown keys are rejected. Every field's doc comment
-//! is the user's reference (`docs/configuration.md` mirrors it).
+//! (`SLUICE_BROKERS`, `SLUICE_SYSDB`, `SLUICE_GROUP`, `SLUICE_TOPIC_PREFIX`, `SLUICE_HTTP`,
+//! `SLUICE_ADMIN_TOKEN`), overridden by command-line flags. Unknown keys are rejected.
+//! Every field's doc comment is the user's reference (`docs/configuration.md` mirrors it).
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -217,11 +217,46 @@ pub struct HttpConfig {
     /// Listen address of `/metrics`, `/healthz`, `/readyz` and the admin API.
     /// Env: `SLUICE_HTTP`. Empty disables the server.
     pub listen: String,
+    /// Bearer token the admin API's mutating endpoints (`POST`, `DELETE` under `/api/v1`)
+    /// require as `Authorization: Bearer <token>`; compared in constant time. Unset or
+    /// empty: no token is required (bind `listen` to a private address then). Reads
+    /// (`GET`) never need it. Env: `SLUICE_ADMIN_TOKEN` (preferred: keeps it out of
+    /// files). Never logged; `sluice config show` prints `***`.
+    pub admin_token: Option<Secret>,
 }
 
 impl Default for HttpConfig {
     fn default() -> Self {
-        HttpConfig { listen: "127.0.0.1:9464".into() }
+        HttpConfig { listen: "127.0.0.1:9464".into(), admin_token: None }
+    }
+}
+
+impl HttpConfig {
+    /// The admin token when one is set and non-empty.
+    pub fn admin_token(&self) -> Option<&str> {
+        self.admin_token.as_ref().map(Secret::expose).filter(|t| !t.is_empty())
+    }
+}
+
+/// A secret string: `Debug` prints `***`, so a logged config never shows it.
+#[derive(Clone, PartialEq, Eq, Deserialize)]
+#[serde(transparent)]
+pub struct Secret(String);
+
+impl Secret {
+    pub fn new(value: impl Into<String>) -> Secret {
+        Secret(value.into())
+    }
+
+    /// The value itself, for the one place that needs it.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("\"***\"")
     }
 }
 
@@ -233,11 +268,13 @@ pub struct Overrides {
     pub group: Option<String>,
     pub topic_prefix: Option<String>,
     pub http: Option<String>,
+    /// `SLUICE_ADMIN_TOKEN` (environment only: a flag would show in `ps`).
+    pub admin_token: Option<String>,
 }
 
 impl Overrides {
     /// Read `SLUICE_BROKERS`, `SLUICE_SYSDB`, `SLUICE_GROUP`, `SLUICE_TOPIC_PREFIX`,
-    /// `SLUICE_HTTP`.
+    /// `SLUICE_HTTP`, `SLUICE_ADMIN_TOKEN`.
     pub fn from_env() -> Overrides {
         let var = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
         Overrides {
@@ -247,6 +284,7 @@ impl Overrides {
             topic_prefix: var("SLUICE_TOPIC_PREFIX"),
             // Empty is meaningful here: it disables the HTTP server.
             http: std::env::var("SLUICE_HTTP").ok(),
+            admin_token: var("SLUICE_ADMIN_TOKEN"),
         }
     }
 
@@ -257,6 +295,7 @@ impl Overrides {
         self.group = other.group.or(self.group);
         self.topic_prefix = other.topic_prefix.or(self.topic_prefix);
         self.http = other.http.or(self.http);
+        self.admin_token = other.admin_token.or(self.admin_token);
         self
     }
 }
@@ -296,6 +335,9 @@ impl Config {
         }
         if let Some(v) = o.http {
             self.http.listen = v;
+        }
+        if let Some(v) = o.admin_token {
+            self.http.admin_token = Some(Secret::new(v));
         }
     }
 
@@ -381,5 +423,17 @@ mod tests {
         assert_eq!(r["security.protocol"], "SASL_SSL");
         let bad = Config::from_toml("[librdkafka]\n\"enable.auto.commit\" = \"true\"\n", "t").unwrap();
         assert!(bad.validate().is_err());
+    }
+
+    #[test]
+    fn admin_token_from_file_or_env_and_never_in_debug_output() {
+        let mut c = Config::from_toml("[http]\nadmin_token = \"file-token\"\n", "t").unwrap();
+        assert_eq!(c.http.admin_token(), Some("file-token"));
+        assert!(!format!("{c:?}").contains("file-token"), "the token leaks through Debug");
+        c.apply(Overrides { admin_token: Some("env-token".into()), ..Default::default() });
+        assert_eq!(c.http.admin_token(), Some("env-token"));
+        let empty = Config::from_toml("[http]\nadmin_token = \"\"\n", "t").unwrap();
+        assert_eq!(empty.http.admin_token(), None, "an empty token means no token");
+        assert_eq!(Config::default().http.admin_token(), None);
     }
 }

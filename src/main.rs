@@ -24,6 +24,7 @@ fn main() -> std::process::ExitCode {
         group: g.group.clone(),
         topic_prefix: g.topic_prefix.clone(),
         http: g.http.clone(),
+        ..Overrides::default()
     };
     let config = match Config::load(g.config.as_deref(), Overrides::from_env().then(flags)) {
         Ok(c) => c,

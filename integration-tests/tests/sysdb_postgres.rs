@@ -69,6 +69,28 @@ async fn two_replica_pools_racing_on_one_partition_commit_exactly_once_per_offse
     conformance::concurrent_commits_with_the_same_from(&a).await;
 }
 
+/// A backfill and live batches of one collection at the same time, on separate pooled
+/// connections: the function row lock orders them (FOR UPDATE / FOR SHARE), neither
+/// fails, and the outputs equal the functions over the whole history.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_backfill_racing_live_commits_ends_exact() {
+    let url = url();
+    let Some(db) = open(&url).await else { return };
+    for _ in 0..3 {
+        conformance::functions::backfill_races_live_commits(&db).await;
+    }
+}
+
+/// The function checks on two handles (two replicas): attach races on one output name
+/// yield one function.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_attaches_of_one_output_create_one_function() {
+    let url = url();
+    let Some(a) = open(&url).await else { return };
+    let Some(b) = open(&url).await else { return };
+    conformance::functions::concurrent_attaches_create_one_function(&a, &b).await;
+}
+
 #[tokio::test]
 async fn concurrent_first_opens_migrate_once_and_a_newer_schema_is_refused() {
     let url = url();

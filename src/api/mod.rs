@@ -1,12 +1,23 @@
-//! The replica's HTTP server (axum): `/metrics`, `/healthz`, `/readyz`.
+//! The replica's HTTP server (axum): `/metrics`, `/healthz`, `/readyz`, and the JSON
+//! admin API under `/api/v1` (`docs/openapi.yaml`).
 //!
 //! `sluice process` starts it on `http.listen` (`SLUICE_HTTP`; empty disables it) before
 //! the processor joins the group, and stops it after the processor has stopped, so the
 //! last metrics of a draining replica stay scrapeable. The router is assembled from
-//! per-area routers ([`ops_routes`] today; the admin API will be merged beside it, e.g.
-//! nested under `/api/v1`) sharing one [`AppState`].
+//! per-area routers: [`ops_routes`] (state: [`AppState`]) and [`admin::routes`] (state:
+//! [`admin::Admin`]: config, sysdb, producer, token) nested under `/api/v1`.
+//!
+//! - `health.rs`: readiness as the processor reports it.
+//! - `admin.rs`: the admin endpoints; `ingest.rs`: `POST .../records` (parse, validate,
+//!   produce).
+//! - `auth.rs`: the bearer token of mutating requests (constant-time check).
+//! - `error.rs`: JSON errors with stable codes.
 
+pub mod admin;
+pub mod auth;
+pub mod error;
 pub mod health;
+mod ingest;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -23,6 +34,7 @@ use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use tracing::{info, warn};
 
+pub use admin::Admin;
 pub use health::Health;
 
 use crate::metrics::{self, Metrics};
@@ -30,11 +42,13 @@ use crate::metrics::{self, Metrics};
 /// How long a graceful stop waits for open connections.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 
-/// What every handler can reach.
+/// What the operations handlers can reach, and the admin API's state if it is served.
 #[derive(Debug, Clone)]
 pub struct AppState {
     pub metrics: Arc<Metrics>,
     pub health: Arc<Health>,
+    /// `None`: no `/api/v1` routes (tests of the operations endpoints).
+    pub admin: Option<Arc<Admin>>,
 }
 
 #[derive(Debug, Error)]
@@ -46,7 +60,12 @@ pub enum ApiError {
 
 /// The whole router.
 pub fn router(state: AppState) -> Router {
-    Router::new().merge(ops_routes()).with_state(state)
+    let admin = state.admin.clone();
+    let router = Router::new().merge(ops_routes()).with_state(state);
+    match admin {
+        Some(admin) => router.nest("/api/v1", admin::routes(admin)),
+        None => router,
+    }
 }
 
 /// Operations endpoints: scrape, liveness, readiness.
@@ -83,6 +102,11 @@ impl Server {
         let listener = tokio::net::TcpListener::bind(listen).await.map_err(bind_err)?;
         let addr = listener.local_addr().map_err(bind_err)?;
         let (stop, stopped) = oneshot::channel::<()>();
+        let admin = match &state.admin {
+            Some(a) if a.token_required() => "; admin API at /api/v1, bearer token required for changes",
+            Some(_) => "; admin API at /api/v1, NO token required for changes (http.admin_token unset)",
+            None => "",
+        };
         let app = router(state);
         let task = tokio::spawn(async move {
             axum::serve(listener, app)
@@ -91,7 +115,7 @@ impl Server {
                 })
                 .await
         });
-        info!(%addr, "HTTP server listening (/metrics, /healthz, /readyz)");
+        info!(%addr, "HTTP server listening (/metrics, /healthz, /readyz{admin})");
         Ok(Server { addr, stop, task })
     }
 
@@ -134,7 +158,7 @@ mod tests {
     #[tokio::test]
     async fn serves_metrics_health_and_readiness() {
         let health = Health::new();
-        let state = AppState { metrics: Metrics::new(), health: health.clone() };
+        let state = AppState { metrics: Metrics::new(), health: health.clone(), admin: None };
         let server = Server::start("127.0.0.1:0", state).await.unwrap();
         let addr = server.local_addr();
 
@@ -167,7 +191,7 @@ mod tests {
     async fn a_taken_address_is_a_bind_error() {
         let taken = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = taken.local_addr().unwrap().to_string();
-        let state = AppState { metrics: Metrics::new(), health: Health::new() };
+        let state = AppState { metrics: Metrics::new(), health: Health::new(), admin: None };
         let err = Server::start(&addr, state).await.err().expect("bind fails");
         assert!(err.to_string().contains("SLUICE_HTTP"), "{err}");
     }

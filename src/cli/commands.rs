@@ -287,7 +287,7 @@ pub fn config_show(config: &Config) -> Result<()> {
             "unknown_collections": format!("{:?}", c.processor.unknown_collections).to_lowercase(),
             "on_data_loss": format!("{:?}", c.processor.on_data_loss).to_lowercase(),
         },
-        "http": { "listen": c.http.listen },
+        "http": { "listen": c.http.listen, "admin_token": c.http.admin_token().map(|_| "***") },
         "librdkafka": redacted_librdkafka(&c.librdkafka),
     });
     println!("{}", serde_json::to_string_pretty(&v)?);
@@ -341,7 +341,8 @@ pub async fn process(config: Config, roles: Roles) -> Result<()> {
     let server = if config.http.listen.is_empty() {
         None
     } else {
-        let state = crate::api::AppState { metrics: metrics.clone(), health: health.clone() };
+        let admin = Arc::new(crate::api::Admin::new(config.clone(), sysdb.clone())?);
+        let state = crate::api::AppState { metrics: metrics.clone(), health: health.clone(), admin: Some(admin) };
         Some(crate::api::Server::start(&config.http.listen, state).await?)
     };
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);

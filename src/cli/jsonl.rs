@@ -12,6 +12,11 @@ use crate::record::{Encoding, LogRecord, MetaValue, Metadata, Operation, Record}
 /// Parse one input line into a log record (not yet validated against limits).
 pub fn parse_line(line: &str) -> Result<LogRecord, String> {
     let v: Value = serde_json::from_str(line).map_err(|e| format!("not valid JSON: {e}"))?;
+    parse_value(&v)
+}
+
+/// Parse one already-decoded input object (the admin API's `POST .../records` items).
+pub fn parse_value(v: &Value) -> Result<LogRecord, String> {
     let obj = v.as_object().ok_or("expected a JSON object")?;
     for k in obj.keys() {
         if !["collection", "id", "operation", "embedding", "metadata", "document"].contains(&k.as_str()) {

@@ -117,7 +117,7 @@ fn marker(name: &str, request: String) -> LogRecord {
 fn scenario(rng: &mut Rng) -> Scenario {
     let ids = 2 + rng.below(5);
     let len = 1 + rng.below(50);
-    let mut data: Vec<LogRecord> = (0..len)
+    let data: Vec<LogRecord> = (0..len)
         .map(|_| {
             let operation = match rng.below(11) {
                 0..=2 => Operation::Add,
@@ -152,14 +152,11 @@ fn scenario(rng: &mut Rng) -> Scenario {
     let mut log = Vec::new();
     let mut offset = -1;
     let mut markers = markers.into_iter().peekable();
-    for position in 0..=len {
-        while let Some((_, record)) = markers.next_if(|(p, _)| *p == position) {
+    for (position, record) in data.into_iter().map(Some).chain([None]).enumerate() {
+        let markers_here = std::iter::from_fn(|| markers.next_if(|(p, _)| *p == position).map(|(_, m)| m));
+        for record in markers_here.chain(record) {
             offset += 1 + rng.below(2) as i64;
             log.push((offset, record));
-        }
-        if position < len {
-            offset += 1 + rng.below(2) as i64;
-            log.push((offset, std::mem::replace(&mut data[position], LogRecord::data(COLLECTION, "", Operation::Add))));
         }
     }
     Scenario {
@@ -242,7 +239,11 @@ fn process_batch(store: &mut Store, batch: &[(i64, LogRecord)], protocol: Protoc
         }
         if let Some(o) = accepted {
             stats.changes_before_marker_in_its_batch += out.changes.iter().filter(|c| c.offset < o).count();
-            stats.empty_as_of_marker += usize::from(!store.records.values().any(|r| r.offset < o) && !out.changes.iter().any(|c| c.offset < o));
+            let mut live: BTreeMap<&str, bool> = store.records.keys().map(|id| (id.as_str(), true)).collect();
+            for c in out.changes.iter().filter(|c| c.offset < o) {
+                live.insert(&c.id, c.after.is_some());
+            }
+            stats.empty_as_of_marker += usize::from(!live.values().any(|&l| l));
         }
         for change in &out.changes {
             let (applies, capture) = match (f.status, f.marker) {

@@ -104,6 +104,15 @@ pub(crate) fn decode_metadata(text: Option<&str>) -> Result<Metadata, String> {
     Ok(out)
 }
 
+/// JSON text of a function's parameters (an object of strings).
+pub(crate) fn encode_params(params: &std::collections::BTreeMap<String, String>) -> String {
+    Value::Object(params.iter().map(|(k, v)| (k.clone(), Value::String(v.clone()))).collect()).to_string()
+}
+
+pub(crate) fn decode_params(text: &str) -> Result<std::collections::BTreeMap<String, String>, String> {
+    serde_json::from_str(text).map_err(|e| format!("stored parameters are not a JSON object of strings: {e}"))
+}
+
 /// A stored row back into a [`Record`]; a value that does not decode is a `Database`
 /// error naming the record (it can only come from a corrupted or foreign write).
 pub(crate) fn decode_record(
@@ -186,6 +195,14 @@ mod tests {
         assert!(decode_metadata(Some("{\"k\":[1]}")).is_err());
         assert!(decode_metadata(Some("nope")).is_err());
         assert!(decode_embedding(&[0, 0, 0]).is_err());
+    }
+
+    #[test]
+    fn params_round_trip() {
+        let p = std::collections::BTreeMap::from([("k".to_string(), "v \" ☃".to_string()), ("a".to_string(), String::new())]);
+        assert_eq!(decode_params(&encode_params(&p)).unwrap(), p);
+        assert_eq!(encode_params(&std::collections::BTreeMap::new()), "{}");
+        assert!(decode_params("{\"k\":1}").is_err());
     }
 
     #[test]

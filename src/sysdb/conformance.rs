@@ -14,6 +14,8 @@ use super::{BatchCommit, CollectionRow, CollectionUpdate, CommitReport, Sysdb, S
 use crate::positions::{IncompatibleDelta, PositionDelta};
 use crate::record::{MetaValue, Metadata, Record};
 
+pub mod functions;
+
 /// A name no other run uses.
 pub fn unique(prefix: &str) -> String {
     format!("{prefix}-{}", uuid::Uuid::new_v4().simple())
@@ -77,6 +79,7 @@ pub async fn run_all(db: &Sysdb) {
     get_records_returns_only_present_ids(db).await;
     metadata_round_trips_exactly(db).await;
     embeddings_round_trip_bit_exact(db).await;
+    functions::run_all(db).await;
 }
 
 pub async fn schema_is_migrated(db: &Sysdb) {

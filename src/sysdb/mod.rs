@@ -10,10 +10,17 @@
 //! transaction**, conditional on the partition's `next_offset` still being the batch's
 //! start (compare-and-set, [`crate::positions::PositionDelta`]). A replica that lost the
 //! partition fails the CAS and its batch is dropped whole.
+//!
+//! Attached functions (DESIGN.md section 5) live here too: the same transaction reads
+//! each function's status and applies markers, preimages and output deltas
+//! ([`FunctionBatch`]); [`Sysdb::backfill_step`] applies one backfill chunk per
+//! transaction. The rules both backends share are in `outputs.rs`; each backend's SQL
+//! and locking is in `sqlite/functions.rs` and `postgres/functions.rs`.
 
 mod codec;
 #[doc(hidden)]
 pub mod conformance;
+mod outputs;
 pub mod postgres;
 mod schema;
 pub mod sqlite;
@@ -334,8 +341,9 @@ impl Sysdb {
     }
 
     /// Detach: status `detached`, preimages deleted; with `drop_output` the output
-    /// collection (records, counters, tombstones, row) is deleted too. Returns the row as
-    /// it was before, `None` if unknown.
+    /// collection (records, counters, tombstones, row) is deleted too — unless another
+    /// non-detached function writes that output (re-attached since), then only this
+    /// function's counters go. Returns the row as it was before, `None` if unknown.
     pub async fn detach_function(&self, id: &str, drop_output: bool) -> Result<Option<FunctionRow>> {
         dispatch!(self, s => s.detach_function(id, drop_output).await)
     }

@@ -35,9 +35,11 @@ use tokio_postgres::NoTls;
 
 use super::codec::{decode_record, encode_embedding, encode_metadata};
 use super::schema;
-use super::{now_ms, redact_url, BatchCommit, CollectionRow, GapRow, ResetRow, Result, SysdbError};
+use super::{now_ms, redact_url, BatchCommit, CollectionRow, CommitReport, GapRow, ResetRow, Result, SysdbError};
 use crate::positions::{IncompatibleDelta, PositionDelta};
 use crate::record::Record;
+
+mod functions;
 
 const BACKEND: &str = "postgres";
 
@@ -229,7 +231,7 @@ async fn commit_once(
     client: &mut Object,
     batch: &BatchCommit,
     rows: &BatchRows<'_>,
-) -> std::result::Result<std::result::Result<(), IncompatibleDelta>, tokio_postgres::Error> {
+) -> std::result::Result<std::result::Result<CommitReport, IncompatibleDelta>, functions::TxError> {
     let (topic, partition) = (&batch.topic, &batch.delta.partition);
     let tx = client.transaction().await?;
     let stored: Option<i64> = tx.query_opt(&tx.prepare_cached(SELECT_FOR_UPDATE).await?, &[topic, partition]).await?.map(|r| r.get(0));
@@ -237,6 +239,9 @@ async fn commit_once(
         tx.rollback().await?;
         return Ok(Err(conflict));
     }
+    // The batch's attached functions, locked FOR SHARE before anything else is written
+    // (lock order: partition, functions, collections; see `postgres/functions.rs`).
+    let states = functions::lock_functions(&tx, batch).await?;
     let now = now_ms();
     if !rows.coll_ids.is_empty() {
         let stmt = tx.prepare_cached(UPSERT_COLLECTIONS).await?;
@@ -271,10 +276,11 @@ async fn commit_once(
         let stmt = tx.prepare_cached(DELETE_RECORDS).await?;
         tx.execute(&stmt, &[&rows.del_collections, &rows.del_ids]).await?;
     }
+    let report = functions::commit_functions(&tx, batch, states, now).await?;
     let stmt = tx.prepare_cached(UPDATE_POSITION).await?;
     tx.execute(&stmt, &[topic, partition, &batch.delta.to, &now]).await?;
     tx.commit().await?;
-    Ok(Ok(()))
+    Ok(Ok(report))
 }
 
 fn decode_collection(r: &tokio_postgres::Row) -> Result<CollectionRow> {
@@ -445,41 +451,15 @@ impl PostgresSysdb {
         rows.iter().map(decode_row).collect()
     }
 
-    // ---- attached functions (stubs until implemented) ----
-    pub async fn attach_function(&self, _new: &super::NewFunction) -> Result<super::AttachOutcome> {
-        Err(SysdbError::Config("attached functions are not implemented yet".into()))
-    }
-    pub async fn functions(&self, _collection: Option<&str>) -> Result<Vec<super::FunctionRow>> {
-        Ok(Vec::new())
-    }
-    pub async fn function(&self, _id: &str) -> Result<Option<super::FunctionRow>> {
-        Ok(None)
-    }
-    pub async fn detach_function(&self, _id: &str, _drop_output: bool) -> Result<Option<super::FunctionRow>> {
-        Ok(None)
-    }
-    pub async fn outbox_pending(&self, _limit: usize) -> Result<Vec<super::OutboxRow>> {
-        Ok(Vec::new())
-    }
-    pub async fn mark_outbox_sent(&self, _id: i64) -> Result<()> {
-        Ok(())
-    }
-    pub async fn backfill_step(&self, _function_id: &str, _expected_cursor: Option<&str>, _limit: usize, _f: &dyn crate::functions::Function) -> Result<super::StepResult> {
-        Ok(super::StepResult::NotBackfilling)
-    }
-    pub async fn preimage_count(&self, _function_id: &str) -> Result<i64> {
-        Ok(0)
-    }
-
-    pub async fn commit_batch(&self, batch: &BatchCommit) -> Result<super::CommitReport> {
+    pub async fn commit_batch(&self, batch: &BatchCommit) -> Result<CommitReport> {
         PositionDelta::new(batch.delta.partition, batch.delta.from, batch.delta.to).map_err(|e| invalid(e.to_string()))?;
         let rows = BatchRows::new(batch)?;
         let mut client = self.client().await?;
         let mut attempt = 1;
         loop {
             match commit_once(&mut client, batch, &rows).await {
-                Ok(outcome) => return outcome.map(|()| super::CommitReport::default()).map_err(SysdbError::from),
-                Err(e) if attempt == 1 && is_retry_once(&e) => {
+                Ok(outcome) => return outcome.map_err(SysdbError::from),
+                Err(functions::TxError::Pg(e)) if attempt == 1 && is_retry_once(&e) => {
                     tracing::debug!(error = %describe(&e), partition = batch.delta.partition, "sysdb commit retried once");
                     attempt += 1;
                 }

@@ -20,6 +20,23 @@
 //!   (see `codec.rs`).
 //! * `gaps(...)` — data-loss gaps skipped under `on_data_loss = "skip"`.
 //! * `offset_resets(...)` — the audit trail of operator overrides.
+//!
+//! Step 2, attached functions (DESIGN.md section 5):
+//! * `functions(id, collection_id, function, output_collection, params, status,
+//!   request_id, marker_offset, backfill_cursor, backfill_done, backfill_total, ...)` —
+//!   `params` is a JSON object of strings; a partial unique index allows at most one
+//!   non-`detached` function per (collection, output collection). `created_at_ms` is
+//!   the creation order: an attach stamps `max(now, latest + 1)`, so it never ties
+//!   with (or goes before) an earlier attach of the same database.
+//! * `outbox(id, function_id, collection_id, partition, request_id, created_at_ms,
+//!   sent_at_ms)` — BACKFILL_FN markers to publish; `sent_at_ms` NULL = pending.
+//! * `preimages(function_id, record_id, embedding, metadata, document, last_offset)` —
+//!   a backfilling function's copy of a record as of its marker, saved by the first
+//!   change after the marker (same encoding as `records`).
+//! * `function_counters(function_id, output_id, count)` — the counters behind
+//!   aggregate outputs (`OutputDelta::Count`).
+//! * `tombstones(collection_id, id, last_offset)` — versioned removals of map outputs
+//!   while a backfill runs (dropped when it finishes).
 
 use super::SysdbError;
 
@@ -34,10 +51,18 @@ pub(crate) struct Migration {
 /// SQLite steps. Ids compare with SQLite's default BINARY collation (byte order), the
 /// same order as Rust's `str` — `list_records` pages rely on it.
 ///
-/// `records`, `partitions`, `collections`, `meta` are `WITHOUT ROWID`: the primary key
-/// *is* the table's b-tree, so a lookup by (collection_id, id) is one b-tree search and
-/// no separate index has to be maintained on every upsert.
-pub(crate) const SQLITE: &[Migration] = &[Migration {
+/// `partitions`, `collections`, `meta` are `WITHOUT ROWID`: the primary key *is* the
+/// table's b-tree, so a lookup is one b-tree search and no separate index is maintained.
+/// `records` deliberately is **not**: a `WITHOUT ROWID` row is stored in an index b-tree,
+/// whose cells hold at most ~1/4 of a page, so every row with an embedding of 384 dims
+/// (1.5 KiB) or more spills into an overflow page. Measured (5,000-record upsert batch,
+/// release build): 384 dims took 137-154 ms and 134 MiB as `WITHOUT ROWID` on 4 KiB
+/// pages, 83-89 ms / 60 MiB as a rowid table, and 33-50 ms / 56 MiB as a rowid table on
+/// the 16 KiB pages `sqlite.rs` sets; 1536 dims (6 KiB) took 338-386 ms and 536 MiB as
+/// `WITHOUT ROWID` on 16 KiB pages against 141-199 ms / 236 MiB as a rowid table. The
+/// price is the implicit unique index on (collection_id, id): one more small b-tree.
+pub(crate) const SQLITE: &[Migration] = &[
+    Migration {
     version: 1,
     description: "positions, collections, records, gaps, offset resets",
     sql: r#"
@@ -71,7 +96,7 @@ CREATE TABLE records (
     document      TEXT    NULL,
     last_offset   INTEGER NOT NULL,
     PRIMARY KEY (collection_id, id)
-) WITHOUT ROWID;
+);
 
 CREATE TABLE gaps (
     id             INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -95,7 +120,66 @@ CREATE TABLE offset_resets (
 );
 CREATE INDEX offset_resets_by_topic ON offset_resets (topic, id);
 "#,
-}];
+    },
+    Migration {
+        version: 2,
+        description: "attached functions: functions, outbox, preimages, counters, tombstones",
+        sql: r#"
+CREATE TABLE functions (
+    id                TEXT    NOT NULL PRIMARY KEY,
+    collection_id     TEXT    NOT NULL,
+    function          TEXT    NOT NULL,
+    output_collection TEXT    NOT NULL,
+    params            TEXT    NOT NULL,
+    status            TEXT    NOT NULL CHECK (status IN ('awaiting_marker', 'backfilling', 'ready', 'detached')),
+    request_id        TEXT    NOT NULL,
+    marker_offset     INTEGER NULL,
+    backfill_cursor   TEXT    NULL,
+    backfill_done     INTEGER NOT NULL DEFAULT 0,
+    backfill_total    INTEGER NULL,
+    created_at_ms     INTEGER NOT NULL,
+    updated_at_ms     INTEGER NOT NULL
+) WITHOUT ROWID;
+CREATE UNIQUE INDEX functions_one_live_per_output ON functions (collection_id, output_collection) WHERE status <> 'detached';
+CREATE INDEX functions_by_collection ON functions (collection_id, created_at_ms);
+
+CREATE TABLE outbox (
+    id            INTEGER PRIMARY KEY AUTOINCREMENT,
+    function_id   TEXT    NOT NULL,
+    collection_id TEXT    NOT NULL,
+    partition     INTEGER NOT NULL,
+    request_id    TEXT    NOT NULL,
+    created_at_ms INTEGER NOT NULL,
+    sent_at_ms    INTEGER NULL
+);
+CREATE INDEX outbox_pending ON outbox (id) WHERE sent_at_ms IS NULL;
+
+CREATE TABLE preimages (
+    function_id TEXT    NOT NULL,
+    record_id   TEXT    NOT NULL,
+    embedding   BLOB    NULL,
+    metadata    TEXT    NULL,
+    document    TEXT    NULL,
+    last_offset INTEGER NOT NULL,
+    PRIMARY KEY (function_id, record_id)
+) WITHOUT ROWID;
+
+CREATE TABLE function_counters (
+    function_id TEXT    NOT NULL,
+    output_id   TEXT    NOT NULL,
+    count       INTEGER NOT NULL,
+    PRIMARY KEY (function_id, output_id)
+) WITHOUT ROWID;
+
+CREATE TABLE tombstones (
+    collection_id TEXT    NOT NULL,
+    id            TEXT    NOT NULL,
+    last_offset   INTEGER NOT NULL,
+    PRIMARY KEY (collection_id, id)
+) WITHOUT ROWID;
+"#,
+    },
+];
 
 /// PostgreSQL steps.
 ///
@@ -106,7 +190,8 @@ CREATE INDEX offset_resets_by_topic ON offset_resets (topic, id);
 ///   negative zero (-0.0 would read back as 0.0) — and we never query inside it.
 /// * `embedding` uses `STORAGE EXTERNAL`: packed floats do not compress, so large
 ///   embeddings are moved out of line without first trying pglz on them.
-pub(crate) const POSTGRES: &[Migration] = &[Migration {
+pub(crate) const POSTGRES: &[Migration] = &[
+    Migration {
     version: 1,
     description: "positions, collections, records, gaps, offset resets",
     sql: r#"
@@ -165,7 +250,67 @@ CREATE TABLE offset_resets (
 );
 CREATE INDEX offset_resets_by_topic ON offset_resets (topic, id);
 "#,
-}];
+    },
+    Migration {
+        version: 2,
+        description: "attached functions: functions, outbox, preimages, counters, tombstones",
+        sql: r#"
+CREATE TABLE functions (
+    id                TEXT COLLATE "C" NOT NULL PRIMARY KEY,
+    collection_id     TEXT COLLATE "C" NOT NULL,
+    function          TEXT    NOT NULL,
+    output_collection TEXT COLLATE "C" NOT NULL,
+    params            TEXT    NOT NULL,
+    status            TEXT    NOT NULL CHECK (status IN ('awaiting_marker', 'backfilling', 'ready', 'detached')),
+    request_id        TEXT    NOT NULL,
+    marker_offset     BIGINT  NULL,
+    backfill_cursor   TEXT COLLATE "C" NULL,
+    backfill_done     BIGINT  NOT NULL DEFAULT 0,
+    backfill_total    BIGINT  NULL,
+    created_at_ms     BIGINT  NOT NULL,
+    updated_at_ms     BIGINT  NOT NULL
+);
+CREATE UNIQUE INDEX functions_one_live_per_output ON functions (collection_id, output_collection) WHERE status <> 'detached';
+CREATE INDEX functions_by_collection ON functions (collection_id, created_at_ms);
+
+CREATE TABLE outbox (
+    id            BIGSERIAL PRIMARY KEY,
+    function_id   TEXT COLLATE "C" NOT NULL,
+    collection_id TEXT COLLATE "C" NOT NULL,
+    partition     INTEGER NOT NULL,
+    request_id    TEXT    NOT NULL,
+    created_at_ms BIGINT  NOT NULL,
+    sent_at_ms    BIGINT  NULL
+);
+CREATE INDEX outbox_pending ON outbox (id) WHERE sent_at_ms IS NULL;
+
+CREATE TABLE preimages (
+    function_id TEXT COLLATE "C" NOT NULL,
+    record_id   TEXT COLLATE "C" NOT NULL,
+    embedding   BYTEA  NULL,
+    metadata    TEXT   NULL,
+    document    TEXT   NULL,
+    last_offset BIGINT NOT NULL,
+    PRIMARY KEY (function_id, record_id)
+);
+ALTER TABLE preimages ALTER COLUMN embedding SET STORAGE EXTERNAL;
+
+CREATE TABLE function_counters (
+    function_id TEXT COLLATE "C" NOT NULL,
+    output_id   TEXT COLLATE "C" NOT NULL,
+    count       BIGINT NOT NULL,
+    PRIMARY KEY (function_id, output_id)
+);
+
+CREATE TABLE tombstones (
+    collection_id TEXT COLLATE "C" NOT NULL,
+    id            TEXT COLLATE "C" NOT NULL,
+    last_offset   BIGINT NOT NULL,
+    PRIMARY KEY (collection_id, id)
+);
+"#,
+    },
+];
 
 /// `CREATE TABLE` of the bookkeeping table, valid in both dialects.
 pub(crate) const CREATE_SCHEMA_MIGRATIONS: &str = "CREATE TABLE IF NOT EXISTS schema_migrations (

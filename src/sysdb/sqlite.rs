@@ -20,14 +20,19 @@ use rusqlite::{params, Connection, ErrorCode, OptionalExtension, TransactionBeha
 
 use super::codec::{decode_record, encode_metadata};
 use super::schema;
-use super::{now_ms, BatchCommit, CollectionRow, GapRow, ResetRow, Result, SysdbError};
+use super::{now_ms, BatchCommit, CollectionRow, CommitReport, GapRow, ResetRow, Result, SysdbError};
 use crate::positions::PositionDelta;
 use crate::record::Record;
+
+mod functions;
 
 const BACKEND: &str = "sqlite";
 
 /// How long a statement waits for another connection's lock before `SQLITE_BUSY`.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Page size of a new database file.
+const PAGE_SIZE: i64 = 16 * 1024;
 
 /// Page cache per connection (negative = KiB): a batch of a few thousand 1.5 KiB
 /// embeddings touches several MiB of b-tree pages; the 2 MiB default thrashes.
@@ -72,6 +77,10 @@ fn is_memory(path: &str) -> bool {
 
 fn configure(conn: &Connection, path: &str) -> Result<()> {
     conn.busy_timeout(BUSY_TIMEOUT)?;
+    // Takes effect only on a new, empty database (before WAL mode is set), else a no-op.
+    // 16 KiB pages keep a record with an embedding of up to ~4,000 dims in its table page
+    // instead of an overflow chain; see the measurements in `schema.rs`.
+    conn.pragma_update(None, "page_size", PAGE_SIZE)?;
     if !is_memory(path) {
         let mode: String = conn.pragma_update_and_check(None, "journal_mode", "WAL", |r| r.get(0))?;
         if !mode.eq_ignore_ascii_case("wal") {
@@ -141,7 +150,7 @@ fn validate_delta(delta: &PositionDelta) -> Result<()> {
         .map_err(|e| invalid(e.to_string()))
 }
 
-fn commit_batch_sync(conn: &mut Connection, batch: &BatchCommit) -> Result<()> {
+fn commit_batch_sync(conn: &mut Connection, batch: &BatchCommit) -> Result<CommitReport> {
     validate_delta(&batch.delta)?;
     // Dropping `tx` without commit rolls back, so every early return leaves the database
     // untouched.
@@ -186,9 +195,11 @@ fn commit_batch_sync(conn: &mut Connection, batch: &BatchCommit) -> Result<()> {
             }
         }
     }
+    // Attached functions: their status is read here, inside the write transaction.
+    let report = functions::commit_functions(&tx, batch, now)?;
     write_next_offset(&tx, &batch.topic, batch.delta.partition, batch.delta.to, now)?;
     tx.commit()?;
-    Ok(())
+    Ok(report)
 }
 
 type RawRecord = (String, Option<Vec<u8>>, Option<String>, Option<String>, i64);
@@ -398,33 +409,7 @@ impl SqliteSysdb {
         // The closure must own its data ('static, it runs on the blocking pool): the copy
         // is a memcpy of the batch, small next to the cost of writing it.
         let batch = batch.clone();
-        self.write(move |c| commit_batch_sync(c, &batch)).await.map(|()| super::CommitReport::default())
-    }
-
-    // ---- attached functions (stubs until implemented) ----
-    pub async fn attach_function(&self, _new: &super::NewFunction) -> Result<super::AttachOutcome> {
-        Err(SysdbError::Config("attached functions are not implemented yet".into()))
-    }
-    pub async fn functions(&self, _collection: Option<&str>) -> Result<Vec<super::FunctionRow>> {
-        Ok(Vec::new())
-    }
-    pub async fn function(&self, _id: &str) -> Result<Option<super::FunctionRow>> {
-        Ok(None)
-    }
-    pub async fn detach_function(&self, _id: &str, _drop_output: bool) -> Result<Option<super::FunctionRow>> {
-        Ok(None)
-    }
-    pub async fn outbox_pending(&self, _limit: usize) -> Result<Vec<super::OutboxRow>> {
-        Ok(Vec::new())
-    }
-    pub async fn mark_outbox_sent(&self, _id: i64) -> Result<()> {
-        Ok(())
-    }
-    pub async fn backfill_step(&self, _function_id: &str, _expected_cursor: Option<&str>, _limit: usize, _f: &dyn crate::functions::Function) -> Result<super::StepResult> {
-        Ok(super::StepResult::NotBackfilling)
-    }
-    pub async fn preimage_count(&self, _function_id: &str) -> Result<i64> {
-        Ok(0)
+        self.write(move |c| commit_batch_sync(c, &batch)).await
     }
 
     pub async fn record_gap(&self, topic: &str, partition: i32, from: i64, to: i64) -> Result<()> {
@@ -525,6 +510,7 @@ mod tests {
         conformance::reopen_is_idempotent(&db, &url).await;
         let other = Sysdb::open(&url).await.unwrap();
         conformance::concurrent_commits_from_two_handles(&db, &other).await;
+        conformance::functions::concurrent_attaches_create_one_function(&db, &other).await;
     }
 
     #[tokio::test]
@@ -538,6 +524,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let (db, _) = open_file(&dir).await;
         conformance::concurrent_commits_with_the_same_from(&db).await;
+        conformance::functions::backfill_races_live_commits(&db).await;
     }
 
     #[tokio::test]
@@ -565,15 +552,17 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let (db, _) = open_file(&dir).await;
         let Sysdb::Sqlite(s) = &db else { unreachable!() };
-        let (mode, sync, busy) = s
+        let (mode, sync, busy, page) = s
             .read(|c| {
                 let mode: String = c.query_row("PRAGMA journal_mode", [], |r| r.get(0))?;
                 let sync: i64 = c.query_row("PRAGMA synchronous", [], |r| r.get(0))?;
                 let busy: i64 = c.query_row("PRAGMA busy_timeout", [], |r| r.get(0))?;
-                Ok((mode, sync, busy))
+                let page: i64 = c.query_row("PRAGMA page_size", [], |r| r.get(0))?;
+                Ok((mode, sync, busy, page))
             })
             .await
             .unwrap();
+        assert_eq!(page, PAGE_SIZE);
         assert_eq!(mode, "wal");
         assert_eq!(sync, 1, "synchronous=NORMAL");
         assert_eq!(busy, 5000);

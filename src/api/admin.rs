@@ -1,0 +1,270 @@
+//! The JSON admin API under `/api/v1`, mirroring the CLI: collections (list, show, read
+//! records with paging), records in (`POST .../records`, see [`super::ingest`]),
+//! functions (attach, list, show, detach) and `offsets show`. `docs/openapi.yaml` is its
+//! reference.
+//!
+//! Reads are open; mutating requests need the bearer token when one is configured
+//! ([`super::auth`]). Errors are `{"error": CODE, "message": TEXT}` ([`super::error`]).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::rejection::{BytesRejection, PathRejection, QueryRejection};
+use axum::extract::{DefaultBodyLimit, Path, Query, State};
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::{middleware, Json, Router};
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use super::auth::{require_token, AdminToken};
+use super::error::{ErrorCode, HttpError};
+use super::ingest;
+use crate::backfill::attach::{attach, AttachError, FunctionView};
+use crate::cli::jsonl::record_to_json;
+use crate::config::Config;
+use crate::kafka::producer::Producer;
+use crate::kafka::KafkaError;
+use crate::processor::client_settings;
+use crate::sysdb::{CollectionRow, FunctionRow, Sysdb, SysdbError};
+
+/// Largest request body (413 `payload_too_large` above).
+pub const MAX_BODY_BYTES: usize = 16 << 20;
+/// Page size of `GET .../records` without `limit`.
+pub const DEFAULT_PAGE: usize = 100;
+/// Largest `limit` of `GET .../records`.
+pub const MAX_PAGE: usize = 1000;
+/// How long a produce (records, an attach's marker) may wait for the broker before the
+/// request fails with 503 (an attach's marker is then republished by the outbox relay).
+const DELIVERY_TIMEOUT_MS: &str = "15000";
+
+/// What the admin handlers share.
+pub struct Admin {
+    config: Config,
+    sysdb: Arc<Sysdb>,
+    producer: Producer,
+    token: AdminToken,
+}
+
+impl std::fmt::Debug for Admin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Admin").field("sysdb", &self.sysdb.backend()).field("token", &self.token).finish_non_exhaustive()
+    }
+}
+
+impl Admin {
+    /// The token is `config.http.admin_token` (already overridden by `SLUICE_ADMIN_TOKEN`).
+    /// Creating the producer does not contact the broker.
+    pub fn new(config: Config, sysdb: Arc<Sysdb>) -> Result<Admin, KafkaError> {
+        let producer = Producer::new(&client_settings(&config), &[("message.timeout.ms", DELIVERY_TIMEOUT_MS)])?;
+        let token = AdminToken::new(config.http.admin_token());
+        Ok(Admin { config, sysdb, producer, token })
+    }
+
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    pub fn sysdb(&self) -> &Sysdb {
+        &self.sysdb
+    }
+
+    pub fn producer(&self) -> &Producer {
+        &self.producer
+    }
+
+    pub fn token_required(&self) -> bool {
+        self.token.is_required()
+    }
+}
+
+/// The `/api/v1` router (to be nested there).
+pub fn routes(admin: Arc<Admin>) -> Router {
+    let token = admin.token;
+    Router::new()
+        .route("/collections", get(list_collections))
+        .route("/collections/{id}", get(show_collection))
+        .route("/collections/{id}/records", get(list_records).post(ingest::post_records))
+        .route("/functions", get(list_functions).post(attach_function))
+        .route("/functions/{id}", get(show_function).delete(detach_function))
+        .route("/offsets", get(offsets))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(middleware::from_fn_with_state(token, require_token))
+        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .with_state(admin)
+}
+
+async fn not_found() -> HttpError {
+    HttpError::new(ErrorCode::NotFound, "no such endpoint (see docs/openapi.yaml)")
+}
+
+async fn method_not_allowed() -> HttpError {
+    HttpError::new(ErrorCode::MethodNotAllowed, "this endpoint does not take this method (see docs/openapi.yaml)")
+}
+
+fn collection_json(r: &CollectionRow) -> Value {
+    json!({"id": r.id, "partition": r.partition, "log_position": r.log_position, "records": r.record_count, "dimension": r.dimension})
+}
+
+/// A function in full: the `functions list` view plus its parameters and times.
+fn function_json(r: &FunctionRow) -> Value {
+    let mut v = json!(FunctionView::from(r));
+    v["params"] = json!(r.params);
+    v["created_at_ms"] = json!(r.created_at_ms);
+    v["updated_at_ms"] = json!(r.updated_at_ms);
+    v
+}
+
+async fn list_collections(State(admin): State<Arc<Admin>>) -> Result<Json<Value>, HttpError> {
+    let rows = admin.sysdb.collections().await?;
+    Ok(Json(json!({"collections": rows.iter().map(collection_json).collect::<Vec<_>>()})))
+}
+
+async fn show_collection(State(admin): State<Arc<Admin>>, path: Result<Path<String>, PathRejection>) -> Result<Json<Value>, HttpError> {
+    let Path(id) = path?;
+    let row = admin.sysdb.collection(&id).await?.ok_or_else(|| HttpError::unknown_collection(&id))?;
+    let functions = admin.sysdb.functions(Some(&id)).await?;
+    let mut v = collection_json(&row);
+    v["functions"] = json!(functions.iter().map(function_json).collect::<Vec<_>>());
+    Ok(Json(v))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RecordsQuery {
+    /// Exclusive cursor: the `next` of the previous page.
+    after: Option<String>,
+    limit: Option<usize>,
+}
+
+async fn list_records(
+    State(admin): State<Arc<Admin>>,
+    path: Result<Path<String>, PathRejection>,
+    query: Result<Query<RecordsQuery>, QueryRejection>,
+) -> Result<Json<Value>, HttpError> {
+    let Path(id) = path?;
+    let Query(q) = query?;
+    let limit = q.limit.unwrap_or(DEFAULT_PAGE);
+    if !(1..=MAX_PAGE).contains(&limit) {
+        return Err(HttpError::bad_request(format!("limit must be between 1 and {MAX_PAGE}")));
+    }
+    if admin.sysdb.collection(&id).await?.is_none() {
+        return Err(HttpError::unknown_collection(&id));
+    }
+    // One more than asked says whether another page exists.
+    let mut page = admin.sysdb.list_records(&id, q.after.as_deref(), limit + 1).await?;
+    let next = if page.len() > limit {
+        page.truncate(limit);
+        page.last().map(|r| r.id.clone())
+    } else {
+        None
+    };
+    let records: Vec<Value> = page
+        .iter()
+        .map(|r| {
+            let mut v = record_to_json(r);
+            v["offset"] = json!(r.offset);
+            v
+        })
+        .collect();
+    Ok(Json(json!({"collection": id, "records": records, "next": next})))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FunctionsQuery {
+    collection: Option<String>,
+}
+
+async fn list_functions(State(admin): State<Arc<Admin>>, query: Result<Query<FunctionsQuery>, QueryRejection>) -> Result<Json<Value>, HttpError> {
+    let Query(q) = query?;
+    let rows = admin.sysdb.functions(q.collection.as_deref()).await?;
+    Ok(Json(json!({"functions": rows.iter().map(function_json).collect::<Vec<_>>()})))
+}
+
+async fn show_function(State(admin): State<Arc<Admin>>, path: Result<Path<String>, PathRejection>) -> Result<Json<Value>, HttpError> {
+    let Path(id) = path?;
+    let row = admin.sysdb.function(&id).await?.ok_or_else(|| HttpError::unknown_function(&id))?;
+    Ok(Json(function_json(&row)))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AttachRequest {
+    collection: String,
+    function: String,
+    output: String,
+    /// Values may be strings, numbers or booleans (passed to the function as text).
+    #[serde(default)]
+    params: BTreeMap<String, Value>,
+}
+
+fn param_text(key: &str, v: Value) -> Result<String, HttpError> {
+    match v {
+        Value::String(s) => Ok(s),
+        Value::Number(n) => Ok(n.to_string()),
+        Value::Bool(b) => Ok(b.to_string()),
+        _ => Err(HttpError::bad_request(format!("params.{key} must be a string, a number or a boolean"))),
+    }
+}
+
+impl From<AttachError> for HttpError {
+    fn from(e: AttachError) -> Self {
+        match e {
+            AttachError::Sysdb(e) => e.into(),
+            AttachError::Function(_) | AttachError::Invalid(_) => HttpError::bad_request(e.to_string()),
+            AttachError::NotInitialised(_) => HttpError::new(ErrorCode::Unavailable, e.to_string()),
+        }
+    }
+}
+
+/// 201 with the new function (its marker `published`, or `pending` for the outbox relay),
+/// or 200 when the same (collection, output) is attached already (`existing`).
+async fn attach_function(State(admin): State<Arc<Admin>>, body: Result<Bytes, BytesRejection>) -> Result<Response, HttpError> {
+    let body = body?;
+    let req: AttachRequest = serde_json::from_slice(&body).map_err(|e| HttpError::from_json(&e))?;
+    let params = req.params.into_iter().map(|(k, v)| Ok((k.clone(), param_text(&k, v)?))).collect::<Result<BTreeMap<_, _>, HttpError>>()?;
+    let attached = attach(&admin.config, &admin.sysdb, &admin.producer, &req.collection, &req.function, &req.output, params).await?;
+    let status = if attached.marker == "existing" { StatusCode::OK } else { StatusCode::CREATED };
+    let location = format!("/api/v1/functions/{}", attached.function_id);
+    Ok((status, [(header::LOCATION, location)], Json(json!(attached))).into_response())
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DetachQuery {
+    #[serde(default)]
+    drop_output: bool,
+}
+
+async fn detach_function(
+    State(admin): State<Arc<Admin>>,
+    path: Result<Path<String>, PathRejection>,
+    query: Result<Query<DetachQuery>, QueryRejection>,
+) -> Result<Json<Value>, HttpError> {
+    let Path(id) = path?;
+    let Query(q) = query?;
+    let before = admin.sysdb.detach_function(&id, q.drop_output).await?.ok_or_else(|| HttpError::unknown_function(&id))?;
+    Ok(Json(json!({"detached": function_json(&before), "output_dropped": q.drop_output})))
+}
+
+/// `offsets show`: sysdb position, group offset and high watermark per partition.
+async fn offsets(State(admin): State<Arc<Admin>>) -> Result<Json<Value>, HttpError> {
+    let rows = crate::cli::commands::offset_rows(&admin.config, &admin.sysdb).await.map_err(|e| {
+        if let Some(e) = e.downcast_ref::<KafkaError>() {
+            HttpError::from_kafka(e)
+        } else if let Some(SysdbError::Unavailable { .. }) = e.downcast_ref::<SysdbError>() {
+            HttpError::new(ErrorCode::Unavailable, format!("{e:#}"))
+        } else {
+            HttpError::new(ErrorCode::Internal, format!("{e:#}"))
+        }
+    })?;
+    Ok(Json(json!({"topic": admin.config.kafka.log_topic(), "partitions": rows})))
+}
+
+#[cfg(test)]
+#[path = "admin_tests.rs"]
+mod tests;

@@ -1,0 +1,526 @@
+//! Attached functions on PostgreSQL (DESIGN.md section 5; the rules are in `outputs.rs`,
+//! shared with SQLite).
+//!
+//! **Locking.** The function row is the lock that orders a batch commit against a
+//! backfill step of the same function (`READ COMMITTED` throughout):
+//! * `commit_batch` reads its functions with `SELECT … ORDER BY id FOR SHARE` right after
+//!   the partition CAS (the partition lock already orders batches among themselves;
+//!   sorted ids keep the lock order fixed);
+//! * `backfill_step` starts with `SELECT … FOR UPDATE` on its function;
+//! * `detach_function` takes the row with `FOR UPDATE` too.
+//!
+//! So a step never runs between a batch's status read and its commit, and a batch that
+//! waited for a step (or a detach) reads the status that step left (READ COMMITTED
+//! re-reads the latest committed row version after the wait). Every other statement
+//! comes after the function lock in both paths, so the two cannot deadlock.
+//!
+//! **One snapshot per chunk.** The chunk is one statement: current rows and preimages in
+//! a `UNION ALL` of two index-ordered, individually limited branches, merged by id
+//! (`COLLATE "C"`, byte order, the same as SQLite and Rust).
+//!
+//! **Round trips.** A plan is applied with a few `UNNEST` statements whatever its size:
+//! counters (one upsert `RETURNING` the new counts), count records (one upsert), zeros
+//! (one delete), map puts (one statement, version and tombstone checks inside), map
+//! removes (one statement), then the output collection row. Preimages of the whole batch
+//! are one insert. Record-count deltas come from comparing what a statement wrote with
+//! the statement's own snapshot (a data-modifying CTE's siblings see the table as it was
+//! before the statement).
+
+use std::collections::{HashMap, HashSet};
+
+use deadpool_postgres::Transaction;
+use tokio_postgres::Row;
+
+use super::{decode_row, invalid, PostgresSysdb, BACKEND};
+use crate::functions::{Function, FunctionStatus};
+use crate::record::Record;
+use crate::sysdb::codec::{encode_embedding, encode_metadata, encode_params};
+use crate::sysdb::outputs::{self, FunctionState, MapWrite, OutputPlan, RawFunction, FUNCTION_COLUMNS};
+use crate::sysdb::{now_ms, AttachOutcome, BatchCommit, CommitReport, FunctionRow, NewFunction, OutboxRow, Result, StepResult, SysdbError};
+
+/// An error inside a transaction: the database's (kept whole, so that the caller can tell
+/// a deadlock or serialization failure and retry) or ours.
+#[derive(Debug)]
+pub(super) enum TxError {
+    Pg(tokio_postgres::Error),
+    Sysdb(SysdbError),
+}
+
+impl From<tokio_postgres::Error> for TxError {
+    fn from(e: tokio_postgres::Error) -> Self {
+        TxError::Pg(e)
+    }
+}
+
+impl From<SysdbError> for TxError {
+    fn from(e: SysdbError) -> Self {
+        TxError::Sysdb(e)
+    }
+}
+
+impl From<TxError> for SysdbError {
+    fn from(e: TxError) -> Self {
+        match e {
+            TxError::Pg(e) => e.into(),
+            TxError::Sysdb(e) => e,
+        }
+    }
+}
+
+fn raw_function(r: &Row) -> RawFunction {
+    RawFunction {
+        id: r.get(0),
+        collection_id: r.get(1),
+        function: r.get(2),
+        output_collection: r.get(3),
+        params: r.get(4),
+        status: r.get(5),
+        request_id: r.get(6),
+        marker_offset: r.get(7),
+        backfill_cursor: r.get(8),
+        backfill_done: r.get(9),
+        backfill_total: r.get(10),
+        created_at_ms: r.get(11),
+        updated_at_ms: r.get(12),
+    }
+}
+
+fn outbox_row(r: &Row) -> OutboxRow {
+    OutboxRow { id: r.get(0), function_id: r.get(1), collection_id: r.get(2), partition: r.get(3), request_id: r.get(4), created_at_ms: r.get(5) }
+}
+
+const LOCK_FUNCTIONS: &str =
+    "SELECT id, status, request_id, marker_offset, output_collection FROM functions WHERE id = ANY($1::text[]) ORDER BY id FOR SHARE";
+const START_BACKFILL: &str = "UPDATE functions SET status = 'backfilling', marker_offset = $2, updated_at_ms = $3 WHERE id = $1";
+const INSERT_PREIMAGES: &str = "INSERT INTO preimages (function_id, record_id, embedding, metadata, document, last_offset)
+     SELECT * FROM UNNEST($1::text[], $2::text[], $3::bytea[], $4::text[], $5::text[], $6::int8[])
+     ON CONFLICT (function_id, record_id) DO NOTHING";
+const ADD_COUNTERS: &str = "INSERT INTO function_counters AS fc (function_id, output_id, count)
+     SELECT $1, u.output_id, u.delta FROM UNNEST($2::text[], $3::int8[]) AS u(output_id, delta)
+     ON CONFLICT (function_id, output_id) DO UPDATE SET count = fc.count + EXCLUDED.count
+     RETURNING fc.output_id, fc.count";
+/// Upsert count records; returns how many were new.
+const UPSERT_COUNT_RECORDS: &str = "WITH up AS (
+         INSERT INTO records AS r (collection_id, id, embedding, metadata, document, last_offset)
+         SELECT $1, u.id, NULL, u.metadata, NULL, u.last_offset FROM UNNEST($2::text[], $3::text[], $4::int8[]) AS u(id, metadata, last_offset)
+         ON CONFLICT (collection_id, id) DO UPDATE SET
+             embedding = NULL, metadata = EXCLUDED.metadata, document = NULL,
+             last_offset = GREATEST(r.last_offset, EXCLUDED.last_offset)
+         RETURNING 1
+     )
+     SELECT (SELECT count(*) FROM up) - (SELECT count(*) FROM records WHERE collection_id = $1 AND id = ANY($2::text[]))";
+/// Counters at zero that remove their record; returns how many records went.
+const DROP_ZERO_COUNTS: &str = "WITH c AS (
+         DELETE FROM function_counters WHERE function_id = $1 AND output_id = ANY($3::text[]) AND count = 0
+     ), d AS (
+         DELETE FROM records WHERE collection_id = $2 AND id = ANY($3::text[]) RETURNING 1
+     )
+     SELECT count(*) FROM d";
+/// Map puts (`$7` = versioned: only if newer than the stored record and the id's
+/// tombstone, which an applied put clears). Returns each applied id and whether it
+/// existed before.
+const PUT_MAPS: &str = "WITH u AS (
+         SELECT * FROM UNNEST($2::text[], $3::bytea[], $4::text[], $5::text[], $6::int8[]) AS u(id, embedding, metadata, document, last_offset)
+     ), ok AS (
+         SELECT u.* FROM u
+         WHERE NOT $7::bool
+            OR NOT EXISTS (SELECT 1 FROM tombstones t WHERE t.collection_id = $1 AND t.id = u.id AND t.last_offset >= u.last_offset)
+     ), up AS (
+         INSERT INTO records AS r (collection_id, id, embedding, metadata, document, last_offset)
+         SELECT $1, ok.id, ok.embedding, ok.metadata, ok.document, ok.last_offset FROM ok
+         ON CONFLICT (collection_id, id) DO UPDATE SET
+             embedding = EXCLUDED.embedding, metadata = EXCLUDED.metadata,
+             document = EXCLUDED.document, last_offset = EXCLUDED.last_offset
+         WHERE NOT $7::bool OR r.last_offset < EXCLUDED.last_offset
+         RETURNING r.id
+     ), cleared AS (
+         DELETE FROM tombstones t USING up WHERE $7::bool AND t.collection_id = $1 AND t.id = up.id
+     )
+     SELECT up.id, EXISTS (SELECT 1 FROM records x WHERE x.collection_id = $1 AND x.id = up.id) FROM up";
+/// Map removes (`$4` = versioned: only if newer than the stored record and tombstone,
+/// leaving a tombstone). Returns how many records went.
+const REMOVE_MAPS: &str = "WITH u AS (
+         SELECT * FROM UNNEST($2::text[], $3::int8[]) AS u(id, last_offset)
+     ), ok AS (
+         SELECT u.* FROM u
+         WHERE NOT $4::bool OR (
+                 NOT EXISTS (SELECT 1 FROM records r WHERE r.collection_id = $1 AND r.id = u.id AND r.last_offset >= u.last_offset)
+             AND NOT EXISTS (SELECT 1 FROM tombstones t WHERE t.collection_id = $1 AND t.id = u.id AND t.last_offset >= u.last_offset))
+     ), del AS (
+         DELETE FROM records r USING ok WHERE r.collection_id = $1 AND r.id = ok.id RETURNING 1
+     ), tomb AS (
+         INSERT INTO tombstones AS t (collection_id, id, last_offset)
+         SELECT $1, ok.id, ok.last_offset FROM ok WHERE $4::bool
+         ON CONFLICT (collection_id, id) DO UPDATE SET last_offset = GREATEST(t.last_offset, EXCLUDED.last_offset)
+     )
+     SELECT count(*) FROM del";
+const UPSERT_OUTPUT_COLLECTION: &str = "INSERT INTO collections AS c (id, partition, dimension, log_position, record_count, created_at_ms)
+     VALUES ($1, $2, $3, -1, $4, $5)
+     ON CONFLICT (id) DO UPDATE SET
+         dimension = COALESCE(c.dimension, EXCLUDED.dimension),
+         record_count = c.record_count + EXCLUDED.record_count";
+
+/// Lock (`FOR SHARE`) and read the batch's functions. Called right after the CAS.
+pub(super) async fn lock_functions(tx: &Transaction<'_>, batch: &BatchCommit) -> Result<HashMap<String, Option<FunctionState>>, TxError> {
+    let mut states: HashMap<String, Option<FunctionState>> = batch.functions.iter().map(|f| (f.function_id.clone(), None)).collect();
+    if states.is_empty() {
+        return Ok(states);
+    }
+    let ids: Vec<&str> = states.keys().map(String::as_str).collect();
+    let rows = tx.query(&tx.prepare_cached(LOCK_FUNCTIONS).await?, &[&ids]).await?;
+    for r in rows {
+        let id: String = r.get(0);
+        let status: String = r.get(1);
+        let status = FunctionStatus::parse(&status).ok_or_else(|| invalid(format!("function {id:?}: unknown status {status:?}")))?;
+        let state = FunctionState { status, request_id: r.get(2), marker_offset: r.get(3), output_collection: r.get(4) };
+        states.insert(id, Some(state));
+    }
+    Ok(states)
+}
+
+/// The function batches of a commit, inside its transaction (after the record writes):
+/// status transitions, preimages, output writes.
+pub(super) async fn commit_functions(
+    tx: &Transaction<'_>,
+    batch: &BatchCommit,
+    mut states: HashMap<String, Option<FunctionState>>,
+    now: i64,
+) -> Result<CommitReport, TxError> {
+    if batch.functions.is_empty() {
+        return Ok(CommitReport::default());
+    }
+    let decisions = outputs::decide_all(&mut states, &batch.functions);
+    for d in decisions.iter().filter(|d| d.accepted_marker.is_some()) {
+        tx.execute(&tx.prepare_cached(START_BACKFILL).await?, &[&d.function_id, &d.accepted_marker, &now]).await?;
+    }
+    let mut pre = (Vec::<&str>::new(), Vec::<&str>::new(), Vec::<Option<Vec<u8>>>::new(), Vec::<Option<String>>::new(), Vec::<Option<&str>>::new(), Vec::<i64>::new());
+    let mut seen = HashSet::new();
+    for d in &decisions {
+        for (id, r) in &d.preimages {
+            if seen.insert((d.function_id, *id)) {
+                pre.0.push(d.function_id);
+                pre.1.push(id);
+                pre.2.push(r.embedding.as_deref().map(encode_embedding));
+                pre.3.push(encode_metadata(&r.metadata));
+                pre.4.push(r.document.as_deref());
+                pre.5.push(r.offset);
+            }
+        }
+    }
+    if !pre.0.is_empty() {
+        tx.execute(&tx.prepare_cached(INSERT_PREIMAGES).await?, &[&pre.0, &pre.1, &pre.2, &pre.3, &pre.4, &pre.5]).await?;
+    }
+    for d in decisions.iter().filter(|d| !d.plan.is_empty()) {
+        apply_plan(tx, d.function_id, &d.output_collection, batch.delta.partition, &d.plan).await?;
+    }
+    Ok(outputs::report(&decisions))
+}
+
+/// Write a plan into the output collection (semantics: `outputs.rs`). `partition`
+/// registers the output collection if its row is missing.
+async fn apply_plan(tx: &Transaction<'_>, function_id: &str, output: &str, partition: i32, plan: &OutputPlan) -> Result<(), TxError> {
+    let mut count_delta = 0i64;
+    let mut dimension: Option<i32> = None;
+    if !plan.counts.is_empty() {
+        let ids: Vec<&str> = plan.counts.iter().map(|c| c.output_id.as_str()).collect();
+        let deltas: Vec<i64> = plan.counts.iter().map(|c| c.delta).collect();
+        let rows = tx.query(&tx.prepare_cached(ADD_COUNTERS).await?, &[&function_id, &ids, &deltas]).await?;
+        let counts: HashMap<String, i64> = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
+        let (mut up_ids, mut up_meta, mut up_offsets, mut zeros) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        for c in &plan.counts {
+            let count = *counts.get(&c.output_id).ok_or_else(|| invalid(format!("counter {:?} not returned by its upsert", c.output_id)))?;
+            if c.removes_at(count) {
+                zeros.push(c.output_id.as_str());
+            } else {
+                up_ids.push(c.output_id.as_str());
+                up_meta.push(encode_metadata(&c.metadata(count)));
+                up_offsets.push(c.offset);
+            }
+        }
+        if !up_ids.is_empty() {
+            let inserted: i64 = tx.query_one(&tx.prepare_cached(UPSERT_COUNT_RECORDS).await?, &[&output, &up_ids, &up_meta, &up_offsets]).await?.get(0);
+            count_delta += inserted;
+        }
+        if !zeros.is_empty() {
+            let removed: i64 = tx.query_one(&tx.prepare_cached(DROP_ZERO_COUNTS).await?, &[&function_id, &output, &zeros]).await?.get(0);
+            count_delta -= removed;
+        }
+    }
+    let puts: Vec<&Record> = plan.maps.iter().filter_map(|w| if let MapWrite::Put(r) = w { Some(r) } else { None }).collect();
+    if !puts.is_empty() {
+        let ids: Vec<&str> = puts.iter().map(|r| r.id.as_str()).collect();
+        let embeddings: Vec<Option<Vec<u8>>> = puts.iter().map(|r| r.embedding.as_deref().map(encode_embedding)).collect();
+        let metadata: Vec<Option<String>> = puts.iter().map(|r| encode_metadata(&r.metadata)).collect();
+        let documents: Vec<Option<&str>> = puts.iter().map(|r| r.document.as_deref()).collect();
+        let offsets: Vec<i64> = puts.iter().map(|r| r.offset).collect();
+        let rows = tx
+            .query(&tx.prepare_cached(PUT_MAPS).await?, &[&output, &ids, &embeddings, &metadata, &documents, &offsets, &plan.versioned])
+            .await?;
+        let mut applied = HashSet::with_capacity(rows.len());
+        for r in &rows {
+            let id: String = r.get(0);
+            let existed: bool = r.get(1);
+            if !existed {
+                count_delta += 1;
+            }
+            applied.insert(id);
+        }
+        // The first applied put (in plan order) with an embedding fixes a new dimension.
+        if let Some(e) = puts.iter().filter(|r| applied.contains(&r.id)).find_map(|r| r.embedding.as_ref()) {
+            dimension = Some(i32::try_from(e.len()).map_err(|_| invalid(format!("output embedding of {} dimensions", e.len())))?);
+        }
+    }
+    let removes: Vec<(&str, i64)> =
+        plan.maps.iter().filter_map(|w| if let MapWrite::Remove { id, offset } = w { Some((id.as_str(), *offset)) } else { None }).collect();
+    if !removes.is_empty() {
+        let ids: Vec<&str> = removes.iter().map(|r| r.0).collect();
+        let offsets: Vec<i64> = removes.iter().map(|r| r.1).collect();
+        let removed: i64 = tx.query_one(&tx.prepare_cached(REMOVE_MAPS).await?, &[&output, &ids, &offsets, &plan.versioned]).await?.get(0);
+        count_delta -= removed;
+    }
+    if count_delta != 0 || dimension.is_some() {
+        tx.execute(&tx.prepare_cached(UPSERT_OUTPUT_COLLECTION).await?, &[&output, &partition, &dimension, &count_delta, &now_ms()]).await?;
+    }
+    Ok(())
+}
+
+/// The chunk, one statement: each branch walks its primary key in id order from the
+/// cursor and stops at `$4` rows; the merge keeps the first `$4` ids overall.
+const CHUNK_FIRST: &str = "(SELECT r.id, r.embedding, r.metadata, r.document, r.last_offset FROM records r
+         WHERE r.collection_id = $1 AND r.last_offset < $2
+           AND NOT EXISTS (SELECT 1 FROM preimages p WHERE p.function_id = $3 AND p.record_id = r.id)
+         ORDER BY r.id COLLATE \"C\" LIMIT $4)
+     UNION ALL
+     (SELECT p.record_id, p.embedding, p.metadata, p.document, p.last_offset FROM preimages p
+         WHERE p.function_id = $3
+         ORDER BY p.record_id COLLATE \"C\" LIMIT $4)
+     ORDER BY 1 LIMIT $4";
+const CHUNK_AFTER: &str = "(SELECT r.id, r.embedding, r.metadata, r.document, r.last_offset FROM records r
+         WHERE r.collection_id = $1 AND r.last_offset < $2 AND r.id COLLATE \"C\" > $5
+           AND NOT EXISTS (SELECT 1 FROM preimages p WHERE p.function_id = $3 AND p.record_id = r.id)
+         ORDER BY r.id COLLATE \"C\" LIMIT $4)
+     UNION ALL
+     (SELECT p.record_id, p.embedding, p.metadata, p.document, p.last_offset FROM preimages p
+         WHERE p.function_id = $3 AND p.record_id COLLATE \"C\" > $5
+         ORDER BY p.record_id COLLATE \"C\" LIMIT $4)
+     ORDER BY 1 LIMIT $4";
+const AS_OF_SIZE: &str = "SELECT
+     (SELECT count(*) FROM records r WHERE r.collection_id = $1 AND r.last_offset < $2
+        AND NOT EXISTS (SELECT 1 FROM preimages p WHERE p.function_id = $3 AND p.record_id = r.id))
+   + (SELECT count(*) FROM preimages WHERE function_id = $3)";
+
+async fn backfill_once(client: &mut deadpool_postgres::Object, function_id: &str, expected: Option<&str>, limit: usize, f: &dyn Function) -> Result<StepResult, TxError> {
+    let limit = limit.max(1);
+    let tx = client.transaction().await?;
+    let stmt = tx
+        .prepare_cached(&format!(
+            "SELECT {FUNCTION_COLUMNS}, (SELECT c.partition FROM collections c WHERE c.id = functions.collection_id) FROM functions WHERE id = $1 FOR UPDATE"
+        ))
+        .await?;
+    let Some(r) = tx.query_opt(&stmt, &[&function_id]).await? else { return Ok(StepResult::NotBackfilling) };
+    let partition: Option<i32> = r.get(13);
+    let row = raw_function(&r).decode(BACKEND)?;
+    if row.status != FunctionStatus::Backfilling {
+        return Ok(StepResult::NotBackfilling);
+    }
+    if row.backfill_cursor.as_deref() != expected {
+        return Ok(StepResult::CursorMoved { cursor: row.backfill_cursor });
+    }
+    let marker = row.marker_offset.ok_or_else(|| invalid(format!("function {function_id:?} is backfilling without a marker offset")))?;
+    if row.backfill_total.is_none() {
+        let total: i64 = tx.query_one(&tx.prepare_cached(AS_OF_SIZE).await?, &[&row.collection_id, &marker, &function_id]).await?.get(0);
+        tx.execute("UPDATE functions SET backfill_total = $2 WHERE id = $1", &[&function_id, &total]).await?;
+    }
+    let limit_sql = i64::try_from(limit).unwrap_or(i64::MAX);
+    let rows = match &row.backfill_cursor {
+        None => tx.query(&tx.prepare_cached(CHUNK_FIRST).await?, &[&row.collection_id, &marker, &function_id, &limit_sql]).await?,
+        Some(after) => tx.query(&tx.prepare_cached(CHUNK_AFTER).await?, &[&row.collection_id, &marker, &function_id, &limit_sql, after]).await?,
+    };
+    let records: Vec<Record> = rows.iter().map(decode_row).collect::<Result<_>>()?;
+    let plan = outputs::backfill_plan(&records, f);
+    if !plan.is_empty() {
+        // Records exist, so the input collection has a row; 0 is never used in practice.
+        apply_plan(&tx, function_id, &row.output_collection, partition.unwrap_or(0), &plan).await?;
+    }
+    let processed = records.len();
+    let cursor = records.last().map(|r| r.id.clone()).or(row.backfill_cursor);
+    let finished = processed < limit;
+    tx.execute(
+        &tx.prepare_cached(
+            "UPDATE functions SET backfill_cursor = $2, backfill_done = backfill_done + $3, updated_at_ms = $4,
+                 status = CASE WHEN $5 THEN 'ready' ELSE status END
+             WHERE id = $1",
+        )
+        .await?,
+        &[&function_id, &cursor, &(processed as i64), &now_ms(), &finished],
+    )
+    .await?;
+    if finished {
+        tx.execute("DELETE FROM preimages WHERE function_id = $1", &[&function_id]).await?;
+        tx.execute("DELETE FROM tombstones WHERE collection_id = $1", &[&row.output_collection]).await?;
+    }
+    tx.commit().await?;
+    Ok(StepResult::Applied { processed, cursor, finished })
+}
+
+/// Insert the function unless a live one has the same (collection, output); `None` when
+/// the conflicting row went away before it could be read (retry).
+async fn attach_once(tx: &Transaction<'_>, new: &NewFunction, now: i64) -> Result<Option<AttachOutcome>, TxError> {
+    let inserted = tx
+        .query_opt(
+            &format!(
+                "INSERT INTO functions ({FUNCTION_COLUMNS})
+                 SELECT $1, $2, $3, $4, $5, 'awaiting_marker', $6, NULL, NULL, 0, NULL, s.at, s.at
+                 FROM (SELECT GREATEST($7::int8, COALESCE(MAX(created_at_ms) + 1, $7::int8)) AS at FROM functions) s
+                 ON CONFLICT (collection_id, output_collection) WHERE status <> 'detached' DO NOTHING
+                 RETURNING {FUNCTION_COLUMNS}"
+            ),
+            &[&new.id, &new.collection_id, &new.function, &new.output_collection, &encode_params(&new.params), &new.request_id, &now],
+        )
+        .await?;
+    let Some(inserted) = inserted else {
+        let existing = tx
+            .query_opt(
+                &format!("SELECT {FUNCTION_COLUMNS} FROM functions WHERE collection_id = $1 AND output_collection = $2 AND status <> 'detached'"),
+                &[&new.collection_id, &new.output_collection],
+            )
+            .await?;
+        return Ok(match existing {
+            Some(r) => Some(AttachOutcome::Existing(raw_function(&r).decode(BACKEND)?)),
+            None => None,
+        });
+    };
+    let row = raw_function(&inserted).decode(BACKEND)?;
+    tx.execute(
+        "INSERT INTO collections (id, partition, dimension, log_position, record_count, created_at_ms) VALUES ($1, $2, NULL, -1, 0, $3)
+         ON CONFLICT (id) DO NOTHING",
+        &[&new.output_collection, &new.partition, &now],
+    )
+    .await?;
+    let outbox_id: i64 = tx
+        .query_one(
+            "INSERT INTO outbox (function_id, collection_id, partition, request_id, created_at_ms, sent_at_ms)
+             VALUES ($1, $2, $3, $4, $5, NULL) RETURNING id",
+            &[&new.id, &new.collection_id, &new.partition, &new.request_id, &now],
+        )
+        .await?
+        .get(0);
+    let outbox = OutboxRow {
+        id: outbox_id,
+        function_id: new.id.clone(),
+        collection_id: new.collection_id.clone(),
+        partition: new.partition,
+        request_id: new.request_id.clone(),
+        created_at_ms: now,
+    };
+    Ok(Some(AttachOutcome::Created(row, outbox)))
+}
+
+impl PostgresSysdb {
+    pub async fn attach_function(&self, new: &NewFunction) -> Result<AttachOutcome> {
+        let mut client = self.client().await?;
+        // A conflicting function detached between our insert and our read: try again.
+        for _ in 0..5 {
+            let tx = client.transaction().await?;
+            if let Some(outcome) = attach_once(&tx, new, now_ms()).await? {
+                match outcome {
+                    AttachOutcome::Created(..) => tx.commit().await?,
+                    AttachOutcome::Existing(_) => tx.rollback().await?,
+                }
+                return Ok(outcome);
+            }
+            tx.rollback().await?;
+        }
+        Err(SysdbError::Unavailable { backend: BACKEND, message: format!("attach of {:?}: the conflicting function kept changing", new.output_collection) })
+    }
+
+    pub async fn functions(&self, collection: Option<&str>) -> Result<Vec<FunctionRow>> {
+        let client = self.client().await?;
+        let rows = match collection {
+            Some(c) => {
+                let stmt = client
+                    .prepare_cached(&format!("SELECT {FUNCTION_COLUMNS} FROM functions WHERE collection_id = $1 ORDER BY created_at_ms, id"))
+                    .await?;
+                client.query(&stmt, &[&c]).await?
+            }
+            None => {
+                let stmt = client.prepare_cached(&format!("SELECT {FUNCTION_COLUMNS} FROM functions ORDER BY created_at_ms, id")).await?;
+                client.query(&stmt, &[]).await?
+            }
+        };
+        rows.iter().map(|r| raw_function(r).decode(BACKEND)).collect()
+    }
+
+    pub async fn function(&self, id: &str) -> Result<Option<FunctionRow>> {
+        let client = self.client().await?;
+        let stmt = client.prepare_cached(&format!("SELECT {FUNCTION_COLUMNS} FROM functions WHERE id = $1")).await?;
+        client.query_opt(&stmt, &[&id]).await?.map(|r| raw_function(&r).decode(BACKEND)).transpose()
+    }
+
+    pub async fn detach_function(&self, id: &str, drop_output: bool) -> Result<Option<FunctionRow>> {
+        let mut client = self.client().await?;
+        let tx = client.transaction().await?;
+        let Some(r) = tx.query_opt(&format!("SELECT {FUNCTION_COLUMNS} FROM functions WHERE id = $1 FOR UPDATE"), &[&id]).await? else {
+            tx.rollback().await?;
+            return Ok(None);
+        };
+        let row = raw_function(&r).decode(BACKEND)?;
+        tx.execute("UPDATE functions SET status = 'detached', updated_at_ms = $2 WHERE id = $1", &[&id, &now_ms()]).await?;
+        tx.execute("DELETE FROM preimages WHERE function_id = $1", &[&id]).await?;
+        if drop_output {
+            let out = &row.output_collection;
+            tx.execute("DELETE FROM function_counters WHERE function_id = $1", &[&id]).await?;
+            // Never drop an output that a live function (attached again since) writes.
+            let live: i64 = tx
+                .query_one("SELECT count(*) FROM functions WHERE output_collection = $1 AND id <> $2 AND status <> 'detached'", &[out, &id])
+                .await?
+                .get(0);
+            if live == 0 {
+                tx.execute("DELETE FROM records WHERE collection_id = $1", &[out]).await?;
+                tx.execute("DELETE FROM tombstones WHERE collection_id = $1", &[out]).await?;
+                tx.execute("DELETE FROM collections WHERE id = $1", &[out]).await?;
+            } else {
+                tracing::warn!(function = %id, output = %out, "detach: output kept, another attached function writes it");
+            }
+        }
+        tx.commit().await?;
+        Ok(Some(row))
+    }
+
+    pub async fn outbox_pending(&self, limit: usize) -> Result<Vec<OutboxRow>> {
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let client = self.client().await?;
+        let stmt = client
+            .prepare_cached(
+                "SELECT id, function_id, collection_id, partition, request_id, created_at_ms FROM outbox
+                 WHERE sent_at_ms IS NULL ORDER BY id LIMIT $1",
+            )
+            .await?;
+        Ok(client.query(&stmt, &[&limit]).await?.iter().map(outbox_row).collect())
+    }
+
+    pub async fn mark_outbox_sent(&self, id: i64) -> Result<()> {
+        let client = self.client().await?;
+        client.execute("UPDATE outbox SET sent_at_ms = $2 WHERE id = $1 AND sent_at_ms IS NULL", &[&id, &now_ms()]).await?;
+        Ok(())
+    }
+
+    /// Deadlocks and serialization failures (not expected: see the module doc) are
+    /// retried once, like batch commits.
+    pub async fn backfill_step(&self, function_id: &str, expected_cursor: Option<&str>, limit: usize, f: &dyn Function) -> Result<StepResult> {
+        let mut client = self.client().await?;
+        let mut attempt = 1;
+        loop {
+            match backfill_once(&mut client, function_id, expected_cursor, limit, f).await {
+                Ok(step) => return Ok(step),
+                Err(TxError::Pg(e)) if attempt == 1 && super::is_retry_once(&e) => attempt += 1,
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+
+    pub async fn preimage_count(&self, function_id: &str) -> Result<i64> {
+        let client = self.client().await?;
+        Ok(client.query_one("SELECT count(*) FROM preimages WHERE function_id = $1", &[&function_id]).await?.get(0))
+    }
+}

@@ -1,0 +1,434 @@
+//! Attached functions on SQLite (DESIGN.md section 5; the rules are in `outputs.rs`,
+//! shared with PostgreSQL).
+//!
+//! Every write runs in a `BEGIN IMMEDIATE` transaction on the writer connection, i.e.
+//! holding the database's only write lock: a batch commit and a backfill step never
+//! interleave, and each reads the function's status inside its own transaction. The
+//! backfill chunk is read by one compound `SELECT … UNION ALL SELECT … ORDER BY 1 LIMIT`
+//! (SQLite merges the two index-ordered branches, no sort).
+
+use std::collections::HashMap;
+
+use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
+
+use super::{invalid, raw_record, decode_raw, SqliteSysdb, BACKEND};
+use crate::functions::{Function, FunctionStatus};
+use crate::record::Record;
+use crate::sysdb::codec::{encode_embedding, encode_metadata, encode_params};
+use crate::sysdb::outputs::{self, FunctionState, MapWrite, OutputPlan, RawFunction, FUNCTION_COLUMNS};
+use crate::sysdb::{now_ms, AttachOutcome, BatchCommit, CommitReport, FunctionRow, NewFunction, OutboxRow, Result, StepResult};
+
+fn raw_function(r: &rusqlite::Row<'_>) -> rusqlite::Result<RawFunction> {
+    Ok(RawFunction {
+        id: r.get(0)?,
+        collection_id: r.get(1)?,
+        function: r.get(2)?,
+        output_collection: r.get(3)?,
+        params: r.get(4)?,
+        status: r.get(5)?,
+        request_id: r.get(6)?,
+        marker_offset: r.get(7)?,
+        backfill_cursor: r.get(8)?,
+        backfill_done: r.get(9)?,
+        backfill_total: r.get(10)?,
+        created_at_ms: r.get(11)?,
+        updated_at_ms: r.get(12)?,
+    })
+}
+
+fn read_function(conn: &Connection, id: &str) -> Result<Option<FunctionRow>> {
+    let raw = conn
+        .prepare_cached(&format!("SELECT {FUNCTION_COLUMNS} FROM functions WHERE id = ?1"))?
+        .query_row([id], raw_function)
+        .optional()?;
+    raw.map(|r| r.decode(BACKEND)).transpose()
+}
+
+/// `created_at_ms` of a new function: now, or 1 ms after the latest function if that is
+/// not earlier, so that creation order is strict (see `schema.rs`).
+fn creation_stamp(tx: &Connection) -> Result<i64> {
+    let latest: Option<i64> = tx.prepare_cached("SELECT MAX(created_at_ms) FROM functions")?.query_row([], |r| r.get(0))?;
+    Ok(latest.map_or(now_ms(), |l| now_ms().max(l + 1)))
+}
+
+fn outbox_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<OutboxRow> {
+    Ok(OutboxRow {
+        id: r.get(0)?,
+        function_id: r.get(1)?,
+        collection_id: r.get(2)?,
+        partition: r.get(3)?,
+        request_id: r.get(4)?,
+        created_at_ms: r.get(5)?,
+    })
+}
+
+/// The function batches of a commit, inside its transaction (after the CAS and the
+/// record writes): status transitions, preimages, output writes.
+pub(super) fn commit_functions(tx: &Connection, batch: &BatchCommit, now: i64) -> Result<CommitReport> {
+    if batch.functions.is_empty() {
+        return Ok(CommitReport::default());
+    }
+    let mut states: HashMap<String, Option<FunctionState>> = HashMap::new();
+    {
+        let mut stmt = tx.prepare_cached("SELECT status, request_id, marker_offset, output_collection FROM functions WHERE id = ?1")?;
+        for fb in &batch.functions {
+            if states.contains_key(&fb.function_id) {
+                continue;
+            }
+            let row = stmt
+                .query_row([&fb.function_id], |r| Ok((r.get::<_, String>(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))
+                .optional()?;
+            let state = row
+                .map(|(status, request_id, marker_offset, output_collection)| {
+                    let status = FunctionStatus::parse(&status).ok_or_else(|| invalid(format!("function {:?}: unknown status {status:?}", fb.function_id)))?;
+                    Ok::<_, crate::sysdb::SysdbError>(FunctionState { status, request_id, marker_offset, output_collection })
+                })
+                .transpose()?;
+            states.insert(fb.function_id.clone(), state);
+        }
+    }
+    let decisions = outputs::decide_all(&mut states, &batch.functions);
+    let mut start = tx.prepare_cached("UPDATE functions SET status = 'backfilling', marker_offset = ?2, updated_at_ms = ?3 WHERE id = ?1")?;
+    let mut preimage = tx.prepare_cached(
+        "INSERT INTO preimages (function_id, record_id, embedding, metadata, document, last_offset) VALUES (?1, ?2, ?3, ?4, ?5, ?6)
+         ON CONFLICT (function_id, record_id) DO NOTHING",
+    )?;
+    for d in &decisions {
+        if let Some(o) = d.accepted_marker {
+            start.execute(params![d.function_id, o, now])?;
+        }
+        for (id, r) in &d.preimages {
+            let emb = r.embedding.as_deref().map(encode_embedding);
+            preimage.execute(params![d.function_id, id, emb, encode_metadata(&r.metadata), r.document, r.offset])?;
+        }
+        if !d.plan.is_empty() {
+            apply_plan(tx, d.function_id, &d.output_collection, batch.delta.partition, &d.plan)?;
+        }
+    }
+    Ok(outputs::report(&decisions))
+}
+
+/// Write a plan into the output collection (semantics: `outputs.rs`). `partition`
+/// registers the output collection if its row is missing.
+fn apply_plan(tx: &Connection, function_id: &str, output: &str, partition: i32, plan: &OutputPlan) -> Result<()> {
+    let mut record_offset = tx.prepare_cached("SELECT last_offset FROM records WHERE collection_id = ?1 AND id = ?2")?;
+    let mut upsert_record = tx.prepare_cached(
+        "INSERT INTO records (collection_id, id, embedding, metadata, document, last_offset) VALUES (?1, ?2, ?3, ?4, ?5, ?6)
+         ON CONFLICT (collection_id, id) DO UPDATE SET
+             embedding = excluded.embedding, metadata = excluded.metadata,
+             document = excluded.document, last_offset = excluded.last_offset",
+    )?;
+    let mut delete_record = tx.prepare_cached("DELETE FROM records WHERE collection_id = ?1 AND id = ?2")?;
+    let mut count_delta = 0i64;
+    let mut dimension: Option<u32> = None;
+    if !plan.counts.is_empty() {
+        let mut add = tx.prepare_cached(
+            "INSERT INTO function_counters (function_id, output_id, count) VALUES (?1, ?2, ?3)
+             ON CONFLICT (function_id, output_id) DO UPDATE SET count = count + excluded.count
+             RETURNING count",
+        )?;
+        let mut drop_counter = tx.prepare_cached("DELETE FROM function_counters WHERE function_id = ?1 AND output_id = ?2")?;
+        for c in &plan.counts {
+            let count: i64 = add.query_row(params![function_id, c.output_id, c.delta], |r| r.get(0))?;
+            let existing: Option<i64> = record_offset.query_row(params![output, c.output_id], |r| r.get(0)).optional()?;
+            if c.removes_at(count) {
+                drop_counter.execute(params![function_id, c.output_id])?;
+                if existing.is_some() {
+                    delete_record.execute(params![output, c.output_id])?;
+                    count_delta -= 1;
+                }
+            } else {
+                let last_offset = existing.map_or(c.offset, |e| e.max(c.offset));
+                let metadata = encode_metadata(&c.metadata(count));
+                upsert_record.execute(params![output, c.output_id, None::<Vec<u8>>, metadata, None::<String>, last_offset])?;
+                if existing.is_none() {
+                    count_delta += 1;
+                }
+            }
+        }
+    }
+    if !plan.maps.is_empty() {
+        let mut tombstone = tx.prepare_cached("SELECT last_offset FROM tombstones WHERE collection_id = ?1 AND id = ?2")?;
+        let mut drop_tombstone = tx.prepare_cached("DELETE FROM tombstones WHERE collection_id = ?1 AND id = ?2")?;
+        let mut set_tombstone = tx.prepare_cached(
+            "INSERT INTO tombstones (collection_id, id, last_offset) VALUES (?1, ?2, ?3)
+             ON CONFLICT (collection_id, id) DO UPDATE SET last_offset = max(last_offset, excluded.last_offset)",
+        )?;
+        for w in &plan.maps {
+            let existing: Option<i64> = record_offset.query_row(params![output, w.id()], |r| r.get(0)).optional()?;
+            let tomb: Option<i64> =
+                if plan.versioned { tombstone.query_row(params![output, w.id()], |r| r.get(0)).optional()? } else { None };
+            if plan.versioned && existing.max(tomb).is_some_and(|v| w.version() <= v) {
+                continue; // stale: the output holds something newer
+            }
+            match w {
+                MapWrite::Put(r) => {
+                    if tomb.is_some() {
+                        drop_tombstone.execute(params![output, r.id])?;
+                    }
+                    let emb = r.embedding.as_deref().map(encode_embedding);
+                    upsert_record.execute(params![output, r.id, emb, encode_metadata(&r.metadata), r.document, r.offset])?;
+                    if existing.is_none() {
+                        count_delta += 1;
+                    }
+                    if dimension.is_none() {
+                        dimension = r.embedding.as_ref().map(|e| e.len() as u32);
+                    }
+                }
+                MapWrite::Remove { id, offset } => {
+                    if existing.is_some() {
+                        delete_record.execute(params![output, id])?;
+                        count_delta -= 1;
+                    }
+                    if plan.versioned {
+                        set_tombstone.execute(params![output, id, offset])?;
+                    }
+                }
+            }
+        }
+    }
+    if count_delta != 0 || dimension.is_some() {
+        tx.prepare_cached(
+            "INSERT INTO collections (id, partition, dimension, log_position, record_count, created_at_ms) VALUES (?1, ?2, ?3, -1, ?4, ?5)
+             ON CONFLICT (id) DO UPDATE SET
+                 dimension = COALESCE(collections.dimension, excluded.dimension),
+                 record_count = collections.record_count + excluded.record_count",
+        )?
+        .execute(params![output, partition, dimension, count_delta, now_ms()])?;
+    }
+    Ok(())
+}
+
+/// The next chunk of the collection as of the marker, in one statement: current records
+/// last written before the marker without a preimage, and the function's preimages.
+const CHUNK_FIRST: &str = "SELECT r.id, r.embedding, r.metadata, r.document, r.last_offset FROM records r
+     WHERE r.collection_id = ?1 AND r.last_offset < ?2
+       AND NOT EXISTS (SELECT 1 FROM preimages p WHERE p.function_id = ?3 AND p.record_id = r.id)
+     UNION ALL
+     SELECT p.record_id, p.embedding, p.metadata, p.document, p.last_offset FROM preimages p WHERE p.function_id = ?3
+     ORDER BY 1 LIMIT ?4";
+const CHUNK_AFTER: &str = "SELECT r.id, r.embedding, r.metadata, r.document, r.last_offset FROM records r
+     WHERE r.collection_id = ?1 AND r.last_offset < ?2 AND r.id > ?5
+       AND NOT EXISTS (SELECT 1 FROM preimages p WHERE p.function_id = ?3 AND p.record_id = r.id)
+     UNION ALL
+     SELECT p.record_id, p.embedding, p.metadata, p.document, p.last_offset FROM preimages p WHERE p.function_id = ?3 AND p.record_id > ?5
+     ORDER BY 1 LIMIT ?4";
+/// Size of the collection as of the marker.
+const AS_OF_SIZE: &str = "SELECT
+     (SELECT count(*) FROM records r WHERE r.collection_id = ?1 AND r.last_offset < ?2
+        AND NOT EXISTS (SELECT 1 FROM preimages p WHERE p.function_id = ?3 AND p.record_id = r.id))
+   + (SELECT count(*) FROM preimages WHERE function_id = ?3)";
+
+/// One backfill step in one write transaction. `compute` turns the chunk into its plan
+/// (it runs the function, on the async side: see [`SqliteSysdb::backfill_step`]);
+/// `None` aborts the step (rolled back).
+fn backfill_step_sync(
+    conn: &mut Connection,
+    function_id: &str,
+    expected: Option<&str>,
+    limit: usize,
+    compute: impl FnOnce(Vec<Record>) -> Option<OutputPlan>,
+) -> Result<StepResult> {
+    let limit = limit.max(1);
+    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    let Some(row) = read_function(&tx, function_id)? else { return Ok(StepResult::NotBackfilling) };
+    if row.status != FunctionStatus::Backfilling {
+        return Ok(StepResult::NotBackfilling);
+    }
+    if row.backfill_cursor.as_deref() != expected {
+        return Ok(StepResult::CursorMoved { cursor: row.backfill_cursor });
+    }
+    let marker = row.marker_offset.ok_or_else(|| invalid(format!("function {function_id:?} is backfilling without a marker offset")))?;
+    let now = now_ms();
+    if row.backfill_total.is_none() {
+        let total: i64 = tx.prepare_cached(AS_OF_SIZE)?.query_row(params![row.collection_id, marker, function_id], |r| r.get(0))?;
+        tx.prepare_cached("UPDATE functions SET backfill_total = ?2 WHERE id = ?1")?.execute(params![function_id, total])?;
+    }
+    let limit_sql = i64::try_from(limit).unwrap_or(i64::MAX);
+    let raws = match &row.backfill_cursor {
+        None => tx
+            .prepare_cached(CHUNK_FIRST)?
+            .query_map(params![row.collection_id, marker, function_id, limit_sql], raw_record)?
+            .collect::<rusqlite::Result<Vec<_>>>()?,
+        Some(after) => tx
+            .prepare_cached(CHUNK_AFTER)?
+            .query_map(params![row.collection_id, marker, function_id, limit_sql, after], raw_record)?
+            .collect::<rusqlite::Result<Vec<_>>>()?,
+    };
+    let records: Vec<Record> = raws.into_iter().map(decode_raw).collect::<Result<_>>()?;
+    let processed = records.len();
+    let cursor = records.last().map(|r| r.id.clone()).or(row.backfill_cursor);
+    let finished = processed < limit;
+    let Some(plan) = compute(records) else {
+        return Err(invalid(format!("backfill step of {function_id:?} abandoned by its caller")));
+    };
+    if !plan.is_empty() {
+        let partition: Option<i32> = tx
+            .prepare_cached("SELECT partition FROM collections WHERE id = ?1")?
+            .query_row([&row.collection_id], |r| r.get(0))
+            .optional()?;
+        // Records exist, so the input collection has a row; 0 is never used in practice.
+        apply_plan(&tx, function_id, &row.output_collection, partition.unwrap_or(0), &plan)?;
+    }
+    tx.prepare_cached(
+        "UPDATE functions SET backfill_cursor = ?2, backfill_done = backfill_done + ?3, updated_at_ms = ?4,
+             status = CASE WHEN ?5 THEN 'ready' ELSE status END
+         WHERE id = ?1",
+    )?
+    .execute(params![function_id, cursor, processed as i64, now, finished])?;
+    if finished {
+        tx.prepare_cached("DELETE FROM preimages WHERE function_id = ?1")?.execute([function_id])?;
+        tx.prepare_cached("DELETE FROM tombstones WHERE collection_id = ?1")?.execute([&row.output_collection])?;
+    }
+    tx.commit()?;
+    Ok(StepResult::Applied { processed, cursor, finished })
+}
+
+impl SqliteSysdb {
+    pub async fn attach_function(&self, new: &NewFunction) -> Result<AttachOutcome> {
+        let new = new.clone();
+        self.write(move |c| {
+            let tx = c.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            let existing = tx
+                .prepare_cached(&format!(
+                    "SELECT {FUNCTION_COLUMNS} FROM functions WHERE collection_id = ?1 AND output_collection = ?2 AND status <> 'detached'"
+                ))?
+                .query_row(params![new.collection_id, new.output_collection], raw_function)
+                .optional()?;
+            if let Some(raw) = existing {
+                return Ok(AttachOutcome::Existing(raw.decode(BACKEND)?));
+            }
+            let now = creation_stamp(&tx)?;
+            tx.prepare_cached(&format!(
+                "INSERT INTO functions ({FUNCTION_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, 'awaiting_marker', ?6, NULL, NULL, 0, NULL, ?7, ?7)"
+            ))?
+            .execute(params![new.id, new.collection_id, new.function, new.output_collection, encode_params(&new.params), new.request_id, now])?;
+            tx.prepare_cached(
+                "INSERT INTO collections (id, partition, dimension, log_position, record_count, created_at_ms) VALUES (?1, ?2, NULL, -1, 0, ?3)
+                 ON CONFLICT (id) DO NOTHING",
+            )?
+            .execute(params![new.output_collection, new.partition, now])?;
+            let outbox_id: i64 = tx
+                .prepare_cached(
+                    "INSERT INTO outbox (function_id, collection_id, partition, request_id, created_at_ms, sent_at_ms)
+                     VALUES (?1, ?2, ?3, ?4, ?5, NULL) RETURNING id",
+                )?
+                .query_row(params![new.id, new.collection_id, new.partition, new.request_id, now], |r| r.get(0))?;
+            let row = read_function(&tx, &new.id)?.ok_or_else(|| invalid(format!("function {:?} vanished after insert", new.id)))?;
+            tx.commit()?;
+            let outbox = OutboxRow {
+                id: outbox_id,
+                function_id: new.id,
+                collection_id: new.collection_id,
+                partition: new.partition,
+                request_id: new.request_id,
+                created_at_ms: now,
+            };
+            Ok(AttachOutcome::Created(row, outbox))
+        })
+        .await
+    }
+
+    pub async fn functions(&self, collection: Option<&str>) -> Result<Vec<FunctionRow>> {
+        let collection = collection.map(str::to_string);
+        self.read(move |c| {
+            let raws = match &collection {
+                Some(coll) => c
+                    .prepare_cached(&format!("SELECT {FUNCTION_COLUMNS} FROM functions WHERE collection_id = ?1 ORDER BY created_at_ms, id"))?
+                    .query_map([coll], raw_function)?
+                    .collect::<rusqlite::Result<Vec<_>>>()?,
+                None => c
+                    .prepare_cached(&format!("SELECT {FUNCTION_COLUMNS} FROM functions ORDER BY created_at_ms, id"))?
+                    .query_map([], raw_function)?
+                    .collect::<rusqlite::Result<Vec<_>>>()?,
+            };
+            raws.into_iter().map(|r| r.decode(BACKEND)).collect()
+        })
+        .await
+    }
+
+    pub async fn function(&self, id: &str) -> Result<Option<FunctionRow>> {
+        let id = id.to_string();
+        self.read(move |c| read_function(c, &id)).await
+    }
+
+    pub async fn detach_function(&self, id: &str, drop_output: bool) -> Result<Option<FunctionRow>> {
+        let id = id.to_string();
+        self.write(move |c| {
+            let tx = c.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            let Some(row) = read_function(&tx, &id)? else { return Ok(None) };
+            tx.execute("UPDATE functions SET status = 'detached', updated_at_ms = ?2 WHERE id = ?1", params![id, now_ms()])?;
+            tx.execute("DELETE FROM preimages WHERE function_id = ?1", [&id])?;
+            if drop_output {
+                let out = &row.output_collection;
+                tx.execute("DELETE FROM function_counters WHERE function_id = ?1", [&id])?;
+                // Never drop an output that a live function (attached again since) writes.
+                let live: i64 = tx.query_row(
+                    "SELECT count(*) FROM functions WHERE output_collection = ?1 AND id <> ?2 AND status <> 'detached'",
+                    params![out, id],
+                    |r| r.get(0),
+                )?;
+                if live == 0 {
+                    tx.execute("DELETE FROM records WHERE collection_id = ?1", [out])?;
+                    tx.execute("DELETE FROM tombstones WHERE collection_id = ?1", [out])?;
+                    tx.execute("DELETE FROM collections WHERE id = ?1", [out])?;
+                } else {
+                    tracing::warn!(function = %id, output = %out, "detach: output kept, another attached function writes it");
+                }
+            }
+            tx.commit()?;
+            Ok(Some(row))
+        })
+        .await
+    }
+
+    pub async fn outbox_pending(&self, limit: usize) -> Result<Vec<OutboxRow>> {
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        self.read(move |c| {
+            let mut stmt = c.prepare_cached(
+                "SELECT id, function_id, collection_id, partition, request_id, created_at_ms FROM outbox
+                 WHERE sent_at_ms IS NULL ORDER BY id LIMIT ?1",
+            )?;
+            let rows = stmt.query_map([limit], outbox_row)?.collect::<rusqlite::Result<Vec<_>>>()?;
+            Ok(rows)
+        })
+        .await
+    }
+
+    pub async fn mark_outbox_sent(&self, id: i64) -> Result<()> {
+        self.write(move |c| {
+            c.prepare_cached("UPDATE outbox SET sent_at_ms = ?2 WHERE id = ?1 AND sent_at_ms IS NULL")?.execute(params![id, now_ms()])?;
+            Ok(())
+        })
+        .await
+    }
+
+    /// The transaction runs on the blocking pool, but `f` is borrowed (not `'static`):
+    /// the blocking side reads the chunk and hands the records over a channel, this
+    /// (async) side runs `f` and hands the plan back, and the blocking side applies it
+    /// and commits — all in one transaction.
+    pub async fn backfill_step(&self, function_id: &str, expected_cursor: Option<&str>, limit: usize, f: &dyn Function) -> Result<StepResult> {
+        let (function_id, expected) = (function_id.to_string(), expected_cursor.map(str::to_string));
+        let (records_tx, records_rx) = tokio::sync::oneshot::channel::<Vec<Record>>();
+        let (plan_tx, plan_rx) = tokio::sync::oneshot::channel::<OutputPlan>();
+        let step = self.write(move |c| {
+            backfill_step_sync(c, &function_id, expected.as_deref(), limit, move |records| {
+                records_tx.send(records).ok()?;
+                plan_rx.blocking_recv().ok()
+            })
+        });
+        let compute = async move {
+            if let Ok(records) = records_rx.await {
+                let _ = plan_tx.send(outputs::backfill_plan(&records, f));
+            }
+        };
+        let (result, ()) = tokio::join!(step, compute);
+        result
+    }
+
+    pub async fn preimage_count(&self, function_id: &str) -> Result<i64> {
+        let function_id = function_id.to_string();
+        self.read(move |c| Ok(c.query_row("SELECT count(*) FROM preimages WHERE function_id = ?1", [&function_id], |r| r.get(0))?))
+            .await
+    }
+}
