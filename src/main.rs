@@ -47,6 +47,7 @@ fn main() -> std::process::ExitCode {
                 Ok(roles) => commands::process(config, roles).await,
                 Err(e) => Err(e),
             },
+            Cmd::Checksum => commands::checksum(&config).await,
             Cmd::Functions { command } => commands::functions(&config, command).await,
             Cmd::Produce { input } => commands::produce(&config, &input).await,
             Cmd::Records { collection, format } => commands::records(&config, &collection, format).await,

@@ -495,7 +495,7 @@ fn every_dashboard_and_alert_expression_works_against_two_real_replicas() {
     let max = |title: &str| panel_max[title].iter().copied().fold(f64::NAN, f64::max);
     assert_eq!(max("Replicas up"), 2.0, "both replicas up");
     assert_eq!(max("Halted partitions"), 1.0, "the gap partition is halted");
-    for title in ["Records applied / s", "DLQ records / s", "Lag per partition", "Records backfilled / s"] {
+    for title in ["Records applied / s", "DLQ records / s", "Lag per partition", "Data-loss gaps found", "Records backfilled / s"] {
         assert!(max(title) > 0.0, "panel {title:?} shows nothing of this run: {:?}", panel_max[title]);
     }
     eprintln!("[{:?}] {} dashboard expressions have data", started.elapsed(), exprs.len());

@@ -103,6 +103,9 @@ pub enum Cmd {
         #[command(subcommand)]
         command: ConfigCmd,
     },
+    /// Print `records=N sha256=HEX`: a canonical checksum of every materialized record
+    /// (function outputs excluded), comparable across implementations (benchmarks).
+    Checksum,
     /// Print a deterministic synthetic workload as JSON lines (demo and benchmarks).
     Workload {
         #[arg(long, default_value_t = 10_000)]

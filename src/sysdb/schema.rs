@@ -27,7 +27,8 @@
 //!   `params` is a JSON object of strings; a partial unique index allows at most one
 //!   non-`detached` function per (collection, output collection). `created_at_ms` is
 //!   the creation order: an attach stamps `max(now, latest + 1)`, so it never ties
-//!   with (or goes before) an earlier attach of the same database.
+//!   with (or goes before) an earlier attach (only two attaches racing on PostgreSQL
+//!   can tie; listings break ties by id).
 //! * `outbox(id, function_id, collection_id, partition, request_id, created_at_ms,
 //!   sent_at_ms)` — BACKFILL_FN markers to publish; `sent_at_ms` NULL = pending.
 //! * `preimages(function_id, record_id, embedding, metadata, document, last_offset)` —

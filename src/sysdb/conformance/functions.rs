@@ -735,12 +735,18 @@ pub async fn backfill_races_live_commits(db: &Sysdb) {
     let fns: Vec<(&str, &dyn Function)> = vec![(&fc.id, &TestCounter), (&fm.id, &TestMap)];
     log.commit(db, &[marker(&fc), marker(&fm)], &fns).await;
 
+    // Live commits done so far, as each backfill step sees it: proof that they interleave.
+    let commits = std::cell::Cell::new(0u32);
+    let seen = std::cell::RefCell::new(BTreeSet::new());
+    let (seen_ref, commits_ref) = (&seen, &commits);
     let backfills = async {
         let run = |id: String, f: &'static dyn Function| async move {
+            let (seen, commits) = (seen_ref, commits_ref);
             let mut cursor: Option<String> = None;
             let mut steps = 0;
             loop {
                 steps += 1;
+                seen.borrow_mut().insert(commits.get());
                 match db.backfill_step(&id, cursor.as_deref(), 7, f).await.expect("backfill_step racing live commits") {
                     StepResult::Applied { cursor: c, finished, .. } => {
                         cursor = c;
@@ -762,11 +768,13 @@ pub async fn backfill_races_live_commits(db: &Sysdb) {
             random_ops(&mut rng, n, 330)
         };
             log.commit(db, &ops, &fns).await;
+            commits.set(commits.get() + 1);
             tokio::task::yield_now().await;
         }
     };
     let ((steps_c, steps_m), ()) = tokio::join!(backfills, live);
     assert!(steps_c > 1 && steps_m > 1);
+    assert!(seen.borrow().len() > 2, "the backfill steps and the live commits did not interleave: {:?}", seen.borrow());
     for (row, f) in [(&fc, &TestCounter as &dyn Function), (&fm, &TestMap)] {
         let now = function(db, &row.id).await;
         assert_eq!((now.status, now.backfill_done, now.backfill_total), (FunctionStatus::Ready, 300, Some(300)));
