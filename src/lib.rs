@@ -11,6 +11,7 @@ pub mod kafka;
 pub mod failpoint;
 pub mod functions;
 pub mod processor;
+pub mod ratelimit;
 pub mod metrics;
 pub mod api;
 pub mod backfill;

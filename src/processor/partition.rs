@@ -26,6 +26,9 @@ use crate::metrics::{self, Metrics};
 use crate::positions::PositionDelta;
 use crate::sysdb::{Sysdb, SysdbError};
 
+/// DLQ log lines: at most 20 per kind per 10 s (the metric counts every one).
+static DLQ_LOG: crate::ratelimit::RateLimiter = crate::ratelimit::RateLimiter::new(Duration::from_secs(10), 20);
+
 /// What a worker shares with the others.
 pub struct Shared {
     pub config: Config,
@@ -392,7 +395,9 @@ impl Worker {
                     }
                 }
             }
-            info!(partition = self.partition, offset = d.offset, kind = d.kind, message = %d.message, "record sent to the DLQ");
+            if let crate::ratelimit::Verdict::Log { suppressed } = DLQ_LOG.check(d.kind) {
+                info!(partition = self.partition, offset = d.offset, kind = d.kind, message = %d.message, suppressed_before = suppressed, "record sent to the DLQ");
+            }
         }
     }
 

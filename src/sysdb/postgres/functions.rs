@@ -317,13 +317,18 @@ async fn backfill_once(client: &mut deadpool_postgres::Object, function_id: &str
             "SELECT {FUNCTION_COLUMNS}, (SELECT c.partition FROM collections c WHERE c.id = functions.collection_id) FROM functions WHERE id = $1 FOR UPDATE"
         ))
         .await?;
-    let Some(r) = tx.query_opt(&stmt, &[&function_id]).await? else { return Ok(StepResult::NotBackfilling) };
+    let Some(r) = tx.query_opt(&stmt, &[&function_id]).await? else {
+        tx.rollback().await?;
+        return Ok(StepResult::NotBackfilling);
+    };
     let partition: Option<i32> = r.get(13);
     let row = raw_function(&r).decode(BACKEND)?;
     if row.status != FunctionStatus::Backfilling {
+        tx.rollback().await?;
         return Ok(StepResult::NotBackfilling);
     }
     if row.backfill_cursor.as_deref() != expected {
+        tx.rollback().await?;
         return Ok(StepResult::CursorMoved { cursor: row.backfill_cursor });
     }
     let marker = row.marker_offset.ok_or_else(|| invalid(format!("function {function_id:?} is backfilling without a marker offset")))?;

@@ -1,0 +1,312 @@
+package sluice.peer;
+
+import java.lang.management.ManagementFactory;
+import java.nio.file.Files;
+import java.time.Duration;
+import java.util.ArrayList;
+import java.util.HashMap;
+import java.util.List;
+import java.util.Locale;
+import java.util.Map;
+import java.util.Properties;
+import java.util.concurrent.TimeUnit;
+
+import org.apache.kafka.clients.admin.Admin;
+import org.apache.kafka.clients.admin.AdminClientConfig;
+import org.apache.kafka.clients.admin.ListOffsetsOptions;
+import org.apache.kafka.clients.admin.ListOffsetsResult.ListOffsetsResultInfo;
+import org.apache.kafka.clients.admin.OffsetSpec;
+import org.apache.kafka.clients.admin.TopicDescription;
+import org.apache.kafka.clients.consumer.OffsetAndMetadata;
+import org.apache.kafka.common.IsolationLevel;
+import org.apache.kafka.common.TopicPartition;
+import org.apache.kafka.common.serialization.Serdes;
+import org.apache.kafka.common.utils.Bytes;
+import org.apache.kafka.streams.KafkaStreams;
+import org.apache.kafka.streams.StoreQueryParameters;
+import org.apache.kafka.streams.StreamsBuilder;
+import org.apache.kafka.streams.StreamsConfig;
+import org.apache.kafka.streams.Topology;
+import org.apache.kafka.streams.errors.InvalidStateStoreException;
+import org.apache.kafka.streams.errors.StreamsUncaughtExceptionHandler;
+import org.apache.kafka.streams.kstream.Consumed;
+import org.apache.kafka.streams.state.KeyValueIterator;
+import org.apache.kafka.streams.state.QueryableStoreTypes;
+import org.apache.kafka.streams.state.ReadOnlyKeyValueStore;
+import org.apache.kafka.streams.state.Stores;
+
+import org.slf4j.Logger;
+import org.slf4j.LoggerFactory;
+
+/**
+ * The Kafka Streams peer: materialize the log topic, stop at the end offsets that existed
+ * at start-up, print {@code records=<N> sha256=<hex>} on stdout (timings on stderr).
+ */
+public final class Main {
+    private static final Logger LOG = LoggerFactory.getLogger(Main.class);
+
+    private static final String USAGE = String.join("\n",
+            "usage: java -jar kafka-streams-peer.jar --topic T --app-id ID [options]",
+            "  --bootstrap HOST:PORT      default 127.0.0.1:9092",
+            "  --topic T                  the log topic (e.g. <prefix>.log)",
+            "  --app-id ID                application.id (consumer group, internal topic prefix)",
+            "  --state-dir DIR            state.dir (default: a fresh temp dir)",
+            "  --threads N                num.stream.threads (default: min(cores, partitions))",
+            "  --poll-ms MS               how often committed offsets are checked (default 100)",
+            "  --timeout-s S              give up after S seconds of processing (default 0: never)",
+            "  --prop KEY=VALUE           any StreamsConfig / client property (repeatable)",
+            "  --cleanup                  delete the local state dir and the app's internal topics at the end",
+            "Stops when the group's committed offsets reach the end offsets read (read_committed)",
+            "at start-up, computes the canonical checksum of the stores, closes, and prints",
+            "  records=<N> sha256=<hex>");
+
+    public static void main(String[] argv) throws Exception {
+        long jvmStartMs = ManagementFactory.getRuntimeMXBean().getStartTime();
+        Map<String, String> props = new HashMap<>();
+        String bootstrap = "127.0.0.1:9092", topic = null, appId = null, stateDir = null;
+        int threads = 0;
+        long pollMs = 100, timeoutS = 0;
+        boolean cleanup = false;
+        for (int i = 0; i < argv.length; i++) {
+            String a = argv[i];
+            switch (a) {
+                case "--bootstrap" -> bootstrap = arg(argv, ++i, a);
+                case "--topic" -> topic = arg(argv, ++i, a);
+                case "--app-id" -> appId = arg(argv, ++i, a);
+                case "--state-dir" -> stateDir = arg(argv, ++i, a);
+                case "--threads" -> threads = Integer.parseInt(arg(argv, ++i, a));
+                case "--poll-ms" -> pollMs = Long.parseLong(arg(argv, ++i, a));
+                case "--timeout-s" -> timeoutS = Long.parseLong(arg(argv, ++i, a));
+                case "--cleanup" -> cleanup = true;
+                case "--prop" -> {
+                    String kv = arg(argv, ++i, a);
+                    int eq = kv.indexOf('=');
+                    if (eq <= 0) {
+                        usage("--prop wants KEY=VALUE, got " + kv);
+                    }
+                    props.put(kv.substring(0, eq), kv.substring(eq + 1));
+                }
+                case "-h", "--help" -> {
+                    System.err.println(USAGE);
+                    System.exit(0);
+                }
+                default -> usage("unknown argument " + a);
+            }
+        }
+        if (topic == null || appId == null) {
+            usage("--topic and --app-id are required");
+        }
+        if (stateDir == null) {
+            stateDir = Files.createTempDirectory("kafka-streams-peer-").toString();
+        }
+        System.exit(run(jvmStartMs, bootstrap, topic, appId, stateDir, threads, pollMs, timeoutS, cleanup, props));
+    }
+
+    private static int run(long jvmStartMs, String bootstrap, String topic, String appId, String stateDir,
+            int threads, long pollMs, long timeoutS, boolean cleanup, Map<String, String> extra) throws Exception {
+        Properties adminProps = new Properties();
+        adminProps.put(AdminClientConfig.BOOTSTRAP_SERVERS_CONFIG, bootstrap);
+        try (Admin admin = Admin.create(adminProps)) {
+            // 1. The end offsets that exist now are where the run stops.
+            TopicDescription desc = admin.describeTopics(List.of(topic)).allTopicNames().get(30, TimeUnit.SECONDS)
+                    .get(topic);
+            int partitions = desc.partitions().size();
+            Map<TopicPartition, OffsetSpec> earliest = new HashMap<>(), latest = new HashMap<>();
+            for (var p : desc.partitions()) {
+                TopicPartition tp = new TopicPartition(topic, p.partition());
+                earliest.put(tp, OffsetSpec.earliest());
+                latest.put(tp, OffsetSpec.latest());
+            }
+            ListOffsetsOptions rc = new ListOffsetsOptions(IsolationLevel.READ_COMMITTED);
+            Map<TopicPartition, ListOffsetsResultInfo> begin = admin.listOffsets(earliest, rc).all().get(30, TimeUnit.SECONDS);
+            Map<TopicPartition, ListOffsetsResultInfo> end = admin.listOffsets(latest, rc).all().get(30, TimeUnit.SECONDS);
+            Map<TopicPartition, Long> target = new HashMap<>();
+            long total = 0;
+            for (TopicPartition tp : end.keySet()) {
+                long b = begin.get(tp).offset(), e = end.get(tp).offset();
+                total += Math.max(0, e - b);
+                if (e > b) {
+                    target.put(tp, e);
+                }
+            }
+            if (threads <= 0) {
+                threads = Math.max(1, Math.min(Runtime.getRuntime().availableProcessors(), partitions));
+            }
+            LOG.info("topic {}: {} partitions, {} records to consume (end offsets {}), app-id {}, {} stream thread(s), state dir {}",
+                    topic, partitions, total, end.entrySet().stream()
+                            .sorted(Map.Entry.comparingByKey((x, y) -> Integer.compare(x.partition(), y.partition())))
+                            .map(x -> x.getKey().partition() + ":" + x.getValue().offset()).toList(),
+                    appId, threads, stateDir);
+
+            // 2. The topology: source -> materializing processor with two RocksDB stores.
+            Stats stats = new Stats();
+            StreamsBuilder builder = new StreamsBuilder();
+            builder.addStateStore(Stores.keyValueStoreBuilder(
+                    Stores.persistentKeyValueStore(MaterializeProcessor.RECORDS_STORE), Serdes.Bytes(),
+                    new StoredRecord.SerdeImpl()));
+            builder.addStateStore(Stores.keyValueStoreBuilder(
+                    Stores.persistentKeyValueStore(MaterializeProcessor.DIMENSIONS_STORE), Serdes.String(),
+                    Serdes.Integer()));
+            final int topicPartitions = partitions;
+            builder.stream(topic, Consumed.with(Serdes.ByteArray(), Serdes.ByteArray()).withName("log"))
+                    .process(() -> new MaterializeProcessor(stats, topicPartitions),
+                            MaterializeProcessor.RECORDS_STORE, MaterializeProcessor.DIMENSIONS_STORE);
+
+            Properties p = new Properties();
+            p.put(StreamsConfig.APPLICATION_ID_CONFIG, appId);
+            p.put(StreamsConfig.BOOTSTRAP_SERVERS_CONFIG, bootstrap);
+            p.put(StreamsConfig.PROCESSING_GUARANTEE_CONFIG, StreamsConfig.EXACTLY_ONCE_V2);
+            p.put(StreamsConfig.STATE_DIR_CONFIG, stateDir);
+            p.put(StreamsConfig.NUM_STREAM_THREADS_CONFIG, threads);
+            p.put(StreamsConfig.DEFAULT_KEY_SERDE_CLASS_CONFIG, Serdes.ByteArraySerde.class);
+            p.put(StreamsConfig.DEFAULT_VALUE_SERDE_CLASS_CONFIG, Serdes.ByteArraySerde.class);
+            p.putAll(extra);
+            Topology topology = builder.build(p);
+            LOG.debug("topology:\n{}", topology.describe());
+
+            KafkaStreams streams = new KafkaStreams(topology, p);
+            Thread hook = new Thread(() -> streams.close(Duration.ofSeconds(30)), "peer-shutdown");
+            Runtime.getRuntime().addShutdownHook(hook);
+            streams.setUncaughtExceptionHandler(e -> {
+                LOG.error("stream thread failed", e);
+                return StreamsUncaughtExceptionHandler.StreamThreadExceptionResponse.SHUTDOWN_CLIENT;
+            });
+            long[] runningAt = {0};
+            streams.setStateListener((now, before) -> {
+                if (now == KafkaStreams.State.RUNNING && runningAt[0] == 0) {
+                    runningAt[0] = System.currentTimeMillis();
+                }
+                LOG.info("state {} -> {}", before, now);
+            });
+
+            // 3. Run until the committed offsets reach the targets.
+            long startMs = System.currentTimeMillis();
+            streams.start();
+            long lastLog = startMs;
+            while (true) {
+                KafkaStreams.State s = streams.state();
+                if (s == KafkaStreams.State.ERROR || s == KafkaStreams.State.PENDING_ERROR
+                        || s == KafkaStreams.State.NOT_RUNNING || s == KafkaStreams.State.PENDING_SHUTDOWN) {
+                    LOG.error("Kafka Streams stopped early (state {})", s);
+                    return 1;
+                }
+                if (caughtUp(admin, appId, target)) {
+                    break;
+                }
+                long now = System.currentTimeMillis();
+                if (timeoutS > 0 && now - startMs > timeoutS * 1000) {
+                    LOG.error("not caught up after {} s ({} of {} records processed)", timeoutS,
+                            stats.processed.sum(), total);
+                    streams.close(Duration.ofSeconds(30));
+                    return 1;
+                }
+                if (now - lastLog >= 10_000) {
+                    lastLog = now;
+                    LOG.info("progress: {} of {} records processed", stats.processed.sum(), total);
+                }
+                Thread.sleep(pollMs);
+            }
+            long doneMs = System.currentTimeMillis();
+
+            // 4. The canonical checksum over every partition's store (interactive queries).
+            Checksum checksum = new Checksum();
+            List<KeyValueIterator<Bytes, StoredRecord>> iterators = new ArrayList<>();
+            try {
+                for (int part = 0; part < partitions; part++) {
+                    iterators.add(recordsStore(streams, part).all());
+                }
+                checksum.addMerged(iterators);
+            } finally {
+                iterators.forEach(KeyValueIterator::close);
+            }
+            long checksumMs = System.currentTimeMillis();
+
+            // 5. Close cleanly.
+            boolean closed = streams.close(Duration.ofSeconds(60));
+            Runtime.getRuntime().removeShutdownHook(hook);
+            long closedMs = System.currentTimeMillis();
+            if (!closed) {
+                LOG.error("Kafka Streams did not close within 60 s");
+            }
+            if (cleanup) {
+                streams.cleanUp();
+                deleteInternalTopics(admin, appId);
+            }
+
+            System.out.println("records=" + checksum.records + " sha256=" + checksum.hex());
+            System.out.flush();
+
+            double procS = (doneMs - startMs) / 1000.0;
+            long first = stats.firstRecordMs.get();
+            double steadyS = first == 0 ? 0 : (doneMs - first) / 1000.0;
+            LOG.info(String.format(Locale.ROOT,
+                    "throughput: %d records in %.3f s = %.0f records/s (streams.start -> caught up); "
+                            + "steady %.0f records/s (first record -> caught up, %.3f s); "
+                            + "to RUNNING %.3f s, checksum %.3f s, close %.3f s, JVM start -> caught up %.3f s, total %.3f s",
+                    total, procS, procS > 0 ? total / procS : 0, steadyS > 0 ? total / steadyS : 0, steadyS,
+                    runningAt[0] == 0 ? 0 : (runningAt[0] - startMs) / 1000.0, (checksumMs - doneMs) / 1000.0,
+                    (closedMs - checksumMs) / 1000.0, (doneMs - jvmStartMs) / 1000.0,
+                    (closedMs - jvmStartMs) / 1000.0));
+            LOG.info("processed {} messages (retries may count twice); {}", stats.processed.sum(), stats.summary());
+            return closed ? 0 : 1;
+        }
+    }
+
+    /** True when, for every partition with records, the group's committed offset >= the target. */
+    private static boolean caughtUp(Admin admin, String group, Map<TopicPartition, Long> target) throws Exception {
+        if (target.isEmpty()) {
+            return true;
+        }
+        Map<TopicPartition, OffsetAndMetadata> committed = admin.listConsumerGroupOffsets(group)
+                .partitionsToOffsetAndMetadata().get(30, TimeUnit.SECONDS);
+        for (Map.Entry<TopicPartition, Long> t : target.entrySet()) {
+            OffsetAndMetadata c = committed.get(t.getKey());
+            if (c == null || c.offset() < t.getValue()) {
+                return false;
+            }
+        }
+        return true;
+    }
+
+    private static ReadOnlyKeyValueStore<Bytes, StoredRecord> recordsStore(KafkaStreams streams, int partition)
+            throws InterruptedException {
+        StoreQueryParameters<ReadOnlyKeyValueStore<Bytes, StoredRecord>> q = StoreQueryParameters
+                .fromNameAndType(MaterializeProcessor.RECORDS_STORE, QueryableStoreTypes.<Bytes, StoredRecord>keyValueStore())
+                .withPartition(partition);
+        for (int attempt = 0;; attempt++) {
+            try {
+                return streams.store(q);
+            } catch (InvalidStateStoreException e) {
+                if (attempt >= 100) {
+                    throw e;
+                }
+                Thread.sleep(100);
+            }
+        }
+    }
+
+    private static void deleteInternalTopics(Admin admin, String appId) {
+        try {
+            List<String> internal = admin.listTopics().names().get(30, TimeUnit.SECONDS).stream()
+                    .filter(t -> t.startsWith(appId + "-") && t.endsWith("-changelog")).toList();
+            admin.deleteTopics(internal).all().get(60, TimeUnit.SECONDS);
+            admin.deleteConsumerGroups(List.of(appId)).all().get(60, TimeUnit.SECONDS);
+            LOG.info("deleted internal topics {} and group {}", internal, appId);
+        } catch (Exception e) {
+            LOG.warn("cleanup of internal topics / group {} failed: {}", appId, e.toString());
+        }
+    }
+
+    private static String arg(String[] argv, int i, String name) {
+        if (i >= argv.length) {
+            usage(name + " needs a value");
+        }
+        return argv[i];
+    }
+
+    private static void usage(String why) {
+        System.err.println("error: " + why);
+        System.err.println(USAGE);
+        System.exit(2);
+    }
+}
