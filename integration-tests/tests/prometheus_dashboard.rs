@@ -488,7 +488,7 @@ fn every_dashboard_and_alert_expression_works_against_two_real_replicas() {
             eprintln!("    (allowed to be empty: {why})");
         }
         let values = result.as_array().into_iter().flatten().filter_map(|s| s["value"][1].as_str()?.parse::<f64>().ok());
-        panel_max.entry(title.clone()).or_insert(Vec::new()).extend(values);
+        panel_max.entry(title.clone()).or_default().extend(values);
     }
     assert!(failures.is_empty(), "dashboard expressions without data:\n{}", failures.join("\n"));
     // And the panels that show what this run did show it.
