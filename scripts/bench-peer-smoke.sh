@@ -31,7 +31,7 @@
 #            [--keep]
 #   defaults: 20,000 workload records (plus ~3,000 extras), 4 partitions, dim 16,
 #   8 collections, 500 ids per collection, seed 7, peer threads = its default.
-#   --keep   keep the temp folder, topics and groups (prints where they are).
+#   --keep   keep the temp folder (peer state, both sysdbs, logs), topics and groups.
 # Everything created (topics, the peer's changelog topics, groups, temp files) is
 # removed on exit, also on failure or Ctrl-C.
 set -euo pipefail
@@ -122,16 +122,16 @@ cleanup() {
         kill -KILL "$SLUICE_PID" 2>/dev/null
     fi
     if $KEEP; then
-        log "kept: $WORK, topics ${TOPICS[*]} and $APP_ID-*-changelog, groups $APP_ID $GROUP_SLUICE"
+        log "kept: $WORK, topics ${TOPICS[*]} and $APP_ID-*-changelog, groups $APP_ID $GROUP_SLUICE $GROUP_SLUICE.backfill"
     else
-        log "cleanup: topics ${TOPICS[*]} $APP_ID-*, groups $APP_ID $GROUP_SLUICE, $WORK"
+        log "cleanup: topics ${TOPICS[*]} $APP_ID-*, groups $APP_ID $GROUP_SLUICE $GROUP_SLUICE.backfill, $WORK"
         for t in "${TOPICS[@]}"; do
             timeout 60 "$KTOOL" topics --bootstrap-server "$BS" --delete --if-exists --topic "$t" >/dev/null 2>&1
         done
         # the peer deletes its own changelog topics (--cleanup); this catches a failed run
         timeout 60 "$KTOOL" topics --bootstrap-server "$BS" --delete --if-exists --topic "$APP_ID-.*" >/dev/null 2>&1
         timeout 60 "$KTOOL" consumer-groups --bootstrap-server "$BS" --delete \
-            --group "$APP_ID" --group "$GROUP_SLUICE" >/dev/null 2>&1
+            --group "$APP_ID" --group "$GROUP_SLUICE" --group "$GROUP_SLUICE.backfill" >/dev/null 2>&1
         rm -rf "$WORK"
     fi
     exit "$rc"
@@ -327,8 +327,9 @@ log "$TOPIC holds $TOTAL messages"
 
 # ------------------------------------------------------------------ 4. the peer -----
 log "running the Kafka Streams peer (app id $APP_ID)"
-peer_args=(--bootstrap "$BS" --topic "$TOPIC" --app-id "$APP_ID" --state-dir "$WORK/peer-state" --cleanup
+peer_args=(--bootstrap "$BS" --topic "$TOPIC" --app-id "$APP_ID" --state-dir "$WORK/peer-state"
     --timeout-s "$PHASE_TIMEOUT")
+$KEEP || peer_args+=(--cleanup) # the peer deletes its state, changelog topics and group
 [[ -z "$THREADS" ]] || peer_args+=(--threads "$THREADS")
 t0="$(now)"
 java -jar "$JAR" "${peer_args[@]}" >"$WORK/peer.out" 2>"$WORK/peer.err" ||

@@ -21,7 +21,7 @@
 #                          tests that run concurrently.
 #
 # Environment:
-#   SLUICE_PROM_PORT       listen port on 127.0.0.1 (default 59090; the Debian
+#   SLUICE_PROM_PORT       listen port on 127.0.0.1 (default 19090; the Debian
 #                          package's own service would use 9090 -- we never use it)
 #
 # Files (all under the git-ignored $REPO/.local/prometheus/):
@@ -41,7 +41,7 @@ set -euo pipefail
 SCRIPT_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 REPO="$(git -C "$SCRIPT_DIR" rev-parse --show-toplevel 2>/dev/null || (cd "$SCRIPT_DIR/../.." && pwd))"
 
-PORT="${SLUICE_PROM_PORT:-59090}"
+PORT="${SLUICE_PROM_PORT:-19090}"
 LOCAL_DIR="$REPO/.local"
 BASE="$LOCAL_DIR/prometheus"
 DATA="$BASE/data"
@@ -63,7 +63,7 @@ usage() {
 }
 
 case "$PORT" in
-  ''|*[!0-9]*) die "SLUICE_PROM_PORT='$PORT' is not a number. Fix: export SLUICE_PROM_PORT=59090" ;;
+  ''|*[!0-9]*) die "SLUICE_PROM_PORT='$PORT' is not a number. Fix: export SLUICE_PROM_PORT=19090" ;;
 esac
 
 # ---------------------------------------------------------------- install
@@ -160,7 +160,7 @@ cmd_start() {
   fi
   rm -f "$PIDFILE"
   if port_in_use; then
-    die "127.0.0.1:$PORT is already in use by another process. Fix: SLUICE_PROM_PORT=59091 $0 start, or stop the other process (ss -ltnp 'sport = :$PORT')"
+    die "127.0.0.1:$PORT is already in use by another process. Fix: SLUICE_PROM_PORT=19091 $0 start, or stop the other process (ss -ltnp 'sport = :$PORT')"
   fi
   render_config
   log "starting prometheus $(prometheus --version 2>&1 | awk 'NR==1{print $3}') at $URL (config: $CONFIG, data: $DATA, log: $LOGFILE)"

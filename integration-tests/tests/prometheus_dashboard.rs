@@ -113,7 +113,7 @@ fn require_prometheus() -> Option<Prometheus> {
     // is used as it is; the script recognises it by its data directory, not its port.
     let mut port_env = std::env::var_os("SLUICE_PROM_PORT").is_none().then(running_port).flatten();
     let mut out = start(port_env.as_deref());
-    // The default port (59090) lies in Linux's ephemeral port range: a Kafka client's
+    // The default port (19090) used to lie in the ephemeral range (59090): a Kafka client's
     // connection in TIME_WAIT on it makes the bind fail (or another checkout's Prometheus
     // listens there). Unless the port was chosen explicitly, retry once on a port that is
     // free right now.

@@ -2,6 +2,7 @@ package sluice.peer;
 
 import java.lang.management.ManagementFactory;
 import java.nio.file.Files;
+import java.nio.file.Path;
 import java.time.Duration;
 import java.util.ArrayList;
 import java.util.HashMap;
@@ -16,6 +17,7 @@ import org.apache.kafka.clients.admin.AdminClientConfig;
 import org.apache.kafka.clients.admin.ListOffsetsOptions;
 import org.apache.kafka.clients.admin.ListOffsetsResult.ListOffsetsResultInfo;
 import org.apache.kafka.clients.admin.OffsetSpec;
+import org.apache.kafka.clients.admin.RemoveMembersFromConsumerGroupOptions;
 import org.apache.kafka.clients.admin.TopicDescription;
 import org.apache.kafka.clients.consumer.OffsetAndMetadata;
 import org.apache.kafka.common.IsolationLevel;
@@ -55,7 +57,7 @@ public final class Main {
             "  --poll-ms MS               how often committed offsets are checked (default 100)",
             "  --timeout-s S              give up after S seconds of processing (default 0: never)",
             "  --prop KEY=VALUE           any StreamsConfig / client property (repeatable)",
-            "  --cleanup                  delete the local state dir and the app's internal topics at the end",
+            "  --cleanup                  at the end, delete the app's local state, changelog topics and group",
             "Stops when the group's committed offsets reach the end offsets read (read_committed)",
             "at start-up, computes the canonical checksum of the stores, closes, and prints",
             "  records=<N> sha256=<hex>");
@@ -229,7 +231,7 @@ public final class Main {
                 LOG.error("Kafka Streams did not close within 60 s");
             }
             if (cleanup) {
-                streams.cleanUp();
+                deleteRecursively(Path.of(stateDir, appId));
                 deleteInternalTopics(admin, appId);
             }
 
@@ -290,10 +292,27 @@ public final class Main {
             List<String> internal = admin.listTopics().names().get(30, TimeUnit.SECONDS).stream()
                     .filter(t -> t.startsWith(appId + "-") && t.endsWith("-changelog")).toList();
             admin.deleteTopics(internal).all().get(60, TimeUnit.SECONDS);
+            // Stream threads do not send LeaveGroup on close (dynamic members only expire
+            // after the session timeout): remove them so that the group can be deleted now.
+            admin.removeMembersFromConsumerGroup(appId, new RemoveMembersFromConsumerGroupOptions())
+                    .all().get(60, TimeUnit.SECONDS);
             admin.deleteConsumerGroups(List.of(appId)).all().get(60, TimeUnit.SECONDS);
             LOG.info("deleted internal topics {} and group {}", internal, appId);
         } catch (Exception e) {
             LOG.warn("cleanup of internal topics / group {} failed: {}", appId, e.toString());
+        }
+    }
+
+    private static void deleteRecursively(Path dir) {
+        if (!Files.exists(dir)) {
+            return;
+        }
+        try (var paths = Files.walk(dir)) {
+            for (Path x : paths.sorted(java.util.Comparator.reverseOrder()).toList()) {
+                Files.delete(x);
+            }
+        } catch (java.io.IOException e) {
+            LOG.warn("cannot delete the state dir {}: {}", dir, e.toString());
         }
     }
 
