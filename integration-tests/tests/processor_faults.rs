@@ -193,7 +193,10 @@ fn raw_producer() -> ThreadedProducer<DefaultProducerContext> {
 }
 
 /// Consume every message of `topic` up to its high watermarks.
-fn read_all(topic: &str, partitions: i32) -> Vec<(i32, i64, Option<Vec<u8>>, BTreeMap<String, String>)> {
+/// A consumed message: partition, offset, payload, headers.
+type Consumed = (i32, i64, Option<Vec<u8>>, BTreeMap<String, String>);
+
+fn read_all(topic: &str, partitions: i32) -> Vec<Consumed> {
     let c: BaseConsumer = ClientConfig::new()
         .set("bootstrap.servers", brokers())
         .set("group.id", format!("reader-{}", sluice_integration_tests::suffix()))
