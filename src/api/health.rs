@@ -16,6 +16,8 @@ struct State {
     assigned: bool,
     stopping: Option<String>,
     halted: BTreeSet<i32>,
+    /// Set while sysdb calls fail with a retryable error: the last such error.
+    sysdb_unavailable: Option<String>,
 }
 
 /// Shared between the processor (writer) and the HTTP server (reader).
@@ -61,6 +63,14 @@ impl Health {
         }
     }
 
+    /// A sysdb call failed with a retryable error (`Some`) or succeeded (`None`).
+    pub fn set_sysdb_unavailable(&self, error: Option<String>) {
+        let mut s = self.lock();
+        if s.sysdb_unavailable.is_some() != error.is_some() || error.is_some() {
+            s.sysdb_unavailable = error;
+        }
+    }
+
     /// Revoked partitions are no longer this replica's concern.
     pub fn partitions_revoked(&self, partitions: &[i32]) {
         let mut s = self.lock();
@@ -80,6 +90,9 @@ impl Health {
         }
         if !s.assigned {
             return Err("starting: waiting for the first partition assignment (positions are loaded from the sysdb)".into());
+        }
+        if let Some(e) = &s.sysdb_unavailable {
+            return Err(format!("sysdb unavailable (retrying with backoff): {e}"));
         }
         if !s.halted.is_empty() {
             return Err(format!(
@@ -109,6 +122,10 @@ mod tests {
         assert_eq!(h.readiness(), Ok(()));
         h.set_halted(1, true);
         h.set_halted(1, false);
+        assert_eq!(h.readiness(), Ok(()));
+        h.set_sysdb_unavailable(Some("connection refused".into()));
+        assert!(h.readiness().unwrap_err().contains("sysdb unavailable"));
+        h.set_sysdb_unavailable(None);
         assert_eq!(h.readiness(), Ok(()));
         h.stopping("shutdown requested");
         h.stopping("later reasons do not replace the first");

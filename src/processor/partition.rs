@@ -172,8 +172,23 @@ impl Worker {
         let flush_started = Instant::now();
         let span = info_span!("batch", topic = %self.shared.topic, partition = self.partition, from = delta.from, to = delta.to);
         let mut backoff = Duration::from_millis(100);
+        let mut retried = false;
         loop {
-            match self.process(&msgs, delta).instrument(span.clone()).await {
+            let outcome = self.process(&msgs, delta).instrument(span.clone()).await;
+            if !matches!(&outcome, Err(e) if e.is_retryable()) {
+                self.shared.health.set_sysdb_unavailable(None);
+            }
+            // A commit whose outcome was unknown (the connection dropped during COMMIT)
+            // that in fact landed: the retry finds the position already at our `to`.
+            let landed_before = retried
+                && matches!(&outcome, Err(SysdbError::Conflict(crate::positions::IncompatibleDelta::PositionMoved { stored, .. })) if *stored == delta.to);
+            let outcome = if landed_before {
+                info!(partition = self.partition, to = delta.to, "the previous, uncertain commit of this batch had landed");
+                Ok(())
+            } else {
+                outcome
+            };
+            match outcome {
                 Ok(()) => {
                     self.next = delta.to;
                     self.shared.metrics.partition_sysdb_next(self.partition, delta.to);
@@ -191,6 +206,10 @@ impl Worker {
                 }
                 Err(e) => {
                     self.shared.metrics.sysdb_retry();
+                    if e.is_retryable() {
+                        self.shared.health.set_sysdb_unavailable(Some(e.to_string()));
+                    }
+                    retried = true;
                     warn!(%e, partition = self.partition, retry_in = ?backoff, "batch commit failed; retrying");
                     tokio::time::sleep(backoff).await;
                     backoff = (backoff * 2).min(Duration::from_secs(5));

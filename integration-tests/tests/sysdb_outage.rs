@@ -1,0 +1,181 @@
+//! Database outages while processing and backfilling: PostgreSQL stopped and restarted,
+//! the SQLite file locked by another process. The processor retries with backoff, never
+//! lets the group offset pass the sysdb, reports not-ready while the sysdb is
+//! unreachable, and ends with exact results.
+//!
+//! One test per backend, run one after the other inside a single test function: stopping
+//! PostgreSQL must not hit other tests (cargo runs test binaries one at a time).
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use sluice::cli::jsonl::{log_record_to_json, record_to_json};
+use sluice::materialize::model::{reference, reference_outputs};
+use sluice::record::{LogRecord, Record};
+use sluice::workload::{generate, WorkloadSpec};
+use sluice_integration_tests::{free_port, http_get, metric_samples, repo_root, require_kafka, require_postgres, Env, Replica};
+
+const WAIT: Duration = Duration::from_secs(180);
+
+fn workload(n: usize, seed: u64, prefix: &str) -> Vec<LogRecord> {
+    generate(&WorkloadSpec { records: n, collections: 4, dim: 4, ids_per_collection: 300, seed, collection_prefix: format!("{prefix}-c"), ..Default::default() })
+        .collect()
+}
+
+fn lines(r: &[LogRecord]) -> Vec<String> {
+    r.iter().map(|r| log_record_to_json(r).to_string()).collect()
+}
+
+fn readyz(port: u16) -> Option<(u16, String)> {
+    http_get(port, "/readyz").map(|(s, _, b)| (s, b))
+}
+
+/// Every partition's group offset gauge is at or below its sysdb gauge.
+fn group_never_ahead(port: u16) {
+    let Some((200, _, body)) = http_get(port, "/metrics") else { return };
+    let m = metric_samples(&body);
+    for (k, group) in m.iter().filter(|(k, _)| k.starts_with("sluice_partition_group_offset{")) {
+        let sysdb_key = k.replace("sluice_partition_group_offset", "sluice_partition_sysdb_next_offset");
+        if let Some(sysdb) = m.get(&sysdb_key) {
+            assert!(group <= sysdb, "group offset {group} ahead of the sysdb {sysdb} ({k})");
+        }
+    }
+}
+
+fn assert_exact(env: &Env, log: &[LogRecord], function_output: Option<(&str, &str)>) {
+    let indexed: Vec<(i64, LogRecord)> = log.iter().cloned().enumerate().map(|(i, r)| (i as i64, r)).collect();
+    for (cid, cm) in &reference(&indexed).collections {
+        let expected: Vec<Value> = cm.records.values().map(record_to_json).collect();
+        let actual: Vec<Value> = env.run(&["records", cid]).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+        assert_eq!(actual, expected, "records of {cid}");
+    }
+    if let Some((collection, output)) = function_output {
+        let model = reference_outputs(&indexed, collection, "statistics");
+        let expected: Vec<Value> = model
+            .iter()
+            .map(|(id, m)| record_to_json(&Record { id: id.clone(), embedding: m.embedding.clone(), metadata: m.metadata.clone(), document: m.document.clone(), offset: 0 }))
+            .collect();
+        let actual: Vec<Value> = env.run(&["records", output]).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+        assert_eq!(actual, expected, "statistics output");
+    }
+}
+
+/// Produce in the background while `during` runs; returns everything produced.
+fn produce_during(env: &Env, seed: u64, during: impl FnOnce()) -> Vec<LogRecord> {
+    let chunks: Vec<Vec<LogRecord>> = (0..10).map(|i| workload(300, seed + i, &env.prefix)).collect();
+    let all: Vec<LogRecord> = chunks.iter().flatten().cloned().collect();
+    let env2 = env.clone();
+    let producer = std::thread::spawn(move || {
+        for c in &chunks {
+            env2.produce(&lines(c));
+            std::thread::sleep(Duration::from_millis(300));
+        }
+    });
+    during();
+    producer.join().unwrap();
+    all
+}
+
+fn wait_not_ready(port: u16, needle: &str) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        group_never_ahead(port);
+        if let Some((503, body)) = readyz(port) {
+            if body.contains(needle) {
+                return;
+            }
+        }
+        assert!(Instant::now() < deadline, "/readyz never reported {needle:?}: {:?}", readyz(port));
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+fn wait_ready(port: u16) {
+    let deadline = Instant::now() + WAIT;
+    while readyz(port).map(|(s, _)| s) != Some(200) {
+        group_never_ahead(port);
+        assert!(Instant::now() < deadline, "/readyz never became 200 again: {:?}", readyz(port));
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+fn pg(cmd: &str) {
+    let st = Command::new(repo_root().join("deploy/local/postgres.sh")).arg(cmd).status().unwrap();
+    assert!(st.success(), "postgres.sh {cmd}");
+}
+
+fn postgres_restart_during_processing_and_backfill(env: Env) {
+    env.run(&["init", "--partitions", "3"]);
+    let env = env.with_sections("[backfill]\nchunk_size = 20\npause_ms = 50\nscan_interval_ms = 500\n");
+    let base = workload(2_000, 1, &env.prefix);
+    env.produce(&lines(&base));
+    let port = free_port();
+    let p = port.to_string();
+    let r: Replica = env.spawn_replica("r1", &[("SLUICE_HTTP", &format!("127.0.0.1:{p}"))]);
+    env.wait_caught_up(WAIT);
+    let c = base[0].collection_id.clone();
+    let attached: Value = serde_json::from_str(env.run(&["functions", "attach", &c, "--function", "statistics", "--output", "stats"]).trim()).unwrap();
+    let live = produce_during(&env, 10, || {
+        std::thread::sleep(Duration::from_millis(800));
+        pg("stop");
+        wait_not_ready(port, "sysdb unavailable");
+        std::thread::sleep(Duration::from_secs(3));
+        pg("start");
+        wait_ready(port);
+    });
+    env.wait_caught_up(WAIT);
+    let id = attached["function_id"].as_str().unwrap();
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let fl: Value = serde_json::from_str(&env.run(&["functions", "list", "--format", "json"])).unwrap();
+        if fl.as_array().unwrap().iter().any(|f| f["id"] == id && f["status"] == "ready") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "backfill never finished after the outage: {fl}");
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    group_never_ahead(port);
+    let all: Vec<LogRecord> = base.iter().chain(&live).cloned().collect();
+    assert_exact(&env, &all, Some((&c, "stats")));
+    assert!(r.log_text().contains("retrying"), "the outage was seen and retried");
+}
+
+fn sqlite_locked_by_another_process(env: Env) {
+    env.run(&["init", "--partitions", "3"]);
+    let base = workload(1_000, 2, &env.prefix);
+    env.produce(&lines(&base));
+    let port = free_port();
+    let r = env.spawn_replica("r1", &[("SLUICE_HTTP", &format!("127.0.0.1:{port}"))]);
+    env.wait_caught_up(WAIT);
+    let path = env.sysdb.strip_prefix("sqlite://").unwrap().to_string();
+    let live = produce_during(&env, 20, || {
+        // Another process holds the database's write lock for 8 s (longer than the
+        // 5 s busy timeout): every commit fails with SQLITE_BUSY meanwhile.
+        let conn = rusqlite::Connection::open(&path).unwrap();
+        conn.execute_batch("BEGIN EXCLUSIVE").unwrap();
+        wait_not_ready(port, "sysdb unavailable");
+        std::thread::sleep(Duration::from_secs(2));
+        conn.execute_batch("COMMIT").unwrap();
+        drop(conn);
+        wait_ready(port);
+    });
+    env.wait_caught_up(WAIT);
+    let all: Vec<LogRecord> = base.iter().chain(&live).cloned().collect();
+    assert_exact(&env, &all, None);
+    assert!(r.log_text().contains("retrying"), "the lock was seen and retried");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn sysdb_outages_are_retried_reported_and_end_exact() {
+    if !require_kafka() || !require_postgres().await {
+        return;
+    }
+    let pg_env = Env::postgres("outage").await;
+    tokio::task::spawn_blocking(move || {
+        sqlite_locked_by_another_process(Env::sqlite("locked"));
+        postgres_restart_during_processing_and_backfill(pg_env);
+    })
+    .await
+    .unwrap();
+}
