@@ -33,6 +33,7 @@ pub struct Config {
     pub limits: Limits,
     pub http: HttpConfig,
     pub backfill: BackfillConfig,
+    pub metrics: MetricsConfig,
     /// librdkafka options passed through unchanged to every client (consumer, producer,
     /// admin): SASL/SSL settings, `client.id`, tuning. Values are strings. Sluice's own
     /// settings (`enable.auto.commit`, `enable.auto.offset.store`, `partitioner`, ...)
@@ -185,6 +186,16 @@ impl Default for ProcessorConfig {
             shutdown_timeout_ms: 20_000,
         }
     }
+}
+
+/// What `/metrics` exports beyond the fixed families.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct MetricsConfig {
+    /// Export `sluice_collection_records_processed_total{collection}`: one series per
+    /// collection. Off by default: with many collections this is unbounded cardinality
+    /// for Prometheus.
+    pub per_collection: bool,
 }
 
 /// The backfill worker (a role of `sluice process`).

@@ -234,6 +234,14 @@ pub struct Metrics {
     records_backfilled: Counter,
     backfill_duration: Histogram,
     markers_published: Family<ResultLabel, Counter>,
+    /// `sluice_collection_records_processed_total{collection}`: only filled when
+    /// `[metrics] per_collection = true` (one series per collection: cardinality).
+    per_collection: Option<Family<CollectionLabel, Counter>>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, PartialOrd, Ord, EncodeLabelSet)]
+struct CollectionLabel {
+    collection: String,
 }
 
 /// `sluice_backfill_tasks_total{status}` values.
@@ -262,6 +270,11 @@ const BACKFILL_BUCKETS: [f64; 12] = [0.1, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 
 impl Metrics {
     /// A fresh registry with every family registered (prefix `sluice_`).
     pub fn new() -> Arc<Metrics> {
+        Metrics::with_options(false)
+    }
+
+    /// `per_collection`: also export `sluice_collection_records_processed_total{collection}`.
+    pub fn with_options(per_collection: bool) -> Arc<Metrics> {
         let mut r = Registry::with_prefix("sluice");
         let partitions = PartitionGauges::default();
         let p = &partitions;
@@ -292,7 +305,11 @@ impl Metrics {
             records_backfilled: Counter::default(),
             backfill_duration: Histogram::new(BACKFILL_BUCKETS),
             markers_published: Family::default(),
+            per_collection: per_collection.then(Family::default),
         };
+        if let Some(f) = &m.per_collection {
+            r.register("collection_records_processed", "Data records applied, per collection (enabled by [metrics] per_collection)", f.clone());
+        }
         r.register("backfill_tasks", "Backfill tasks and runs, by status (received, started, finished, skipped, failed)", m.backfill_tasks.clone());
         r.register("records_backfilled", "Records of collections as of their marker that backfills have applied to functions", m.records_backfilled.clone());
         r.register_with_unit("backfill_duration", "Duration of a whole backfill, from its start in this replica to the function being ready", Unit::Seconds, m.backfill_duration.clone());
@@ -351,6 +368,20 @@ impl Metrics {
         if n > 0 {
             self.records_processed.get_or_create(&OperationLabel { operation }).inc_by(n);
         }
+    }
+
+    /// Records applied to one collection (no-op unless per-collection labels are on).
+    pub fn collection_records(&self, collection: &str, n: u64) {
+        if let Some(f) = &self.per_collection {
+            if n > 0 {
+                f.get_or_create(&CollectionLabel { collection: collection.to_string() }).inc_by(n);
+            }
+        }
+    }
+
+    /// Whether per-collection series are exported.
+    pub fn per_collection(&self) -> bool {
+        self.per_collection.is_some()
     }
 
     /// `reason` is an [`IgnoreReason::label`](crate::materialize::IgnoreReason::label).
@@ -653,5 +684,20 @@ mod tests {
         assert_eq!(s["sluice_rebalances_total{kind=\"revoke\"}"], 0.0);
         stats.commits_ok.fetch_add(1, Ordering::Relaxed);
         assert_eq!(samples(&m.encode())["sluice_offset_commits_total{result=\"ok\"}"], 6.0);
+    }
+}
+
+#[cfg(test)]
+mod per_collection_tests {
+    use super::*;
+
+    #[test]
+    fn per_collection_series_only_behind_the_switch() {
+        let off = Metrics::new();
+        off.collection_records("c1", 3);
+        assert!(!off.encode().contains("sluice_collection_records_processed"));
+        let on = Metrics::with_options(true);
+        on.collection_records("c1", 3);
+        assert!(on.encode().contains("sluice_collection_records_processed_total{collection=\"c1\"} 3"), "{}", on.encode());
     }
 }

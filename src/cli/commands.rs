@@ -404,7 +404,7 @@ impl Roles {
 
 pub async fn process(config: Config, roles: Roles) -> Result<()> {
     let sysdb = Arc::new(open_sysdb(&config).await?);
-    let metrics = crate::metrics::Metrics::new();
+    let metrics = crate::metrics::Metrics::with_options(config.metrics.per_collection);
     let health = crate::api::Health::new();
     // The HTTP server starts before the processor joins the group (so /readyz says
     // "starting") and stops after it has left (the last metrics stay scrapeable).

@@ -278,6 +278,10 @@ impl Worker {
                 batch::fold_collection(id, row.as_ref(), self.partition, records, &current, &mut counts, &mut dlq)
                     .map_err(|e| SysdbError::Database { backend: "processor", message: e.to_string() })?;
             if let Some(u) = update {
+                if self.shared.metrics.per_collection() {
+                    let applied = records.iter().filter(|(_, r)| r.operation.is_data()).count() - outcome.rejected.len();
+                    self.shared.metrics.collection_records(id, applied as u64);
+                }
                 updates.push(u);
             }
             let markers = functions::markers(records);
