@@ -10,6 +10,7 @@ deploy/local/deps.sh
 # Kafka clients start taking local ports.
 deploy/local/prometheus.sh start
 deploy/local/kafka.sh start
+deploy/local/kafka-auth.sh start # SASL_SSL/SCRAM broker on 29192 (integration-tests/tests/auth_broker.rs)
 deploy/local/postgres.sh start
 deploy/local/python-env.sh >/dev/null
 cargo build --locked --bin sluice

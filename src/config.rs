@@ -1,6 +1,7 @@
 //! Configuration: a TOML file (`--config`), overridden by environment variables
 //! (`SLUICE_BROKERS`, `SLUICE_SYSDB`, `SLUICE_GROUP`, `SLUICE_TOPIC_PREFIX`, `SLUICE_HTTP`,
-//! `SLUICE_ADMIN_TOKEN`), overridden by command-line flags. Unknown keys are rejected.
+//! `SLUICE_ADMIN_TOKEN`, `SLUICE_SASL_USERNAME`, `SLUICE_SASL_PASSWORD`), overridden by
+//! command-line flags. Unknown keys are rejected.
 //! Every field's doc comment is the user's reference (`docs/configuration.md` mirrors it).
 
 use std::collections::BTreeMap;
@@ -37,7 +38,12 @@ pub struct Config {
     /// librdkafka options passed through unchanged to every client (consumer, producer,
     /// admin): SASL/SSL settings, `client.id`, tuning. Values are strings. Sluice's own
     /// settings (`enable.auto.commit`, `enable.auto.offset.store`, `partitioner`, ...)
-    /// win over these where correctness depends on them.
+    /// win over these where correctness depends on them. Example for SASL/SCRAM over TLS:
+    /// `"security.protocol" = "SASL_SSL"`, `"sasl.mechanisms" = "SCRAM-SHA-512"`,
+    /// `"ssl.ca.location" = "/path/ca.pem"`, `"sasl.username"`, `"sasl.password"`.
+    /// Env: `SLUICE_SASL_USERNAME` / `SLUICE_SASL_PASSWORD` set `sasl.username` /
+    /// `sasl.password` (preferred for the password: keeps it out of files). Secret values
+    /// (`*password*`, `*secret*`, ...) are never logged; `sluice config show` prints `***`.
     pub librdkafka: BTreeMap<String, String>,
 }
 
@@ -281,11 +287,16 @@ pub struct Overrides {
     pub http: Option<String>,
     /// `SLUICE_ADMIN_TOKEN` (environment only: a flag would show in `ps`).
     pub admin_token: Option<String>,
+    /// `SLUICE_SASL_USERNAME` → `[librdkafka] sasl.username`.
+    pub sasl_username: Option<String>,
+    /// `SLUICE_SASL_PASSWORD` → `[librdkafka] sasl.password` (environment only; never
+    /// logged: `Secret`).
+    pub sasl_password: Option<Secret>,
 }
 
 impl Overrides {
     /// Read `SLUICE_BROKERS`, `SLUICE_SYSDB`, `SLUICE_GROUP`, `SLUICE_TOPIC_PREFIX`,
-    /// `SLUICE_HTTP`, `SLUICE_ADMIN_TOKEN`.
+    /// `SLUICE_HTTP`, `SLUICE_ADMIN_TOKEN`, `SLUICE_SASL_USERNAME`, `SLUICE_SASL_PASSWORD`.
     pub fn from_env() -> Overrides {
         let var = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
         Overrides {
@@ -296,6 +307,8 @@ impl Overrides {
             // Empty is meaningful here: it disables the HTTP server.
             http: std::env::var("SLUICE_HTTP").ok(),
             admin_token: var("SLUICE_ADMIN_TOKEN"),
+            sasl_username: var("SLUICE_SASL_USERNAME"),
+            sasl_password: var("SLUICE_SASL_PASSWORD").map(Secret::new),
         }
     }
 
@@ -307,6 +320,8 @@ impl Overrides {
         self.topic_prefix = other.topic_prefix.or(self.topic_prefix);
         self.http = other.http.or(self.http);
         self.admin_token = other.admin_token.or(self.admin_token);
+        self.sasl_username = other.sasl_username.or(self.sasl_username);
+        self.sasl_password = other.sasl_password.or(self.sasl_password);
         self
     }
 }
@@ -349,6 +364,12 @@ impl Config {
         }
         if let Some(v) = o.admin_token {
             self.http.admin_token = Some(Secret::new(v));
+        }
+        if let Some(v) = o.sasl_username {
+            self.librdkafka.insert("sasl.username".into(), v);
+        }
+        if let Some(v) = o.sasl_password {
+            self.librdkafka.insert("sasl.password".into(), v.expose().to_string());
         }
     }
 
@@ -446,5 +467,30 @@ mod tests {
         let empty = Config::from_toml("[http]\nadmin_token = \"\"\n", "t").unwrap();
         assert_eq!(empty.http.admin_token(), None, "an empty token means no token");
         assert_eq!(Config::default().http.admin_token(), None);
+    }
+
+    #[test]
+    fn sasl_credentials_from_env_override_the_file_and_stay_redacted() {
+        let mut c = Config::from_toml(
+            "[librdkafka]\n\"sasl.username\" = \"file-user\"\n\"sasl.password\" = \"file-pass\"\n",
+            "t",
+        )
+        .unwrap();
+        let o = Overrides {
+            sasl_username: Some("env-user".into()),
+            sasl_password: Some(Secret::new("env-pass")),
+            ..Default::default()
+        };
+        assert!(!format!("{o:?}").contains("env-pass"), "the password leaks through Debug");
+        c.apply(Overrides::default().then(o));
+        assert_eq!(c.librdkafka["sasl.username"], "env-user");
+        assert_eq!(c.librdkafka["sasl.password"], "env-pass");
+        let r = redacted_librdkafka(&c.librdkafka);
+        assert_eq!(r["sasl.password"], "***");
+        assert_eq!(r["sasl.username"], "env-user");
+        // Without the variables the file's values stay.
+        let mut d = Config::from_toml("[librdkafka]\n\"sasl.password\" = \"file-pass\"\n", "t").unwrap();
+        d.apply(Overrides::default());
+        assert_eq!(d.librdkafka["sasl.password"], "file-pass");
     }
 }

@@ -112,7 +112,12 @@ fn eager_rebalance_protocol_two_replicas_one_killed() {
     let _r1 = env.spawn_replica("r1", &[]);
     let mut r2 = env.spawn_replica("r2", &[]);
     env.produce(&lines(&a));
-    std::thread::sleep(Duration::from_secs(2));
+    // Kill r2 only once it has taken part in the group (it got partitions).
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while !r2.log_text().contains("assigned") {
+        assert!(std::time::Instant::now() < deadline, "r2 never joined the group:\n{}", r2.log_text());
+        std::thread::sleep(Duration::from_millis(100));
+    }
     r2.kill9();
     env.produce(&lines(&b));
     env.wait_caught_up(Duration::from_secs(120));

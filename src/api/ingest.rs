@@ -94,6 +94,22 @@ pub fn parse_items(items: &[Value], collection: &str, limits: &Limits, dimension
     }
 }
 
+/// The items of a request body: one JSON object or a non-empty array (pure; the items
+/// are checked by [`parse_items`]). Also the entry point of the `http_records_body` fuzz
+/// target.
+pub fn parse_body(body: &[u8]) -> Result<Vec<Value>, HttpError> {
+    let value: Value = serde_json::from_slice(body).map_err(|e| HttpError::new(ErrorCode::BadJson, format!("the body is not valid JSON: {e}")))?;
+    let items = match value {
+        Value::Array(items) => items,
+        v @ Value::Object(_) => vec![v],
+        _ => return Err(HttpError::new(ErrorCode::BadJson, "expected a JSON object (one record) or an array of objects")),
+    };
+    if items.is_empty() {
+        return Err(HttpError::bad_request("the array holds no records"));
+    }
+    Ok(items)
+}
+
 /// The log message value of a record, framed as the config says (as `sluice produce`).
 fn payload(config: &Config, record: &LogRecord) -> Vec<u8> {
     let datum = codec::encode(record);
@@ -110,15 +126,7 @@ pub async fn post_records(
 ) -> Result<Response, HttpError> {
     let Path(collection) = path?;
     let body = body?;
-    let value: Value = serde_json::from_slice(&body).map_err(|e| HttpError::new(ErrorCode::BadJson, format!("the body is not valid JSON: {e}")))?;
-    let items = match value {
-        Value::Array(items) => items,
-        v @ Value::Object(_) => vec![v],
-        _ => return Err(HttpError::new(ErrorCode::BadJson, "expected a JSON object (one record) or an array of objects")),
-    };
-    if items.is_empty() {
-        return Err(HttpError::bad_request("the array holds no records"));
-    }
+    let items = parse_body(&body)?;
     let config = admin.config();
     let row = admin.sysdb().collection(&collection).await?;
     if row.is_none() && config.processor.unknown_collections == UnknownCollections::Reject {

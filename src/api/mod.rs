@@ -17,7 +17,7 @@ pub mod admin;
 pub mod auth;
 pub mod error;
 pub mod health;
-mod ingest;
+pub mod ingest;
 
 use std::net::SocketAddr;
 use std::sync::Arc;

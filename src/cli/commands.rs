@@ -24,7 +24,17 @@ pub async fn open_sysdb(config: &Config) -> Result<Sysdb> {
         .with_context(|| format!("cannot open the sysdb at {}", redact_url(&config.sysdb.url)))
 }
 
+/// Fail fast (wrong credentials, untrusted certificate, broker down) before a command
+/// starts clients that would otherwise retry silently. See `kafka::preflight`.
+pub async fn preflight(config: &Config) -> Result<()> {
+    let settings = client_settings(config);
+    let timeout = settings.timeout().max(std::time::Duration::from_secs(1));
+    tokio::task::spawn_blocking(move || crate::kafka::preflight::check_connection(&settings, timeout)).await??;
+    Ok(())
+}
+
 pub async fn init(config: &Config, partitions: Option<i32>, rf: Option<i32>) -> Result<()> {
+    preflight(config).await?;
     let settings = client_settings(config);
     let partitions = partitions.unwrap_or(config.kafka.partitions);
     let rf = rf.unwrap_or(config.kafka.replication_factor);
@@ -53,6 +63,7 @@ pub async fn init(config: &Config, partitions: Option<i32>, rf: Option<i32>) -> 
 }
 
 pub async fn produce(config: &Config, input: &str) -> Result<()> {
+    preflight(config).await?;
     let settings = client_settings(config);
     let producer = Producer::new(&settings, &[])?;
     let topic = config.kafka.log_topic();
@@ -403,6 +414,7 @@ impl Roles {
 }
 
 pub async fn process(config: Config, roles: Roles) -> Result<()> {
+    preflight(&config).await?;
     let sysdb = Arc::new(open_sysdb(&config).await?);
     let metrics = crate::metrics::Metrics::with_options(config.metrics.per_collection);
     let health = crate::api::Health::new();

@@ -4,6 +4,7 @@
 
 pub mod admin;
 pub mod consumer;
+pub mod preflight;
 pub mod producer;
 pub mod tasks;
 
@@ -49,13 +50,24 @@ pub enum KafkaError {
     Delivery { topic: String, message: String },
 }
 
-/// Connection settings shared by every client Sluice creates.
-#[derive(Debug, Clone)]
+/// Connection settings shared by every client Sluice creates. `Debug` redacts secret
+/// librdkafka values (`sasl.password`, ...).
+#[derive(Clone)]
 pub struct ClientSettings {
     pub brokers: String,
     /// Passed through unchanged (SASL/SSL, tuning).
     pub librdkafka: BTreeMap<String, String>,
     pub request_timeout_ms: u32,
+}
+
+impl std::fmt::Debug for ClientSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClientSettings")
+            .field("brokers", &self.brokers)
+            .field("librdkafka", &crate::config::redacted_librdkafka(&self.librdkafka))
+            .field("request_timeout_ms", &self.request_timeout_ms)
+            .finish()
+    }
 }
 
 impl ClientSettings {

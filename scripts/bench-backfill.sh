@@ -1,0 +1,693 @@
+#!/usr/bin/env bash
+# Backfill benchmark (issue "functions", item 6), in ONE run over loopback, for SQLite and
+# then PostgreSQL:
+#
+#   1. builds the release binary; checks that the local Kafka and PostgreSQL are up
+#      (starts nothing: it prints the start command and fails);
+#   2. produces N records into ONE collection `big-0` (`sluice workload --collections 1
+#      --ids-per-collection N`, default operation mix, so the live count ends below N:
+#      the backfill covers `backfill_total` records, reported) to a fresh topic prefix
+#      `bench-<random>` shared by both backends;
+#   3. per backend: a replica with `--roles processor` materializes it (fresh sysdb,
+#      fresh group; time to lag 0 is reported too); the sysdb is then copied twice
+#      (SQLite: online backup API; PostgreSQL: CREATE DATABASE ... TEMPLATE) for the
+#      live runs (a) and (b) below;
+#   4. backfill rate, per backend: a replica with all roles runs on the original sysdb;
+#      `sluice functions attach big-0 --function record_counter` (then `statistics`,
+#      unless --no-statistics); seconds = attach start -> the replica's `backfill
+#      finished` log line (cross-checked by polling `functions list` for `ready`);
+#      rate = backfill_total / seconds. The worker's own elapsed time (backfill started
+#      -> finished) is reported beside it;
+#   5. live throughput without and with a backfill: on copy (b), `record_counter` is
+#      attached while no replica runs (its marker lands right after big-0's records);
+#      then M live records are produced once (M*(P-1)/P into 64 collections `live-*`,
+#      M/P into big-0 itself: updates, upserts, deletes of its ids); then per backend
+#        (a) a replica (all roles, fresh group) on copy (a): no function -> no backfill;
+#        (b) a replica (all roles, fresh group) on copy (b): it reads the marker first,
+#            so the backfill of big-0 starts right away and runs while the backlog drains;
+#      each timed from spawn until every partition has lag 0 and sysdb == high watermark
+#      (poll every 0.5 s). `steady` rates exclude the time to the first partition
+#      assignment. For (b) the function's status at caught-up, the fraction of the drain
+#      during which the backfill ran (from the replica's log) and the live rate measured
+#      between polls that saw `backfilling` are reported; then it waits for `ready`;
+#   6. prints a table per backend with the goals (backfill >= 200k records/s on SQLite;
+#      live throughput drop <= 25%) and writes JSON to target/bench/backfill-<date>.json
+#      (replica logs beside it as backfill-<date>-<backend>-<phase>.log).
+#
+# Usage: scripts/bench-backfill.sh [--records N] [--live-records M] [--partitions P]
+#            [--dim D] [--seed S] [--config FILE | --scan-interval-ms MS]
+#            [--no-statistics] [--phase-timeout SECONDS]
+#
+#   defaults: 1,000,000 records, M = N/5, 8 partitions, 384 dims, seed 42, 1200 s per
+#   phase; sluice's default config ([backfill] chunk_size 1000, concurrency 2, pause_ms 0)
+#   except [backfill] scan_interval_ms = 250 (sluice: 5000), see below.
+#   --config FILE         a sluice TOML file ([backfill], [processor]) used by every
+#                         replica, verbatim (no scan_interval_ms override).
+#   --scan-interval-ms MS the override without --config; 0 = sluice's default.
+#   Why the override: the processor produces a backfill task *before* the batch that
+#   accepts the marker commits, so a worker that consumes the task at once can still see
+#   the function `awaiting_marker` and skip it; the backfill then starts at the next
+#   sysdb scan, up to scan_interval_ms later (the `pickup s` column shows it). With 5 s the
+#   backfill would start after most of a live backlog has drained.
+# Everything created (topics, consumer groups, PostgreSQL databases, temp files) is
+# removed on exit, also on failure or Ctrl-C.
+set -euo pipefail
+
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+REPO="$(pwd)"
+
+RECORDS=1000000
+LIVE=""
+PARTITIONS=8
+DIM=384
+SEED=42
+CONFIG=""
+SCAN_MS=250
+SCAN_SET=0
+STATISTICS=1
+PHASE_TIMEOUT=1200
+POLL_S=0.5
+FN_POLL_S=0.2
+LIVE_COLLECTIONS=64
+LIVE_IDS=1000
+BIG="big-0"
+
+log() { printf '[bench %s] %s\n' "$(date +%T)" "$*" >&2; }
+die() { printf '[bench] ERROR: %s\n' "$*" >&2; exit 1; }
+usage() { sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d' | sed 's/^# \{0,1\}//' >&2; exit 2; }
+
+is_uint() { [[ "$1" =~ ^[0-9]+$ ]]; }
+while (($#)); do
+    case "$1" in
+    --records) RECORDS="${2:?}"; shift 2 ;;
+    --live-records) LIVE="${2:?}"; shift 2 ;;
+    --partitions) PARTITIONS="${2:?}"; shift 2 ;;
+    --dim) DIM="${2:?}"; shift 2 ;;
+    --seed) SEED="${2:?}"; shift 2 ;;
+    --config) CONFIG="$(realpath "${2:?}")"; shift 2 ;;
+    --scan-interval-ms) SCAN_MS="${2:?}"; SCAN_SET=1; shift 2 ;;
+    --no-statistics) STATISTICS=0; shift ;;
+    --phase-timeout) PHASE_TIMEOUT="${2:?}"; shift 2 ;;
+    -h | --help) usage ;;
+    *) echo "unknown argument: $1" >&2; usage ;;
+    esac
+done
+[[ -n "$LIVE" ]] || LIVE=$((RECORDS / 5))
+for v in RECORDS LIVE PARTITIONS DIM SEED PHASE_TIMEOUT SCAN_MS; do
+    is_uint "${!v}" || die "--${v,,} must be a non-negative integer, got '${!v}'"
+done
+((RECORDS > 0 && LIVE >= PARTITIONS && PARTITIONS > 0)) || die "--records, --partitions must be > 0 and --live-records >= partitions"
+[[ -z "$CONFIG" || -f "$CONFIG" ]] || die "--config $CONFIG: no such file"
+[[ -z "$CONFIG" ]] || ((SCAN_SET == 0)) || die "--scan-interval-ms and --config exclude each other: set [backfill] scan_interval_ms in the file"
+LIVE_SAME=$((LIVE / PARTITIONS))
+LIVE_OTHER=$((LIVE - LIVE_SAME))
+
+# ------------------------------------------------------------------ prerequisites ----
+for tool in cargo kcat jq python3 psql timeout awk; do
+    command -v "$tool" >/dev/null || die "'$tool' is missing (Debian: apt-get install -y kcat jq python3 postgresql-client coreutils)"
+done
+
+KAFKA_SH="$REPO/deploy/local/kafka.sh"
+KTOOL="$REPO/deploy/local/kafka-tool.sh"
+PG_SH="$REPO/deploy/local/postgres.sh"
+"$KAFKA_SH" status --brokers 1 >/dev/null 2>&1 || die "Kafka is not running: start it with deploy/local/kafka.sh start"
+"$PG_SH" status >/dev/null 2>&1 || die "PostgreSQL is not running: start it with deploy/local/postgres.sh start"
+BS="$("$KAFKA_SH" bootstrap --brokers 1)"
+for hp in ${BS//,/ }; do
+    case "${hp%:*}" in
+    127.0.0.1 | localhost | '[::1]') ;;
+    *) die "bootstrap '$BS' is not loopback; this benchmark runs over loopback only" ;;
+    esac
+done
+PG_ADMIN_URL="$("$PG_SH" url sluice)"
+[[ "$PG_ADMIN_URL" == postgres://*@127.0.0.1:* ]] || die "PostgreSQL url '$PG_ADMIN_URL' is not loopback"
+CLK_TCK="$(getconf CLK_TCK)"
+
+now() { date +%s.%N; }
+# fsub A B -> A - B with 3 decimals
+fsub() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.3f", a - b }'; }
+# CPU seconds (utime+stime) of one pid, 0 if gone.
+pid_cpu() {
+    local stat
+    stat="$(cat "/proc/$1/stat" 2>/dev/null)" || { echo 0; return; }
+    awk -v t="$CLK_TCK" '{ sub(/^.*\) /, ""); printf "%.2f", ($12 + $13) / t }' <<<"$stat"
+}
+# iso_epoch 2026-11-30T18:21:06.294932Z -> 1796062866.294932000 ("" stays "")
+iso_epoch() { [[ -z "$1" ]] || date -d "$1" +%s.%N; }
+
+SCRIPT_T0="$(now)"
+RUN_DATE="$(date +%Y%m%d-%H%M%S)"
+
+# ------------------------------------------------------------------ 1. build --------
+log "building the release binary (cargo may wait for a lock held by another build)"
+cargo build --release --bin sluice >&2
+TARGET_DIR="$(cargo metadata --format-version 1 --no-deps 2>/dev/null | jq -r .target_directory)"
+SLUICE="$TARGET_DIR/release/sluice"
+[[ -x "$SLUICE" ]] || die "no binary at $SLUICE after the build"
+
+# ------------------------------------------------------------------ fresh names -----
+RID="$(od -An -N4 -tx4 /dev/urandom | tr -d ' \n')"
+PREFIX="bench-$RID"
+TOPICS=("$PREFIX.log" "$PREFIX.backfill" "$PREFIX.dlq")
+WORK="$(mktemp -d /tmp/sluice-bench-backfill.XXXXXX)"
+OUT_DIR="$REPO/target/bench"
+GROUPS_MADE=() # every consumer group a replica may have created (+ its .backfill group)
+DBS_MADE=()    # every PostgreSQL database created
+REPLICA_PID=""
+
+cleanup() {
+    local rc=$?
+    set +e
+    if [[ -n "$REPLICA_PID" ]] && kill -0 "$REPLICA_PID" 2>/dev/null; then
+        kill -TERM "$REPLICA_PID" 2>/dev/null
+        for _ in $(seq 1 40); do kill -0 "$REPLICA_PID" 2>/dev/null || break; sleep 0.5; done
+        kill -KILL "$REPLICA_PID" 2>/dev/null
+    fi
+    log "cleanup: topics ${TOPICS[*]}, ${#GROUPS_MADE[@]} groups, databases ${DBS_MADE[*]:-none}, $WORK"
+    for t in "${TOPICS[@]}"; do
+        timeout 60 "$KTOOL" topics --bootstrap-server "$BS" --delete --if-exists --topic "$t" >/dev/null 2>&1
+    done
+    if ((${#GROUPS_MADE[@]})); then
+        local gargs=() g
+        for g in "${GROUPS_MADE[@]}"; do gargs+=(--group "$g" --group "$g.backfill"); done
+        timeout 120 "$KTOOL" consumer-groups --bootstrap-server "$BS" --delete "${gargs[@]}" >/dev/null 2>&1
+    fi
+    local db
+    for db in "${DBS_MADE[@]}"; do
+        timeout 60 psql -q -X "$PG_ADMIN_URL" -c "DROP DATABASE IF EXISTS \"$db\" WITH (FORCE)" >/dev/null 2>&1
+    done
+    rm -rf "$WORK"
+    log "total wall time $(fsub "$(now)" "$SCRIPT_T0") s (exit $rc)"
+    exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+export SLUICE_BROKERS="$BS" SLUICE_TOPIC_PREFIX="$PREFIX" SLUICE_HTTP=""
+CONFIG_DESC="${CONFIG:-sluice defaults}"
+if [[ -z "$CONFIG" ]] && ((SCAN_MS > 0)); then
+    CONFIG="$WORK/sluice.toml"
+    printf '[backfill]\nscan_interval_ms = %d\n' "$SCAN_MS" >"$CONFIG"
+    CONFIG_DESC="sluice defaults except [backfill] scan_interval_ms = $SCAN_MS"
+fi
+if [[ -n "$CONFIG" ]]; then export SLUICE_CONFIG="$CONFIG"; else unset SLUICE_CONFIG; fi
+unset SLUICE_LOG
+
+COMMIT="$(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
+DIRTY="$(git status --porcelain --untracked-files=no 2>/dev/null | grep -q . && echo true || echo false)"
+CPU_MODEL="$(awk -F': ' '/^model name/ { print $2; exit }' /proc/cpuinfo)"
+log "prefix $PREFIX, $RECORDS records into $BIG, $LIVE live records ($LIVE_SAME into $BIG), $PARTITIONS partitions, dim $DIM, commit $COMMIT, $(nproc) x $CPU_MODEL, config: $CONFIG_DESC"
+
+RESULTS="$WORK/results.jsonl" # one JSON object per measurement
+: >"$RESULTS"
+mkdir -p "$OUT_DIR"
+
+# sl URL GROUP ARGS...: the sluice CLI against one environment (sysdb + group); its stderr
+# (PostgreSQL NOTICEs on every connect) goes to $WORK/cli.err, shown only on failure
+sl() {
+    local url="$1" group="$2" rc=0
+    shift 2
+    SLUICE_SYSDB="$url" SLUICE_GROUP="$group" timeout 120 "$SLUICE" "$@" 2>"$WORK/cli.err" || rc=$?
+    if ((rc != 0)); then
+        echo "sluice $* failed (exit $rc):" >&2
+        tail -20 "$WORK/cli.err" >&2
+    fi
+    return "$rc"
+}
+sqlite_url() { echo "sqlite://$WORK/$1.sqlite"; }
+pg_url() { echo "${PG_ADMIN_URL%/*}/$1"; }
+# new_env BACKEND NAME -> ENV_URL: a fresh, empty sysdb (not in $(...): DBS_MADE must survive)
+new_env() {
+    if [[ "$1" == sqlite ]]; then
+        ENV_URL="$(sqlite_url "$2")"
+    else
+        local db="bench_${RID}_$2"
+        DBS_MADE+=("$db")
+        timeout 60 psql -q -X -v ON_ERROR_STOP=1 "$PG_ADMIN_URL" -c "CREATE DATABASE \"$db\"" >&2
+        ENV_URL="$(pg_url "$db")"
+    fi
+}
+# copy_env BACKEND FROM_NAME TO_NAME -> ENV_URL: a copy (no replica may be running)
+copy_env() {
+    if [[ "$1" == sqlite ]]; then
+        python3 - "$WORK/$2.sqlite" "$WORK/$3.sqlite" <<'EOF'
+import sqlite3, sys
+src, dst = sqlite3.connect(sys.argv[1]), sqlite3.connect(sys.argv[2])
+src.backup(dst)
+dst.close(); src.close()
+EOF
+        ENV_URL="$(sqlite_url "$3")"
+    else
+        local from="bench_${RID}_$2" to="bench_${RID}_$3" i
+        DBS_MADE+=("$to")
+        for i in $(seq 1 30); do
+            # the template may still have a closing session of the stopped replica
+            timeout 60 psql -q -X -v ON_ERROR_STOP=1 "$PG_ADMIN_URL" \
+                -c "CREATE DATABASE \"$to\" TEMPLATE \"$from\"" >"$WORK/copy.err" 2>&1 && break
+            ((i < 30)) || { cat "$WORK/copy.err" >&2; die "cannot copy database $from"; }
+            sleep 1
+        done
+        ENV_URL="$(pg_url "$to")"
+    fi
+}
+
+# offsets_json URL GROUP
+offsets_json() { sl "$1" "$2" offsets show --format json; }
+# caught_up OFFSETS_JSON -> 0 when every partition has lag 0 and sysdb == high watermark
+caught_up() {
+    jq -e --argjson p "$PARTITIONS" \
+        'length == $p and all(.[]; .lag == 0 and .sysdb_next_offset == .high_watermark)' <<<"$1" >/dev/null
+}
+sysdb_sum() { jq '[.[].sysdb_next_offset // 0] | add' <<<"$1"; }
+hw_sum() { jq '[.[].high_watermark] | add' <<<"$1"; }
+# fn_json URL GROUP ID -> the function's row of `functions list --format json` ({} if none)
+fn_json() {
+    sl "$1" "$2" functions list --format json |
+        jq -c --arg id "$3" '(map(select(.id == $id)) | .[0]) // {}'
+}
+big_live_count() {
+    sl "$1" "$2" collections list --format json | jq --arg c "$BIG" '(map(select(.id == $c)) | .[0].records) // 0'
+}
+# log_ts LOGFILE MESSAGE_PREFIX [FUNCTION_ID] -> epoch of the first matching JSON log line
+log_ts() {
+    local ts
+    ts="$(jq -r --arg m "$2" --arg f "${3:-}" \
+        'select((.fields.message // "") | startswith($m)) | select($f == "" or .fields.function == $f) | .timestamp' \
+        "$1" 2>/dev/null | head -1)"
+    iso_epoch "$ts"
+}
+log_field() { # LOGFILE MESSAGE_PREFIX FUNCTION_ID FIELD
+    jq -r --arg m "$2" --arg f "$3" --arg k "$4" \
+        'select((.fields.message // "") | startswith($m)) | select(.fields.function == $f) | .fields[$k]' \
+        "$1" 2>/dev/null | head -1
+}
+rel() { if [[ -n "$1" && -n "$2" ]]; then fsub "$1" "$2"; else echo null; fi; }
+
+# start_replica TAG URL GROUP ROLES: spawn `sluice process`, JSON log in $WORK/TAG.log
+start_replica() {
+    local tag="$1" url="$2" group="$3" roles="$4"
+    REPLICA_LOG="$WORK/$tag.log"
+    GROUPS_MADE+=("$group")
+    REPLICA_T0="$(now)"
+    SLUICE_SYSDB="$url" SLUICE_GROUP="$group" "$SLUICE" --log-format json process --roles "$roles" 2>"$REPLICA_LOG" &
+    REPLICA_PID=$!
+    REPLICA_TAG="$tag"
+}
+replica_alive() {
+    kill -0 "$REPLICA_PID" 2>/dev/null && return 0
+    tail -30 "$REPLICA_LOG" >&2
+    die "sluice process ($REPLICA_TAG) exited unexpectedly (log tail above)"
+}
+# stop_replica -> sets STOP_RC, STOP_S; keeps the log as target/bench/backfill-<date>-TAG.log
+stop_replica() {
+    local ts
+    ts="$(now)"
+    STOP_RC=0
+    kill -TERM "$REPLICA_PID"
+    for _ in $(seq 1 120); do kill -0 "$REPLICA_PID" 2>/dev/null || break; sleep 0.25; done
+    if kill -0 "$REPLICA_PID" 2>/dev/null; then
+        tail -20 "$REPLICA_LOG" >&2
+        kill -KILL "$REPLICA_PID" 2>/dev/null || true
+        wait "$REPLICA_PID" 2>/dev/null || true
+        REPLICA_PID=""
+        die "sluice process ($REPLICA_TAG) did not exit within 30 s of SIGTERM (log tail above)"
+    fi
+    wait "$REPLICA_PID" || STOP_RC=$?
+    STOP_S="$(fsub "$(now)" "$ts")"
+    REPLICA_PID=""
+    cp "$REPLICA_LOG" "$OUT_DIR/backfill-$RUN_DATE-$REPLICA_TAG.log"
+    ((STOP_RC == 0)) || { tail -20 "$REPLICA_LOG" >&2; log "WARNING: sluice process ($REPLICA_TAG) exited with $STOP_RC after SIGTERM"; }
+    local errors warns
+    errors="$(jq -c 'select(.level == "ERROR")' "$REPLICA_LOG" 2>/dev/null | wc -l)"
+    warns="$(jq -c 'select(.level == "WARN")' "$REPLICA_LOG" 2>/dev/null | wc -l)"
+    LOG_COUNTS="$(jq -cn --argjson e "$errors" --argjson w "$warns" --argjson rc "$STOP_RC" --arg s "$STOP_S" \
+        '{error_log_lines: $e, warn_log_lines: $w, exit_code: $rc, shutdown_s: ($s|tonumber)}')"
+    if ((errors + warns > 0)); then
+        log "$REPLICA_TAG: $errors ERROR / $warns WARN log lines (first 5):"
+        jq -c 'select(.level == "ERROR" or .level == "WARN") | {level, fields}' "$REPLICA_LOG" | head -5 >&2
+    fi
+}
+# wait_caught_up URL GROUP: poll until caught up; sets CAUGHT_T, CAUGHT_OFFSETS, POLLS
+wait_caught_up() {
+    local url="$1" group="$2" out deadline
+    deadline="$(awk -v t="$(now)" -v d="$PHASE_TIMEOUT" 'BEGIN { printf "%d", t + d }')"
+    POLLS=0
+    while :; do
+        replica_alive
+        POLLS=$((POLLS + 1))
+        if out="$(offsets_json "$url" "$group")" && caught_up "$out"; then
+            CAUGHT_T="$(now)"
+            CAUGHT_OFFSETS="$out"
+            return 0
+        fi
+        if (($(date +%s) > deadline)); then
+            sl "$url" "$group" offsets show >&2 || true
+            tail -30 "$REPLICA_LOG" >&2
+            die "sluice process ($REPLICA_TAG) did not catch up within $PHASE_TIMEOUT s"
+        fi
+        sleep "$POLL_S"
+    done
+}
+# wait_log MESSAGE_PREFIX COUNT: until the replica log has COUNT lines with that message
+wait_log() {
+    local deadline
+    deadline="$(awk -v t="$(now)" 'BEGIN { printf "%d", t + 120 }')"
+    until (($(jq -r '.fields.message // ""' "$REPLICA_LOG" 2>/dev/null | grep -c "^$1") >= $2)); do
+        replica_alive
+        (($(date +%s) <= deadline)) || die "no '$1' log line ($REPLICA_TAG) within 120 s"
+        sleep 0.1
+    done
+}
+# attach URL GROUP FUNCTION OUTPUT -> prints the function id
+attach() {
+    local out
+    out="$(sl "$1" "$2" functions attach "$BIG" --function "$3" --output "$4")" || die "functions attach $3 failed"
+    log "attach $3: $out"
+    [[ "$(jq -r .marker <<<"$out")" == published ]] || die "the marker of $3 was not published: $out"
+    jq -r .function_id <<<"$out"
+}
+
+# ------------------------------------------------------------------ 2. produce N ----
+SQLITE_MAIN="$(sqlite_url main)" # also the sysdb of `init` and `produce` (topic partition count)
+log "sluice init --partitions $PARTITIONS (topics + SQLite schema)"
+sl "$SQLITE_MAIN" "$PREFIX-sqlite-main" init --partitions "$PARTITIONS" >&2
+
+log "producing $RECORDS records into $BIG: sluice workload --collections 1 --ids-per-collection $RECORDS | sluice produce -"
+t0="$(now)"
+# shellcheck disable=SC2016 # expanded by the inner bash
+timeout "$PHASE_TIMEOUT" bash -c 'set -euo pipefail
+    "$1" workload --records "$2" --collections 1 --collection-prefix big- --ids-per-collection "$2" --dim "$3" --seed "$4" |
+        SLUICE_SYSDB="$5" "$1" produce -' _ "$SLUICE" "$RECORDS" "$DIM" "$SEED" "$SQLITE_MAIN" 2>"$WORK/produce.log" ||
+    { tail -20 "$WORK/produce.log" >&2; die "produce failed"; }
+PRODUCE_S="$(fsub "$(now)" "$t0")"
+log "produced in $PRODUCE_S s: $(tail -1 "$WORK/produce.log")"
+
+# ------------------------------------------------------------------ 3-4. per backend -
+declare -A URL_A URL_B FN_B
+for backend in sqlite postgres; do
+    new_env "$backend" main
+    main_url="$ENV_URL"
+    group="$PREFIX-$backend-main"
+    sl "$main_url" "$group" init --partitions "$PARTITIONS" >&2
+
+    # -- materialize N with --roles processor
+    log "$backend: materializing $BIG with sluice process --roles processor"
+    start_replica "$backend-materialize" "$main_url" "$group" processor
+    wait_caught_up "$main_url" "$group"
+    secs="$(fsub "$CAUGHT_T" "$REPLICA_T0")"
+    cpu="$(pid_cpu "$REPLICA_PID")"
+    n_log="$(hw_sum "$CAUGHT_OFFSETS")"
+    stop_replica
+    live="$(big_live_count "$main_url" "$group")"
+    log "$backend: materialized $n_log log records in $secs s ($POLLS polls), CPU $cpu s; $BIG holds $live live records"
+    jq -cn --arg b "$backend" --argjson n "$n_log" --arg s "$secs" --arg cpu "$cpu" --argjson live "$live" --argjson lc "$LOG_COUNTS" \
+        '{backend: $b, kind: "materialize", log_records: $n, seconds: ($s|tonumber), records_per_s: ($n / ($s|tonumber) | round),
+          cpu_s: ($cpu|tonumber), live_records: $live, note: "sluice process --roles processor, spawn -> lag 0 (poll 0.5 s)"} + $lc' >>"$RESULTS"
+
+    # -- copies for the live runs, before any function exists
+    copy_env "$backend" main live-a
+    URL_A[$backend]="$ENV_URL"
+    copy_env "$backend" main live-b
+    URL_B[$backend]="$ENV_URL"
+
+    # -- backfill rate, all roles
+    start_replica "$backend-backfill" "$main_url" "$group" processor,backfill,relay
+    wait_log "partition starts" "$PARTITIONS"
+    wait_log "backfill worker started" 1
+    wait_caught_up "$main_url" "$group"
+    sleep 1
+    fns=(record_counter)
+    if ((STATISTICS)); then fns+=(statistics); fi
+    for fn in "${fns[@]}"; do
+        live="$(big_live_count "$main_url" "$group")"
+        log "$backend: attaching $fn to $BIG ($live live records) with a replica running all roles"
+        t_attach="$(now)"
+        fid="$(attach "$main_url" "$group" "$fn" "$BIG-$fn")"
+        t_attached="$(now)"
+        deadline="$(awk -v t="$(now)" -v d="$PHASE_TIMEOUT" 'BEGIN { printf "%d", t + d }')"
+        polls=0
+        while :; do
+            replica_alive
+            polls=$((polls + 1))
+            row="$(fn_json "$main_url" "$group" "$fid")"
+            [[ "$(jq -r '.status // ""' <<<"$row")" == ready ]] && break
+            (($(date +%s) <= deadline)) || { log "$row"; die "$backend: $fn not ready within $PHASE_TIMEOUT s"; }
+            sleep "$FN_POLL_S"
+        done
+        t_ready_poll="$(now)"
+        t_marker="$(log_ts "$REPLICA_LOG" "backfill marker processed" "$fid")"
+        t_started="$(log_ts "$REPLICA_LOG" "backfill started" "$fid")"
+        t_finished="$(log_ts "$REPLICA_LOG" "backfill finished" "$fid")"
+        elapsed_ms="$(log_field "$REPLICA_LOG" "backfill finished" "$fid" elapsed_ms)"
+        [[ -n "$t_finished" ]] || die "$backend: $fn is ready but this replica logged no 'backfill finished' line"
+        total="$(jq '.backfill_total // 0' <<<"$row")"
+        done_="$(jq '.backfill_done' <<<"$row")"
+        secs="$(fsub "$t_finished" "$t_attach")"
+        log "$backend: $fn backfilled $total records ($live live): attach -> finished $secs s (poll saw ready after $(fsub "$t_ready_poll" "$t_attach") s), worker ${elapsed_ms} ms"
+        ((total == live)) || log "WARNING: backfill_total $total != live records of $BIG $live"
+        jq -cn --arg b "$backend" --arg fn "$fn" --arg id "$fid" --argjson total "$total" --argjson bdone "$done_" --argjson live "$live" \
+            --arg s "$secs" --arg poll "$(fsub "$t_ready_poll" "$t_attach")" --arg cli "$(fsub "$t_attached" "$t_attach")" \
+            --argjson marker "$(rel "$t_marker" "$t_attach")" --argjson started "$(rel "$t_started" "$t_attach")" \
+            --argjson ems "${elapsed_ms:-null}" --argjson polls "$polls" \
+            '{backend: $b, kind: "backfill", function: $fn, function_id: $id, backfill_total: $total, backfill_done: $bdone,
+              live_records_at_attach: $live, seconds: ($s|tonumber), records_per_s: ($total / ($s|tonumber) | round),
+              worker_elapsed_s: (if $ems then $ems / 1000 else null end),
+              worker_records_per_s: (if $ems and $ems > 0 then ($total * 1000 / $ems | round) else null end),
+              attach_cli_s: ($cli|tonumber), marker_processed_at_s: $marker, worker_started_at_s: $started,
+              ready_seen_by_poll_at_s: ($poll|tonumber), polls: $polls,
+              note: "seconds = attach start -> the replica log line backfill finished; worker = backfill started -> finished"}' >>"$RESULTS"
+    done
+    stop_replica
+    jq -c --argjson lc "$LOG_COUNTS" 'if .kind == "backfill" and .backend == "'"$backend"'" then . + {replica: $lc} else . end' \
+        "$RESULTS" >"$RESULTS.tmp" && mv "$RESULTS.tmp" "$RESULTS"
+    backfill_lines="$(jq -c 'select((.fields.message // "") | test("^backfill (started|finished)|no longer backfilling|backfill step failed")) | {timestamp, fields}' "$REPLICA_LOG")"
+    log "$backend: backfill log lines of the replica:"$'\n'"$backfill_lines"
+
+    # -- the function of live run (b), attached while no replica runs: marker right after big-0's records
+    FN_B[$backend]="$(attach "${URL_B[$backend]}" "$PREFIX-$backend-live-b" record_counter "$BIG-record_counter")"
+done
+
+# ------------------------------------------------------------------ 5. live backlog -
+log "producing $LIVE live records: $LIVE_OTHER into $LIVE_COLLECTIONS collections live-*, $LIVE_SAME into $BIG"
+t0="$(now)"
+# shellcheck disable=SC2016 # expanded by the inner bash
+timeout "$PHASE_TIMEOUT" bash -c 'set -euo pipefail
+    { "$1" workload --records "$2" --collections "$3" --collection-prefix live- --ids-per-collection "$4" --dim "$5" --seed "$6"
+      "$1" workload --records "$7" --collections 1 --collection-prefix big- --ids-per-collection "$8" --dim "$5" --seed "$9"
+    } | SLUICE_SYSDB="${10}" "$1" produce -' _ "$SLUICE" "$LIVE_OTHER" "$LIVE_COLLECTIONS" "$LIVE_IDS" "$DIM" "$((SEED + 1))" \
+    "$LIVE_SAME" "$RECORDS" "$((SEED + 2))" "$SQLITE_MAIN" 2>"$WORK/produce-live.log" ||
+    { tail -20 "$WORK/produce-live.log" >&2; die "produce of the live records failed"; }
+LIVE_PRODUCE_S="$(fsub "$(now)" "$t0")"
+log "produced in $LIVE_PRODUCE_S s: $(tail -1 "$WORK/produce-live.log")"
+
+# run_live BACKEND MODE(a|b) URL [FUNCTION_ID]
+run_live() {
+    local backend="$1" mode="$2" url="$3" fid="${4:-}" group="$PREFIX-$1-live-$2"
+    local pre pos0 hw0 drain samples="$WORK/$backend-live-$mode.samples" row out t
+    pre="$(offsets_json "$url" "$group")" || die "offsets show failed"
+    pos0="$(sysdb_sum "$pre")"
+    hw0="$(hw_sum "$pre")"
+    drain=$((hw0 - pos0))
+    log "$backend ($mode): draining $drain log records $([[ -n "$fid" ]] && echo "while $BIG backfills into record_counter $fid" || echo "(no function)")"
+    : >"$samples"
+    start_replica "$backend-live-$mode" "$url" "$group" processor,backfill,relay
+    local deadline polls=0
+    deadline="$(awk -v t="$(now)" -v d="$PHASE_TIMEOUT" 'BEGIN { printf "%d", t + d }')"
+    while :; do
+        replica_alive
+        polls=$((polls + 1))
+        if out="$(offsets_json "$url" "$group")"; then
+            t="$(now)"
+            # (a) runs `functions list` too (for an id that does not exist): same poll load
+            row="$(fn_json "$url" "$group" "${fid:-none}")"
+            jq -cn --arg t "$t" --argjson s "$(sysdb_sum "$out")" --argjson f "$row" \
+                '{t: ($t|tonumber), sysdb: $s, status: $f.status, done: $f.backfill_done, total: $f.backfill_total}' >>"$samples"
+            caught_up "$out" && break
+        fi
+        if (($(date +%s) > deadline)); then
+            sl "$url" "$group" offsets show >&2 || true
+            tail -30 "$REPLICA_LOG" >&2
+            die "sluice process ($REPLICA_TAG) did not catch up within $PHASE_TIMEOUT s"
+        fi
+        sleep "$POLL_S"
+    done
+    local t1 cpu secs t_assign
+    t1="$(jq -r .t <<<"$(tail -1 "$samples")")"
+    cpu="$(pid_cpu "$REPLICA_PID")"
+    secs="$(fsub "$t1" "$REPLICA_T0")"
+    t_assign="$(log_ts "$REPLICA_LOG" "partition starts")"
+    local at_caught='{}' t_ready="" t_marker="" t_started="" t_finished="" elapsed_ms=""
+    if [[ -n "$fid" ]]; then
+        at_caught="$(tail -1 "$samples" | jq -c '{status, done, total}')"
+        log "$backend ($mode): caught up after $secs s; function at that moment: $at_caught; waiting for ready"
+        while :; do
+            replica_alive
+            row="$(fn_json "$url" "$group" "$fid")"
+            [[ "$(jq -r '.status // ""' <<<"$row")" == ready ]] && break
+            (($(date +%s) <= deadline)) || { log "$row"; die "$backend ($mode): function not ready within $PHASE_TIMEOUT s"; }
+            sleep "$FN_POLL_S"
+        done
+        t_ready="$(now)"
+        t_marker="$(log_ts "$REPLICA_LOG" "backfill marker processed" "$fid")"
+        t_started="$(log_ts "$REPLICA_LOG" "backfill started" "$fid")"
+        t_finished="$(log_ts "$REPLICA_LOG" "backfill finished" "$fid")"
+        elapsed_ms="$(log_field "$REPLICA_LOG" "backfill finished" "$fid" elapsed_ms)"
+        row="$(fn_json "$url" "$group" "$fid")"
+    fi
+    stop_replica
+    log "$backend ($mode): caught up in $secs s (first assignment at $(rel "$t_assign" "$REPLICA_T0") s, $polls polls), CPU $cpu s"
+    python3 - "$samples" >>"$RESULTS" <<EOF
+import json, sys
+samples = [json.loads(l) for l in open(sys.argv[1])]
+def f(x): return None if x in ("", "null") else float(x)
+t0, t1, assign = f("$REPLICA_T0"), f("$t1"), f("$t_assign")
+drain, secs = $drain, t1 - t0
+r = {"backend": "$backend", "kind": "live", "with_backfill": "$mode" == "b", "records": drain, "seconds": round(secs, 3),
+     "records_per_s": round(drain / secs), "cpu_s": float("$cpu"), "polls": $polls}
+if assign is not None:
+    r["assign_s"] = round(assign - t0, 3)
+    r["steady_records_per_s"] = round(drain / (t1 - assign))
+if "$fid":
+    row = json.loads('''$row''')
+    marker, started, finished, ready = f("$t_marker"), f("$t_started"), f("$t_finished"), f("$t_ready")
+    r["function_id"] = "$fid"
+    r["backfill_total"] = row.get("backfill_total")
+    r["backfill_at_caught_up"] = json.loads('''$at_caught''')
+    rel = lambda x: None if x is None else round(x - t0, 3)
+    r["backfill_marker_processed_at_s"] = rel(marker)
+    r["backfill_started_at_s"] = rel(started)
+    r["backfill_finished_at_s"] = rel(finished)
+    r["ready_seen_by_poll_at_s"] = rel(ready)
+    if "$elapsed_ms":
+        r["backfill_worker_elapsed_s"] = int("$elapsed_ms") / 1000
+        if row.get("backfill_total"):
+            r["backfill_worker_records_per_s"] = round(row["backfill_total"] * 1000 / int("$elapsed_ms"))
+    # the part of the drain (first assignment -> caught up) during which the backfill ran
+    lo = assign if assign is not None else t0
+    if started is not None:
+        end = finished if finished is not None else t1
+        r["backfill_overlap_of_drain"] = round(max(0.0, min(end, t1) - max(started, lo)) / (t1 - lo), 3)
+    # live rate between the first and the last poll while the worker ran (log times)
+    bf = [s for s in samples if started is not None and s["t"] >= started and (finished is None or s["t"] <= finished)]
+    if len(bf) >= 2 and bf[-1]["t"] > bf[0]["t"]:
+        r["live_records_per_s_while_backfilling"] = round((bf[-1]["sysdb"] - bf[0]["sysdb"]) / (bf[-1]["t"] - bf[0]["t"]))
+        r["while_backfilling_window_s"] = round(bf[-1]["t"] - bf[0]["t"], 3)
+r.update(json.loads('''$LOG_COUNTS'''))
+print(json.dumps(r))
+EOF
+    if [[ -n "$fid" ]]; then
+        log "$backend ($mode): backfill log lines:"$'\n'"$(jq -c 'select((.fields.message // "") | test("^backfill (marker|started|finished|task)|no longer backfilling|backfill step failed")) | {timestamp, fields}' "$REPLICA_LOG")"
+    fi
+}
+
+for backend in sqlite postgres; do
+    run_live "$backend" a "${URL_A[$backend]}"
+    run_live "$backend" b "${URL_B[$backend]}" "${FN_B[$backend]}"
+done
+
+# ------------------------------------------------------------------ 6. report -------
+OUT_JSON="$OUT_DIR/backfill-$RUN_DATE.json"
+SCRIPT_S="$(fsub "$(now)" "$SCRIPT_T0")"
+python3 - "$RESULTS" "$OUT_JSON" <<EOF
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+GOAL_BACKFILL_SQLITE, GOAL_DROP = 200_000, 25.0
+doc = {
+    "commit": "$COMMIT", "worktree_dirty": "$DIRTY" == "true",
+    "date": "$(date -u +%Y-%m-%dT%H:%M:%SZ)",
+    "machine": {"nproc": $(nproc), "cpu_model": "$CPU_MODEL", "mem_total_kb": $(awk '/^MemTotal:/ { print $2 }' /proc/meminfo),
+                "kernel": "$(uname -r)"},
+    "pinning": "nothing pinned: broker, PostgreSQL, the pollers and the replica share all $(nproc) CPUs",
+    "workload": {"records": $RECORDS, "collection": "$BIG", "ids_per_collection": $RECORDS, "dim": $DIM, "seed": $SEED,
+                 "partitions": $PARTITIONS, "produce_s": $PRODUCE_S,
+                 "live_records": $LIVE, "live_into_big": $LIVE_SAME, "live_into_others": $LIVE_OTHER,
+                 "live_collections": $LIVE_COLLECTIONS, "live_ids_per_collection": $LIVE_IDS, "live_produce_s": $LIVE_PRODUCE_S,
+                 "topic": "$PREFIX.log (shared by both backends; each ignores the other's markers)"},
+    "sluice_config": "$CONFIG_DESC",
+    "kafka": "$BS (1 broker, loopback)", "postgres": "${PG_ADMIN_URL%/*}/<fresh dbs> (loopback)",
+    "goals": {"backfill_records_per_s_sqlite_min": GOAL_BACKFILL_SQLITE, "live_throughput_drop_pct_max": GOAL_DROP},
+    "script_wall_s_before_cleanup": $SCRIPT_S,
+    "rows": rows,
+    "summary": {},
+}
+print(f'commit {doc["commit"]}{" (dirty worktree)" if doc["worktree_dirty"] else ""}, {doc["machine"]["nproc"]} x {doc["machine"]["cpu_model"]}, nothing pinned')
+print(f'workload: {$RECORDS} records into $BIG (dim $DIM, $PARTITIONS partitions), live backlog {$LIVE} ({$LIVE_SAME} into $BIG); config: $CONFIG_DESC')
+print(f'goals: backfill >= {GOAL_BACKFILL_SQLITE:,} records/s on SQLite; live throughput drop <= {GOAL_DROP:.0f}%')
+for b in ("sqlite", "postgres"):
+    mat = next((r for r in rows if r["backend"] == b and r["kind"] == "materialize"), None)
+    bfs = [r for r in rows if r["backend"] == b and r["kind"] == "backfill"]
+    la = next((r for r in rows if r["backend"] == b and r["kind"] == "live" and not r["with_backfill"]), None)
+    lb = next((r for r in rows if r["backend"] == b and r["kind"] == "live" and r["with_backfill"]), None)
+    s = {}
+    print()
+    print(f"== {b} ==")
+    if mat:
+        print(f'materialize ({mat["log_records"]} log records, --roles processor): {mat["seconds"]:.2f} s, {mat["records_per_s"]:,} records/s; {mat["live_records"]:,} live records in $BIG')
+    hdr = ["backfill", "records", "seconds", "records/s", "worker s", "worker rec/s", "marker at s", "pickup s", "goal"]
+    pick = lambda a, b: f"{a - b:.2f}" if a is not None and b is not None else "?"
+    table = [hdr]
+    for r in bfs:
+        goal = ("met" if r["records_per_s"] >= GOAL_BACKFILL_SQLITE else "NOT met") if b == "sqlite" else "-"
+        table.append([r["function"], f'{r["backfill_total"]:,}', f'{r["seconds"]:.2f}', f'{r["records_per_s"]:,}',
+                      f'{r["worker_elapsed_s"]:.2f}' if r.get("worker_elapsed_s") is not None else "?",
+                      f'{r["worker_records_per_s"]:,}' if r.get("worker_records_per_s") else "?",
+                      f'{r["marker_processed_at_s"]:.2f}' if r.get("marker_processed_at_s") is not None else "?",
+                      pick(r.get("worker_started_at_s"), r.get("marker_processed_at_s")), goal])
+        s[f'backfill_{r["function"]}_records_per_s'] = r["records_per_s"]
+    if lb:
+        table.append(["record_counter under live load", f'{lb.get("backfill_total") or 0:,}',
+                      f'{lb["backfill_finished_at_s"] - lb["backfill_marker_processed_at_s"]:.2f}' if lb.get("backfill_finished_at_s") is not None and lb.get("backfill_marker_processed_at_s") is not None else "?",
+                      f'{round(lb["backfill_total"] / (lb["backfill_finished_at_s"] - lb["backfill_marker_processed_at_s"])):,}' if lb.get("backfill_total") and lb.get("backfill_finished_at_s") is not None and lb.get("backfill_marker_processed_at_s") is not None and lb["backfill_finished_at_s"] > lb["backfill_marker_processed_at_s"] else "?",
+                      f'{lb["backfill_worker_elapsed_s"]:.2f}' if lb.get("backfill_worker_elapsed_s") is not None else "?",
+                      f'{lb["backfill_worker_records_per_s"]:,}' if lb.get("backfill_worker_records_per_s") else "?",
+                      f'{lb["backfill_marker_processed_at_s"]:.2f}' if lb.get("backfill_marker_processed_at_s") is not None else "?",
+                      pick(lb.get("backfill_started_at_s"), lb.get("backfill_marker_processed_at_s")), "-"])
+    w = [max(len(row[i]) for row in table) for i in range(len(hdr))]
+    for i, row in enumerate(table):
+        print("  ".join(c.ljust(w[j]) if j == 0 else c.rjust(w[j]) for j, c in enumerate(row)))
+        if i == 0:
+            print("  ".join("-" * x for x in w))
+    if bfs:
+        print("  seconds: attach start -> the replica's 'backfill finished' line (under live load: marker processed -> finished);"
+              " worker: 'backfill started' -> finished;\n  marker at: attach start -> marker processed;"
+              " pickup: marker processed -> 'backfill started' (a missed task waits for the next [backfill] scan)")
+    if la and lb:
+        print()
+        hdr = ["live backlog", "records", "seconds", "records/s", "assign s", "steady rec/s", "drop % (steady)", "drop % (whole)", "goal"]
+        drop_whole = round(100 * (1 - lb["records_per_s"] / la["records_per_s"]), 1)
+        drop_steady = round(100 * (1 - lb["steady_records_per_s"] / la["steady_records_per_s"]), 1) if "steady_records_per_s" in la and "steady_records_per_s" in lb else None
+        drop = drop_steady if drop_steady is not None else drop_whole
+        table = [hdr]
+        for name, r in (("without backfill", la), ("with backfill", lb)):
+            table.append([name, f'{r["records"]:,}', f'{r["seconds"]:.2f}', f'{r["records_per_s"]:,}', f'{r.get("assign_s", 0):.2f}',
+                          f'{r.get("steady_records_per_s", 0):,}',
+                          "" if r is la else (f"{drop_steady:.1f}" if drop_steady is not None else "?"),
+                          "" if r is la else f"{drop_whole:.1f}",
+                          "" if r is la else ("met" if drop <= GOAL_DROP else "NOT met")])
+        w = [max(len(row[i]) for row in table) for i in range(len(hdr))]
+        for i, row in enumerate(table):
+            print("  ".join(c.ljust(w[j]) if j == 0 else c.rjust(w[j]) for j, c in enumerate(row)))
+            if i == 0:
+                print("  ".join("-" * x for x in w))
+        ov = lb.get("backfill_overlap_of_drain")
+        at = lb.get("backfill_at_caught_up", {})
+        print(f'(b): backfill ran during {100 * ov:.0f}% of the drain (first assignment -> caught up); ' if ov is not None else "(b): backfill overlap unknown; ", end="")
+        print(f'status at caught-up: {at.get("status")} {at.get("done")}/{at.get("total")}; ', end="")
+        print(f'backfill started at {lb.get("backfill_started_at_s")} s, finished at {lb.get("backfill_finished_at_s")} s, caught up at {lb["seconds"]} s after spawn')
+        if "live_records_per_s_while_backfilling" in lb:
+            d = round(100 * (1 - lb["live_records_per_s_while_backfilling"] / la["steady_records_per_s"]), 1) if la.get("steady_records_per_s") else None
+            print(f'(b): live rate between the polls while the worker ran ({lb["while_backfilling_window_s"]:.1f} s window): {lb["live_records_per_s_while_backfilling"]:,} records/s'
+                  + (f' ({d:.1f}% below the steady rate without backfill)' if d is not None else ""))
+            s["live_drop_pct_while_backfilling"] = d
+        s.update({"live_records_per_s_without_backfill": la.get("steady_records_per_s", la["records_per_s"]),
+                  "live_records_per_s_with_backfill": lb.get("steady_records_per_s", lb["records_per_s"]),
+                  "live_drop_pct": drop, "live_drop_pct_whole_run": drop_whole, "backfill_overlap_of_drain": ov,
+                  "live_drop_goal_met": drop <= GOAL_DROP})
+    if b == "sqlite" and bfs:
+        s["backfill_goal_met"] = bfs[0]["records_per_s"] >= GOAL_BACKFILL_SQLITE
+    doc["summary"][b] = s
+json.dump(doc, open(sys.argv[2], "w"), indent=2)
+print()
+print(f"JSON: {sys.argv[2]}")
+EOF
