@@ -501,8 +501,10 @@ run_live() {
             t="$(now)"
             # (a) runs `functions list` too (for an id that does not exist): same poll load
             row="$(fn_json "$url" "$group" "${fid:-none}")"
-            jq -cn --arg t "$t" --argjson s "$(sysdb_sum "$out")" --argjson f "$row" \
-                '{t: ($t|tonumber), sysdb: $s, status: $f.status, done: $f.backfill_done, total: $f.backfill_total}' >>"$samples"
+            jq -cn --arg t "$t" --argjson o "$out" --argjson f "$row" \
+                '($o | sort_by(.partition)) as $o
+                 | {t: ($t|tonumber), sysdb: ([$o[].sysdb_next_offset // 0] | add), parts: [$o[].sysdb_next_offset // 0],
+                    hw: [$o[].high_watermark], status: $f.status, done: $f.backfill_done, total: $f.backfill_total}' >>"$samples"
             caught_up "$out" && break
         fi
         if (($(date +%s) > deadline)); then
@@ -512,7 +514,8 @@ run_live() {
         fi
         sleep "$POLL_S"
     done
-    local t1 cpu secs t_assign
+    local t1 cpu secs t_assign big_part
+    big_part="$(sl "$url" "$group" collections list --format json | jq --arg c "$BIG" '(map(select(.id == $c)) | .[0].partition) // -1')"
     t1="$(jq -r .t <<<"$(tail -1 "$samples")")"
     cpu="$(pid_cpu "$REPLICA_PID")"
     secs="$(fsub "$t1" "$REPLICA_T0")"
@@ -545,6 +548,19 @@ t0, t1, assign = f("$REPLICA_T0"), f("$t1"), f("$t_assign")
 drain, secs = $drain, t1 - t0
 r = {"backend": "$backend", "kind": "live", "with_backfill": "$mode" == "b", "records": drain, "seconds": round(secs, 3),
      "records_per_s": round(drain / secs), "cpu_s": float("$cpu"), "polls": $polls}
+# when each partition reached its high watermark (first poll that saw it), big-0's apart
+big = $big_part
+done_at = {}
+for smp in samples:
+    for p, (o, h) in enumerate(zip(smp["parts"], smp["hw"])):
+        if o == h and p not in done_at:
+            done_at[p] = round(smp["t"] - t0, 3)
+r["big_partition"] = big
+r["big_partition_caught_up_at_s"] = done_at.get(big)
+others = [v for p, v in done_at.items() if p != big]
+r["other_partitions_caught_up_at_s"] = max(others) if others else None
+r["samples"] = [{"t": round(x["t"] - t0, 3), "sysdb": x["sysdb"], "parts": x["parts"], "status": x.get("status"), "done": x.get("done")}
+                for x in samples]
 if assign is not None:
     r["assign_s"] = round(assign - t0, 3)
     r["steady_records_per_s"] = round(drain / (t1 - assign))
@@ -675,10 +691,12 @@ for b in ("sqlite", "postgres"):
         print(f'(b): backfill ran during {100 * ov:.0f}% of the drain (first assignment -> caught up); ' if ov is not None else "(b): backfill overlap unknown; ", end="")
         print(f'status at caught-up: {at.get("status")} {at.get("done")}/{at.get("total")}; ', end="")
         print(f'backfill started at {lb.get("backfill_started_at_s")} s, finished at {lb.get("backfill_finished_at_s")} s, caught up at {lb["seconds"]} s after spawn')
+        for name, r in (("(a)", la), ("(b)", lb)):
+            print(f'{name}: partition {r["big_partition"]} ($BIG + live) caught up at {r["big_partition_caught_up_at_s"]} s, the other partitions by {r["other_partitions_caught_up_at_s"]} s (first poll that saw each)')
         if "live_records_per_s_while_backfilling" in lb:
             d = round(100 * (1 - lb["live_records_per_s_while_backfilling"] / la["steady_records_per_s"]), 1) if la.get("steady_records_per_s") else None
             print(f'(b): live rate between the polls while the worker ran ({lb["while_backfilling_window_s"]:.1f} s window): {lb["live_records_per_s_while_backfilling"]:,} records/s'
-                  + (f' ({d:.1f}% below the steady rate without backfill)' if d is not None else ""))
+                  + (f' ({abs(d):.1f}% {"below" if d >= 0 else "above"} the steady rate without backfill)' if d is not None else ""))
             s["live_drop_pct_while_backfilling"] = d
         s.update({"live_records_per_s_without_backfill": la.get("steady_records_per_s", la["records_per_s"]),
                   "live_records_per_s_with_backfill": lb.get("steady_records_per_s", lb["records_per_s"]),

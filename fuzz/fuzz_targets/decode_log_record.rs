@@ -9,12 +9,14 @@ use sluice::record::codec::{decode, encode};
 use sluice::record::validate::{validate, Limits};
 
 fuzz_target!(|data: &[u8]| {
-    let Ok(record) = decode(data) else {
-        // Errors carry a stable kind and a position inside the input.
-        let e = decode(data).unwrap_err();
-        assert!(!e.kind().is_empty());
-        assert!(e.pos() <= data.len(), "error position {} past the input ({} bytes)", e.pos(), data.len());
-        return;
+    let record = match decode(data) {
+        Ok(record) => record,
+        Err(e) => {
+            // Errors carry a stable kind and a position inside the input.
+            assert!(!e.kind().is_empty());
+            assert!(e.pos() <= data.len(), "error position {} past the input ({} bytes)", e.pos(), data.len());
+            return;
+        }
     };
     let bytes = encode(&record);
     let again = decode(&bytes).expect("re-encoded record must decode");

@@ -133,6 +133,7 @@ impl HttpError {
         match e {
             KafkaError::Config(_) => HttpError::new(ErrorCode::Internal, e.to_string()),
             KafkaError::Broker { .. } | KafkaError::Delivery { .. } => HttpError::new(ErrorCode::Unavailable, e.to_string()),
+            KafkaError::TooLarge { .. } => HttpError::new(ErrorCode::InvalidRecord, e.to_string()),
         }
     }
 }

@@ -48,6 +48,9 @@ pub enum KafkaError {
     Broker { what: String, message: String },
     #[error("delivery to {topic} failed: {message}")]
     Delivery { topic: String, message: String },
+    /// The record is larger than the producer or the topic accepts: retrying cannot help.
+    #[error("record of {size} bytes is too large for {topic} (producer message.max.bytes / topic max.message.bytes)")]
+    TooLarge { topic: String, size: usize },
 }
 
 /// Connection settings shared by every client Sluice creates. `Debug` redacts secret

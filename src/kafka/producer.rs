@@ -74,6 +74,9 @@ impl Producer {
         }
         match self.inner.send(rec, self.delivery_timeout).await {
             Ok(d) => Ok(Delivered { partition: d.partition, offset: d.offset }),
+            Err((e, _)) if e.rdkafka_error_code() == Some(rdkafka::types::RDKafkaErrorCode::MessageSizeTooLarge) => {
+                Err(KafkaError::TooLarge { topic: out.topic.to_string(), size: out.payload.len() })
+            }
             Err((e, _)) => Err(KafkaError::Delivery { topic: out.topic.to_string(), message: e.to_string() }),
         }
     }

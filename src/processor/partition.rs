@@ -404,13 +404,22 @@ impl Worker {
                 ("sluice.error.kind", d.kind.as_bytes()),
                 ("sluice.error.message", d.message.as_bytes()),
             ];
-            let payload = m.and_then(|m| m.payload.as_deref()).unwrap_or_default();
+            let mut payload = m.and_then(|m| m.payload.as_deref()).unwrap_or_default();
             let key = m.and_then(|m| m.key.as_deref());
+            let mut headers: Vec<(&str, &[u8])> = headers.to_vec();
             let mut backoff = Duration::from_millis(100);
             loop {
                 let out = Outgoing { topic: &self.shared.dlq_topic, partition: None, key, payload, headers: &headers };
                 match self.shared.producer.send(out).await {
                     Ok(_) => break,
+                    Err(crate::kafka::KafkaError::TooLarge { size, .. }) => {
+                        // Retrying cannot help and must not stall the partition: the DLQ
+                        // entry goes without the payload; its source headers point at the
+                        // original record, which stays in the log topic.
+                        warn!(offset = d.offset, size, "record too large for the DLQ; sending the entry without its payload");
+                        payload = &[];
+                        headers.push(("sluice.payload.omitted", b"too_large"));
+                    }
                     Err(e) => {
                         warn!(%e, offset = d.offset, "DLQ produce failed; retrying");
                         tokio::time::sleep(backoff).await;
