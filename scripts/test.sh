@@ -6,8 +6,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 deploy/local/deps.sh
-# Prometheus first: its port (59090) is in the ephemeral range, so bind it before the
-# Kafka clients start taking local ports.
 deploy/local/prometheus.sh start
 deploy/local/kafka.sh start
 deploy/local/kafka-auth.sh start # SASL_SSL/SCRAM broker on 29192 (integration-tests/tests/auth_broker.rs)
@@ -16,3 +14,6 @@ deploy/local/python-env.sh >/dev/null
 cargo build --locked --bin sluice
 cargo test --locked --workspace --no-fail-fast
 integration-tests/scripts/kafka-scripts.sh
+# Hostile input: each fuzz target for a stated time (SLUICE_FUZZ_SECONDS, default 20 here;
+# scripts/fuzz.sh alone defaults to 60).
+scripts/fuzz.sh "${SLUICE_FUZZ_SECONDS:-20}"
