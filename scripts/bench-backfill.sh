@@ -27,9 +27,13 @@
 #            so the backfill of big-0 starts right away and runs while the backlog drains;
 #      each timed from spawn until every partition has lag 0 and sysdb == high watermark
 #      (poll every 0.5 s). `steady` rates exclude the time to the first partition
-#      assignment. For (b) the function's status at caught-up, the fraction of the drain
-#      during which the backfill ran (from the replica's log) and the live rate measured
-#      between polls that saw `backfilling` are reported; then it waits for `ready`;
+#      assignment. Both runs poll `offsets show` and `functions list` (same poll load);
+#      every poll is kept in the JSON (`samples`: per-partition sysdb positions, function
+#      status and backfill_done), and the time each partition caught up is reported, the
+#      big-0 partition apart. For (b) the function's status at caught-up, the fraction of
+#      the drain during which the backfill ran (worker log times) and the live rate
+#      between the polls taken while the worker ran are reported; then it waits for
+#      `ready`;
 #   6. prints a table per backend with the goals (backfill >= 200k records/s on SQLite;
 #      live throughput drop <= 25%) and writes JSON to target/bench/backfill-<date>.json
 #      (replica logs beside it as backfill-<date>-<backend>-<phase>.log).
@@ -172,9 +176,20 @@ cleanup() {
         for g in "${GROUPS_MADE[@]}"; do gargs+=(--group "$g" --group "$g.backfill"); done
         timeout 120 "$KTOOL" consumer-groups --bootstrap-server "$BS" --delete "${gargs[@]}" >/dev/null 2>&1
     fi
-    local db
+    # WITH (FORCE) fails for a non-superuser while an autovacuum worker is in the database
+    # ("must be a member of the role whose process is being terminated"); a plain DROP
+    # cancels autovacuum itself, so alternate the two.
+    local db i
     for db in "${DBS_MADE[@]}"; do
-        timeout 60 psql -q -X "$PG_ADMIN_URL" -c "DROP DATABASE IF EXISTS \"$db\" WITH (FORCE)" >/dev/null 2>&1
+        for i in 1 2 3 4 5 6; do
+            if ((i % 2)); then
+                timeout 60 psql -q -X "$PG_ADMIN_URL" -c "DROP DATABASE IF EXISTS \"$db\" WITH (FORCE)" >"$WORK/drop.err" 2>&1 && break
+            else
+                timeout 60 psql -q -X "$PG_ADMIN_URL" -c "DROP DATABASE IF EXISTS \"$db\"" >"$WORK/drop.err" 2>&1 && break
+            fi
+            ((i < 6)) || log "WARNING: could not drop database $db: $(tail -1 "$WORK/drop.err")"
+            sleep 1
+        done
     done
     rm -rf "$WORK"
     log "total wall time $(fsub "$(now)" "$SCRIPT_T0") s (exit $rc)"

@@ -23,6 +23,9 @@ use crate::kafka::tasks::TaskConsumer;
 use crate::metrics::{backfill_status, Metrics};
 use crate::sysdb::{StepResult, Sysdb};
 
+/// How long a task may wait for the commit of the batch that holds its marker.
+const AWAIT_MARKER_COMMIT: Duration = Duration::from_secs(30);
+
 /// Shared state of the worker.
 #[derive(Clone)]
 pub struct Worker {
@@ -101,7 +104,20 @@ impl Worker {
     }
 
     async fn backfill(&self, function_id: &str) {
-        let row = match self.sysdb.function(function_id).await {
+        // A task is produced (and acknowledged) *before* the batch that holds its marker
+        // commits (invariant 7), so it often arrives while the function still awaits its
+        // marker: wait for that commit (bounded) instead of leaving it to the next scan.
+        let mut waited = Duration::ZERO;
+        let row = loop {
+            match self.sysdb.function(function_id).await {
+                Ok(Some(r)) if r.status == FunctionStatus::AwaitingMarker && waited < AWAIT_MARKER_COMMIT => {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    waited += Duration::from_millis(50);
+                }
+                other => break other,
+            }
+        };
+        let row = match row {
             Ok(Some(r)) if r.status == FunctionStatus::Backfilling => r,
             Ok(_) => {
                 self.metrics.backfill_task(backfill_status::SKIPPED);

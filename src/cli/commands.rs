@@ -368,6 +368,11 @@ pub fn config_show(config: &Config) -> Result<()> {
             "unknown_collections": format!("{:?}", c.processor.unknown_collections).to_lowercase(),
             "on_data_loss": format!("{:?}", c.processor.on_data_loss).to_lowercase(),
         },
+        "backfill": {
+            "chunk_size": c.backfill.chunk_size, "concurrency": c.backfill.concurrency, "pause_ms": c.backfill.pause_ms,
+            "scan_interval_ms": c.backfill.scan_interval_ms, "relay_interval_ms": c.backfill.relay_interval_ms,
+        },
+        "metrics": { "per_collection": c.metrics.per_collection },
         "http": { "listen": c.http.listen, "admin_token": c.http.admin_token().map(|_| "***") },
         "librdkafka": redacted_librdkafka(&c.librdkafka),
     });
