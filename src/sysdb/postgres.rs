@@ -46,6 +46,9 @@ const BACKEND: &str = "postgres";
 /// Connections per process: the processor commits one batch at a time per partition
 /// worker; admin reads and the backfill worker use the rest.
 const POOL_SIZE: usize = 8;
+/// Server-side limit on a transaction left idle by its client (see `open`). Batch and
+/// backfill transactions never wait on the client for long: they are a few statements.
+const IDLE_IN_TRANSACTION_OPTION: &str = "-c idle_in_transaction_session_timeout=10000";
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a caller waits for a free pooled connection before `Unavailable`.
 const POOL_WAIT_TIMEOUT: Duration = Duration::from_secs(30);
@@ -309,6 +312,14 @@ impl PostgresSysdb {
         }
         if config.get_application_name().is_none() {
             config.application_name("sluice");
+        }
+        if config.get_options().is_none() {
+            // A replica frozen (SIGSTOP, a long GC-like pause, a partition of the network)
+            // in the middle of a batch transaction holds its partition row lock; the server
+            // ends such an idle transaction so that the new owner of the partition is not
+            // blocked behind it. The zombie's COMMIT then fails, and its retry is refused
+            // by the compare-and-set.
+            config.options(IDLE_IN_TRANSACTION_OPTION);
         }
         let manager = Manager::from_config(config, NoTls, ManagerConfig { recycling_method: RecyclingMethod::Fast });
         let pool = Pool::builder(manager)
