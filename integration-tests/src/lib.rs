@@ -353,3 +353,21 @@ pub fn metric_samples(text: &str) -> std::collections::BTreeMap<String, f64> {
         })
         .collect()
 }
+
+/// Log records as `sluice produce` input lines.
+pub fn jsonl_lines(records: &[sluice::record::LogRecord]) -> Vec<String> {
+    records.iter().map(|r| sluice::cli::jsonl::log_record_to_json(r).to_string()).collect()
+}
+
+/// Every collection of the reference model of `log` (in produce order) has exactly the
+/// model's records in the sysdb, as `sluice records` prints them.
+pub fn assert_records_match_model(env: &Env, log: &[sluice::record::LogRecord]) {
+    use sluice::cli::jsonl::record_to_json;
+    let indexed: Vec<(i64, sluice::record::LogRecord)> = log.iter().cloned().enumerate().map(|(i, r)| (i as i64, r)).collect();
+    for (cid, cm) in &sluice::materialize::model::reference(&indexed).collections {
+        let expected: Vec<serde_json::Value> = cm.records.values().map(record_to_json).collect();
+        let actual: Vec<serde_json::Value> =
+            env.run(&["records", cid, "--format", "jsonl"]).lines().map(|l| serde_json::from_str(l).expect("record JSON")).collect();
+        assert_eq!(actual, expected, "records of {cid}");
+    }
+}

@@ -3,20 +3,16 @@
 use std::time::Duration;
 
 use serde_json::Value;
-use sluice::cli::jsonl::log_record_to_json;
 use sluice::materialize::model::reference;
 use sluice::record::LogRecord;
 use sluice::workload::{generate, WorkloadSpec};
-use sluice_integration_tests::{brokers, repo_root, require_kafka, Env};
+use sluice_integration_tests::{jsonl_lines, brokers, repo_root, require_kafka, Env};
 
 fn workload(n: usize, seed: u64, prefix: &str) -> Vec<LogRecord> {
     generate(&WorkloadSpec { records: n, collections: 5, dim: 3, ids_per_collection: 25, seed, collection_prefix: format!("{prefix}-c"), ..Default::default() })
         .collect()
 }
 
-fn lines(r: &[LogRecord]) -> Vec<String> {
-    r.iter().map(|r| log_record_to_json(r).to_string()).collect()
-}
 
 fn offsets(env: &Env) -> Vec<Value> {
     serde_json::from_str::<Value>(&env.run(&["offsets", "show", "--format", "json"])).unwrap().as_array().unwrap().clone()
@@ -29,7 +25,7 @@ fn produce_names_the_invalid_lines_and_delivers_the_rest() {
     }
     let env = Env::sqlite("produce-bad");
     env.run(&["init", "--partitions", "2"]);
-    let good = lines(&workload(3, 1, &env.prefix));
+    let good = jsonl_lines(&workload(3, 1, &env.prefix));
     let input = [
         good[0].clone(),
         "{not json".to_string(),
@@ -56,7 +52,7 @@ fn offsets_reset_is_audited_and_reconcile_pushes_sysdb_positions_into_the_group(
     }
     let env = Env::sqlite("offsets-cli");
     env.run(&["init", "--partitions", "2"]);
-    env.produce(&lines(&workload(300, 2, &env.prefix)));
+    env.produce(&jsonl_lines(&workload(300, 2, &env.prefix)));
     let mut r = env.spawn_replica("r1", &[]);
     env.wait_caught_up(Duration::from_secs(120));
     assert_eq!(r.terminate(Duration::from_secs(30)), Some(0));
@@ -111,7 +107,7 @@ fn eager_rebalance_protocol_two_replicas_one_killed() {
     let b = workload(800, 4, &env.prefix);
     let _r1 = env.spawn_replica("r1", &[]);
     let mut r2 = env.spawn_replica("r2", &[]);
-    env.produce(&lines(&a));
+    env.produce(&jsonl_lines(&a));
     // Kill r2 only once it has taken part in the group (it got partitions).
     let deadline = std::time::Instant::now() + Duration::from_secs(60);
     while !r2.log_text().contains("assigned") {
@@ -119,7 +115,7 @@ fn eager_rebalance_protocol_two_replicas_one_killed() {
         std::thread::sleep(Duration::from_millis(100));
     }
     r2.kill9();
-    env.produce(&lines(&b));
+    env.produce(&jsonl_lines(&b));
     env.wait_caught_up(Duration::from_secs(120));
     let all: Vec<(i64, LogRecord)> = a.iter().chain(&b).cloned().enumerate().map(|(i, r)| (i as i64, r)).collect();
     let model = reference(&all);

@@ -7,12 +7,12 @@ use std::time::{Duration, Instant};
 use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
 use rdkafka::ClientConfig;
 use serde_json::Value;
-use sluice::cli::jsonl::{log_record_to_json, record_to_json};
-use sluice::materialize::model::{reference, reference_outputs};
+use sluice::cli::jsonl::record_to_json;
+use sluice::materialize::model::reference_outputs;
 use sluice::record::codec::encode;
 use sluice::record::{LogRecord, Record};
 use sluice::workload::{generate, WorkloadSpec};
-use sluice_integration_tests::{brokers, require_kafka, require_postgres, Env, Replica};
+use sluice_integration_tests::{assert_records_match_model, jsonl_lines, brokers, require_kafka, require_postgres, Env, Replica};
 
 const WAIT: Duration = Duration::from_secs(180);
 const FUNCTIONS: [&str; 3] = ["record_counter", "statistics", "normalize"];
@@ -30,9 +30,6 @@ fn workload(records: usize, seed: u64, prefix: &str, collections: usize, ids: us
     .collect()
 }
 
-fn lines(r: &[LogRecord]) -> Vec<String> {
-    r.iter().map(|r| log_record_to_json(r).to_string()).collect()
-}
 
 fn attach(env: &Env, collection: &str, function: &str, output: &str) -> Value {
     serde_json::from_str(env.run(&["functions", "attach", collection, "--function", function, "--output", output]).trim()).unwrap()
@@ -86,14 +83,6 @@ fn assert_outputs(env: &Env, log: &[LogRecord], collection: &str, function: &str
     assert_eq!(actual, expected, "{function} output {output}");
 }
 
-fn assert_records(env: &Env, log: &[LogRecord]) {
-    let indexed: Vec<(i64, LogRecord)> = log.iter().cloned().enumerate().map(|(i, r)| (i as i64, r)).collect();
-    for (cid, cm) in &reference(&indexed).collections {
-        let expected: Vec<Value> = cm.records.values().map(record_to_json).collect();
-        let actual: Vec<Value> = env.run(&["records", cid]).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
-        assert_eq!(actual, expected, "records of {cid}");
-    }
-}
 
 fn max_lag(env: &Env) -> i64 {
     let v: Value = serde_json::from_str(&env.run(&["offsets", "show", "--format", "json"])).unwrap();
@@ -144,7 +133,7 @@ fn big_attach(env: Env) {
     let big = workload(200_000, 21, &env.prefix, 1, 150_000);
     let target = big[0].collection_id.clone();
     let _r = env.spawn_replica("r1", &[]);
-    env.produce(&lines(&big));
+    env.produce(&jsonl_lines(&big));
     env.wait_caught_up(WAIT);
     let ids: Vec<String> = FUNCTIONS
         .iter()
@@ -162,7 +151,7 @@ fn big_attach(env: Env) {
         .collect();
     let mut peak_lag = 0;
     for chunk in live.chunks(500) {
-        env.produce(&lines(chunk));
+        env.produce(&jsonl_lines(chunk));
         peak_lag = peak_lag.max(max_lag(&env));
     }
     for id in &ids {
@@ -185,7 +174,7 @@ fn killed_worker(env: Env) {
     let data = workload(4_000, 31, &env.prefix, 1, 3_000);
     let c = data[0].collection_id.clone();
     let _p = env.spawn_replica_with("processor", &["--roles", "processor,relay"], &[]);
-    env.produce(&lines(&data));
+    env.produce(&jsonl_lines(&data));
     env.wait_caught_up(WAIT);
     let mut worker = env.spawn_replica_with("worker1", &["--roles", "backfill"], &[]);
     let id = attach(&env, &c, "statistics", "stats")["function_id"].as_str().unwrap().to_string();
@@ -215,7 +204,7 @@ fn crash_after_task(env: Env) {
     let data = workload(1_500, 41, &env.prefix, 2, 500);
     let c = data[0].collection_id.clone();
     let mut r = env.spawn_replica("r1", &[]);
-    env.produce(&lines(&data));
+    env.produce(&jsonl_lines(&data));
     env.wait_caught_up(WAIT);
     assert_eq!(r.terminate(Duration::from_secs(30)), Some(0));
     let id = attach(&env, &c, "record_counter", "count")["function_id"].as_str().unwrap().to_string();
@@ -235,7 +224,7 @@ fn retried_attach(env: Env) {
     let data = workload(2_000, 51, &env.prefix, 2, 600);
     let c = data[0].collection_id.clone();
     let r = env.spawn_replica("r1", &[]);
-    env.produce(&lines(&data));
+    env.produce(&jsonl_lines(&data));
     env.wait_caught_up(WAIT);
     let first = attach(&env, &c, "statistics", "stats");
     for _ in 0..4 {
@@ -273,7 +262,7 @@ fn relayed_marker(env: Env) {
     env.run(&["init", "--partitions", "2"]);
     let data = workload(1_000, 61, &env.prefix, 2, 400);
     let c = data[0].collection_id.clone();
-    env.produce(&lines(&data));
+    env.produce(&jsonl_lines(&data));
     // The attach command cannot reach any broker.
     let out = env
         .cmd()
@@ -300,17 +289,17 @@ fn marker_in_batch(env: Env) {
     env.run(&["init", "--partitions", "1"]);
     let before = workload(60, 71, &env.prefix, 3, 30);
     let c = before[0].collection_id.clone();
-    env.produce(&lines(&before));
+    env.produce(&jsonl_lines(&before));
     let id = attach(&env, &c, "record_counter", "count")["function_id"].as_str().unwrap().to_string();
     let after = workload(60, 72, &env.prefix, 3, 30);
-    env.produce(&lines(&after));
+    env.produce(&jsonl_lines(&after));
     // 121 messages, one partition, all in the topic before the replica starts: one batch.
     let r = env.spawn_replica("r1", &[("SLUICE_LOG", "info,sluice::processor::partition=debug")]);
     wait_status(&env, &id, "ready", WAIT);
     env.wait_caught_up(WAIT);
     assert_eq!(r.log_text().matches("batch committed").count(), 1, "a single batch:\n{}", r.log_text());
     let all: Vec<LogRecord> = before.iter().chain(&after).cloned().collect();
-    assert_records(&env, &all);
+    assert_records_match_model(&env, &all);
     assert_outputs(&env, &all, &c, "record_counter", "count");
     assert!(!r.log_text().contains("record sent to the DLQ"), "nothing went to the DLQ");
 }
@@ -323,7 +312,7 @@ fn detach_midway(env: Env) {
     let data = workload(3_000, 81, &env.prefix, 1, 2_500);
     let c = data[0].collection_id.clone();
     let _r = env.spawn_replica("r1", &[]);
-    env.produce(&lines(&data));
+    env.produce(&jsonl_lines(&data));
     env.wait_caught_up(WAIT);
     let keep = attach(&env, &c, "record_counter", "kept")["function_id"].as_str().unwrap().to_string();
     let drop_id = attach(&env, &c, "statistics", "dropped")["function_id"].as_str().unwrap().to_string();
@@ -337,7 +326,7 @@ fn detach_midway(env: Env) {
     let frozen_keep = env.run(&["records", "kept"]);
     let done = function(&env, &keep)["backfill_done"].clone();
     // More live changes after the detach.
-    env.produce(&lines(&workload(500, 82, &env.prefix, 1, 2_500)));
+    env.produce(&jsonl_lines(&workload(500, 82, &env.prefix, 1, 2_500)));
     env.wait_caught_up(WAIT);
     std::thread::sleep(Duration::from_secs(2));
     assert_eq!(function(&env, &keep)["status"], "detached");
@@ -356,14 +345,14 @@ fn preimage_path(env: Env) {
     let data = workload(3_000, 91, &env.prefix, 1, 600);
     let c = data[0].collection_id.clone();
     let _r = env.spawn_replica("r1", &[]);
-    env.produce(&lines(&data));
+    env.produce(&jsonl_lines(&data));
     env.wait_caught_up(WAIT);
     let ids: Vec<String> = FUNCTIONS.iter().map(|f| attach(&env, &c, f, &format!("out-{f}"))["function_id"].as_str().unwrap().to_string()).collect();
     // Heavy churn on the same ids (updates, deletes, re-adds) while the backfill walks.
     let churn: Vec<LogRecord> = workload(3_000, 92, &env.prefix, 1, 600);
     let mut overlapped = 0;
     for chunk in churn.chunks(300) {
-        env.produce(&lines(chunk));
+        env.produce(&jsonl_lines(chunk));
         std::thread::sleep(Duration::from_millis(150));
         if ids.iter().any(|id| function(&env, id)["status"] == "backfilling") {
             overlapped += 1;

@@ -5,11 +5,11 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use serde_json::Value;
-use sluice::cli::jsonl::{log_record_to_json, record_to_json};
+use sluice::cli::jsonl::record_to_json;
 use sluice::materialize::model::reference;
 use sluice::record::LogRecord;
 use sluice::workload::{generate, WorkloadSpec};
-use sluice_integration_tests::{require_kafka, require_postgres, Env};
+use sluice_integration_tests::{jsonl_lines, require_kafka, require_postgres, Env};
 
 const WAIT: Duration = Duration::from_secs(120);
 
@@ -26,9 +26,6 @@ fn workload(records: usize, seed: u64, prefix: &str) -> Vec<LogRecord> {
     .collect()
 }
 
-fn lines(records: &[LogRecord]) -> Vec<String> {
-    records.iter().map(|r| log_record_to_json(r).to_string()).collect()
-}
 
 /// Every collection's records in the sysdb equal the reference model of everything
 /// produced, in produce order (per-partition order is the produce order).
@@ -59,7 +56,7 @@ fn init(env: &Env, partitions: u32) {
 fn crash_after_sysdb_commit_then_restart(env: Env) {
     init(&env, 3);
     let produced = workload(3_000, 7, &env.prefix);
-    env.produce(&lines(&produced));
+    env.produce(&jsonl_lines(&produced));
     // Abort right after the 2nd sysdb commit, before its group commit.
     let mut r = env.spawn_replica("crash", &[("SLUICE_FAILPOINT", "after_sysdb_commit:2")]);
     let status = r.wait_exit(WAIT).expect("replica reaches the fail point");
@@ -87,7 +84,7 @@ fn crash_after_sysdb_commit_then_restart(env: Env) {
 fn crash_before_sysdb_commit_then_restart(env: Env) {
     init(&env, 2);
     let produced = workload(2_000, 11, &env.prefix);
-    env.produce(&lines(&produced));
+    env.produce(&jsonl_lines(&produced));
     let mut r = env.spawn_replica("crash", &[("SLUICE_FAILPOINT", "before_sysdb_commit:1")]);
     assert!(r.wait_exit(WAIT).is_some(), "replica reaches the fail point");
     let _r2 = env.spawn_replica("restart", &[]);
@@ -102,13 +99,13 @@ fn boundaries(env: Env) {
     env.wait_caught_up(WAIT); // all empty: positions created at 0
     let produced: Vec<LogRecord> =
         workload(300, 3, &env.prefix).into_iter().filter(|r| r.collection_id.ends_with("-c1")).collect();
-    env.produce(&lines(&produced));
+    env.produce(&jsonl_lines(&produced));
     env.wait_caught_up(WAIT); // a batch ending exactly at the high watermark
     assert_eq!(r.terminate(Duration::from_secs(30)), Some(0), "graceful stop exits 0");
     // Restart at the last offset: nothing is re-applied, new records are.
     let more: Vec<LogRecord> =
         workload(200, 4, &env.prefix).into_iter().filter(|r| r.collection_id.ends_with("-c1")).collect();
-    env.produce(&lines(&more));
+    env.produce(&jsonl_lines(&more));
     let _r2 = env.spawn_replica("r2", &[]);
     env.wait_caught_up(WAIT);
     let all: Vec<LogRecord> = produced.iter().chain(&more).cloned().collect();

@@ -11,13 +11,11 @@ use rdkafka::message::{Headers, Message};
 use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 use serde_json::Value;
-use sluice::cli::jsonl::{log_record_to_json, record_to_json};
-use sluice::materialize::model::reference;
 use sluice::record::codec::encode;
 use sluice::record::partitioner::partition_for;
 use sluice::record::{LogRecord, Operation};
 use sluice::workload::{generate, WorkloadSpec};
-use sluice_integration_tests::{brokers, repo_root, require_kafka, require_postgres, Env};
+use sluice_integration_tests::{assert_records_match_model, jsonl_lines, brokers, repo_root, require_kafka, require_postgres, Env};
 
 const WAIT: Duration = Duration::from_secs(120);
 
@@ -34,20 +32,7 @@ fn workload(records: usize, seed: u64, prefix: &str, collections: usize) -> Vec<
     .collect()
 }
 
-fn lines(records: &[LogRecord]) -> Vec<String> {
-    records.iter().map(|r| log_record_to_json(r).to_string()).collect()
-}
 
-fn assert_matches_model(env: &Env, applied_in_order: &[LogRecord]) {
-    let log: Vec<(i64, LogRecord)> = applied_in_order.iter().cloned().enumerate().map(|(i, r)| (i as i64, r)).collect();
-    let model = reference(&log);
-    for (cid, cm) in &model.collections {
-        let expected: Vec<Value> = cm.records.values().map(record_to_json).collect();
-        let out = env.run(&["records", cid, "--format", "jsonl"]);
-        let actual: Vec<Value> = out.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
-        assert_eq!(actual, expected, "records of {cid}");
-    }
-}
 
 fn offsets(env: &Env) -> Vec<Value> {
     serde_json::from_str::<Value>(&env.run(&["offsets", "show", "--format", "json"])).unwrap().as_array().unwrap().clone()
@@ -90,7 +75,7 @@ async fn postgres_group_offset_moved_behind_or_ahead_the_sysdb_wins() {
 fn group_moved(env: Env) {
     env.run(&["init", "--partitions", "2"]);
     let a = workload(600, 1, &env.prefix, 4);
-    env.produce(&lines(&a));
+    env.produce(&jsonl_lines(&a));
     let mut r = env.spawn_replica("r1", &[]);
     env.wait_caught_up(WAIT);
     assert_eq!(r.terminate(Duration::from_secs(30)), Some(0));
@@ -101,7 +86,7 @@ fn group_moved(env: Env) {
     kafka_tool(&["consumer-groups", "--bootstrap-server", &brokers(), "--group", &env.group, "--reset-offsets", "--to-earliest", "--topic", &env.log_topic(), "--execute"]);
     assert!(offsets(&env).iter().all(|o| o["group_offset"].as_i64() == Some(0)), "the tool moved the group to 0");
     let b = workload(300, 2, &env.prefix, 4);
-    env.produce(&lines(&b));
+    env.produce(&jsonl_lines(&b));
     let mut r = env.spawn_replica("r2", &[]);
     env.wait_caught_up(WAIT);
     for (p, n) in &at_a {
@@ -110,19 +95,19 @@ fn group_moved(env: Env) {
     assert!(!r.log_text().contains("AHEAD"), "a lagging group offset is normal, not a warning");
     assert_eq!(r.terminate(Duration::from_secs(30)), Some(0));
     let ab: Vec<LogRecord> = a.iter().chain(&b).cloned().collect();
-    assert_matches_model(&env, &ab);
+    assert_records_match_model(&env, &ab);
     assert!(offsets(&env).iter().all(|o| o["group_offset"] == o["sysdb_next_offset"]), "the group offset caught up");
 
     // Ahead: new records, then the group is moved to the end before anyone read them.
     let c = workload(300, 3, &env.prefix, 4);
-    env.produce(&lines(&c));
+    env.produce(&jsonl_lines(&c));
     kafka_tool(&["consumer-groups", "--bootstrap-server", &brokers(), "--group", &env.group, "--reset-offsets", "--to-latest", "--topic", &env.log_topic(), "--execute"]);
     assert!(offsets(&env).iter().any(|o| o["group_offset"].as_i64() > o["sysdb_next_offset"].as_i64()));
     let r3 = env.spawn_replica("r3", &[]);
     env.wait_caught_up(WAIT);
     wait_for_log(&r3, "AHEAD of the sysdb position", Duration::from_secs(5));
     let abc: Vec<LogRecord> = ab.iter().chain(&c).cloned().collect();
-    assert_matches_model(&env, &abc);
+    assert_records_match_model(&env, &abc);
     drop(r);
 }
 
@@ -149,7 +134,7 @@ fn replicas_scenario(env: Env) {
         "zombie",
         &[("SLUICE_FAILPOINT", "sleep_before_sysdb_commit:2"), ("SLUICE_FAILPOINT_SLEEP_MS", "3000")],
     );
-    env.produce(&lines(&chunks[0]));
+    env.produce(&jsonl_lines(&chunks[0]));
     wait_for_log(&zombie, "fail point sleep_before_sysdb_commit reached", WAIT);
     // Freeze it mid-batch: no heartbeats, so the group evicts it after the session timeout.
     Command::new("kill").args(["-STOP", &zombie.child.id().to_string()]).status().unwrap();
@@ -157,7 +142,7 @@ fn replicas_scenario(env: Env) {
     let env2 = env.clone();
     let producer = std::thread::spawn(move || {
         for c in &chunks[1..] {
-            env2.produce(&lines(c));
+            env2.produce(&jsonl_lines(c));
             std::thread::sleep(Duration::from_millis(400));
         }
     });
@@ -175,7 +160,7 @@ fn replicas_scenario(env: Env) {
     Command::new("kill").args(["-CONT", &zombie.child.id().to_string()]).status().unwrap();
     wait_for_log(&zombie, "batch refused by the sysdb compare-and-set", Duration::from_secs(30));
     env.wait_caught_up(WAIT);
-    assert_matches_model(&env, &all);
+    assert_records_match_model(&env, &all);
     zombie.kill9();
     drop(r3);
 }
@@ -249,7 +234,7 @@ fn poison(env: Env) {
     env.run(&["init", "--partitions", "3"]);
     let good = workload(400, 5, &env.prefix, 6);
     // A known collection: good records first, so its dimension (4) is fixed.
-    env.produce(&lines(&good[..200]));
+    env.produce(&jsonl_lines(&good[..200]));
     let prod = raw_producer();
     let topic = env.log_topic();
     let send = |key: &str, partition: Option<i32>, payload: &[u8]| {
@@ -275,12 +260,12 @@ fn poison(env: Env) {
     send(&c0, Some((home + 1) % 3), &valid);
     expect("misrouted");
     prod.flush(Duration::from_secs(10)).unwrap();
-    env.produce(&lines(&good[200..]));
+    env.produce(&jsonl_lines(&good[200..]));
 
     let r = env.spawn_replica("r1", &[]);
     env.wait_caught_up(WAIT);
     drop(r);
-    assert_matches_model(&env, &good);
+    assert_records_match_model(&env, &good);
 
     // Unknown collections under the reject policy: the known ones keep flowing.
     let strict = env.with_processor("unknown_collections = \"reject\"");
@@ -289,12 +274,12 @@ fn poison(env: Env) {
     expect("unknown_collection");
     let more = workload(100, 6, &env.prefix, 6);
     prod.flush(Duration::from_secs(10)).unwrap();
-    strict.produce(&lines(&more));
+    strict.produce(&jsonl_lines(&more));
     let r = strict.spawn_replica("r2", &[]);
     strict.wait_caught_up(WAIT);
     drop(r);
     let all: Vec<LogRecord> = good.iter().chain(&more).cloned().collect();
-    assert_matches_model(&env, &all);
+    assert_records_match_model(&env, &all);
 
     let dlq = read_all(&env.dlq_topic(), 3);
     let mut kinds: BTreeMap<String, usize> = BTreeMap::new();
@@ -343,7 +328,7 @@ fn retention_gap(env: Env) {
     env.run(&["init", "--partitions", "1"]);
     let topic = env.log_topic();
     let a = workload(100, 9, &env.prefix, 3);
-    env.produce(&lines(&a));
+    env.produce(&jsonl_lines(&a));
     let mut r = env.spawn_replica("r1", &[]);
     env.wait_caught_up(WAIT);
     assert_eq!(r.terminate(Duration::from_secs(30)), Some(0));
@@ -356,7 +341,7 @@ fn retention_gap(env: Env) {
     let mut i = 0;
     while low_watermark(&topic) <= a.len() as i64 {
         assert!(Instant::now() < deadline, "retention never deleted the unprocessed records");
-        env.produce(&lines(&b[i % 200..i % 200 + 1]));
+        env.produce(&jsonl_lines(&b[i % 200..i % 200 + 1]));
         produced_after.push(b[i % 200].clone());
         i += 1;
         std::thread::sleep(Duration::from_millis(400));
@@ -364,7 +349,7 @@ fn retention_gap(env: Env) {
     // Stop retention from deleting more while we look.
     kafka_tool(&["configs", "--bootstrap-server", &brokers(), "--alter", "--entity-type", "topics", "--entity-name", &topic, "--add-config", "retention.ms=-1"]);
     let tail = workload(50, 11, &env.prefix, 3);
-    env.produce(&lines(&tail));
+    env.produce(&jsonl_lines(&tail));
     let low = low_watermark(&topic);
     let sysdb_before = offsets(&env)[0]["sysdb_next_offset"].as_i64().unwrap();
     assert!(sysdb_before < low, "the sysdb ({sysdb_before}) is now behind the log start ({low})");
@@ -392,5 +377,5 @@ fn retention_gap(env: Env) {
     let after: Vec<LogRecord> = produced_after.iter().chain(&tail).cloned().collect();
     let skipped = (low - a.len() as i64) as usize;
     let applied: Vec<LogRecord> = a.iter().chain(&after[skipped..]).cloned().collect();
-    assert_matches_model(&env, &applied);
+    assert_records_match_model(&env, &applied);
 }

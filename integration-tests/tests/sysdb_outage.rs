@@ -10,11 +10,11 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use sluice::cli::jsonl::{log_record_to_json, record_to_json};
+use sluice::cli::jsonl::record_to_json;
 use sluice::materialize::model::{reference, reference_outputs};
 use sluice::record::{LogRecord, Record};
 use sluice::workload::{generate, WorkloadSpec};
-use sluice_integration_tests::{free_port, http_get, metric_samples, repo_root, require_kafka, require_postgres, Env, Replica};
+use sluice_integration_tests::{jsonl_lines, free_port, http_get, metric_samples, repo_root, require_kafka, require_postgres, Env, Replica};
 
 const WAIT: Duration = Duration::from_secs(180);
 
@@ -23,9 +23,6 @@ fn workload(n: usize, seed: u64, prefix: &str) -> Vec<LogRecord> {
         .collect()
 }
 
-fn lines(r: &[LogRecord]) -> Vec<String> {
-    r.iter().map(|r| log_record_to_json(r).to_string()).collect()
-}
 
 fn readyz(port: u16) -> Option<(u16, String)> {
     http_get(port, "/readyz").map(|(s, _, b)| (s, b))
@@ -68,7 +65,7 @@ fn produce_during(env: &Env, seed: u64, during: impl FnOnce()) -> Vec<LogRecord>
     let env2 = env.clone();
     let producer = std::thread::spawn(move || {
         for c in &chunks {
-            env2.produce(&lines(c));
+            env2.produce(&jsonl_lines(c));
             std::thread::sleep(Duration::from_millis(300));
         }
     });
@@ -109,7 +106,7 @@ fn postgres_restart_during_processing_and_backfill(env: Env) {
     env.run(&["init", "--partitions", "3"]);
     let env = env.with_sections("[backfill]\nchunk_size = 20\npause_ms = 50\nscan_interval_ms = 500\n");
     let base = workload(2_000, 1, &env.prefix);
-    env.produce(&lines(&base));
+    env.produce(&jsonl_lines(&base));
     let port = free_port();
     let p = port.to_string();
     let r: Replica = env.spawn_replica("r1", &[("SLUICE_HTTP", &format!("127.0.0.1:{p}"))]);
@@ -144,7 +141,7 @@ fn postgres_restart_during_processing_and_backfill(env: Env) {
 fn sqlite_locked_by_another_process(env: Env) {
     env.run(&["init", "--partitions", "3"]);
     let base = workload(1_000, 2, &env.prefix);
-    env.produce(&lines(&base));
+    env.produce(&jsonl_lines(&base));
     let port = free_port();
     let r = env.spawn_replica("r1", &[("SLUICE_HTTP", &format!("127.0.0.1:{port}"))]);
     env.wait_caught_up(WAIT);
