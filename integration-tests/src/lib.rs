@@ -371,3 +371,63 @@ pub fn assert_records_match_model(env: &Env, log: &[sluice::record::LogRecord]) 
         assert_eq!(actual, expected, "records of {cid}");
     }
 }
+
+/// One message read back from a topic.
+#[derive(Debug, Clone)]
+pub struct ConsumedMsg {
+    pub partition: i32,
+    pub offset: i64,
+    pub key: Option<Vec<u8>>,
+    pub payload: Vec<u8>,
+    pub headers: std::collections::BTreeMap<String, String>,
+}
+
+/// Read every partition of `topic` from the beginning up to the high watermark it has
+/// when called (everything produced before), with a plain consumer (no group offsets).
+/// Panics if that takes longer than `timeout`.
+pub fn consume_all(topic: &str, partitions: i32, timeout: Duration) -> Vec<ConsumedMsg> {
+    use rdkafka::message::{Headers, Message};
+    use rdkafka::{Offset, TopicPartitionList};
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", brokers())
+        .set("group.id", format!("it-reader-{}", suffix()))
+        .set("enable.auto.commit", "false")
+        .create()
+        .expect("consumer");
+    let mut highs = std::collections::BTreeMap::new();
+    let mut tpl = TopicPartitionList::new();
+    for p in 0..partitions {
+        let (_, high) = consumer.fetch_watermarks(topic, p, Duration::from_secs(10)).expect("watermarks");
+        highs.insert(p, high);
+        tpl.add_partition_offset(topic, p, Offset::Beginning).expect("tpl");
+    }
+    consumer.assign(&tpl).expect("assign");
+    let mut next: std::collections::BTreeMap<i32, i64> = (0..partitions).map(|p| (p, 0)).collect();
+    let mut out = Vec::new();
+    let deadline = Instant::now() + timeout;
+    while next.iter().any(|(p, n)| *n < highs[p]) {
+        assert!(Instant::now() < deadline, "consumed {} records, positions {next:?} short of {highs:?}", out.len());
+        match consumer.poll(Duration::from_millis(100)) {
+            Some(Ok(m)) => {
+                next.insert(m.partition(), m.offset() + 1);
+                let mut headers = std::collections::BTreeMap::new();
+                if let Some(hs) = m.headers() {
+                    for i in 0..hs.count() {
+                        let h = hs.get(i);
+                        headers.insert(h.key.to_string(), String::from_utf8_lossy(h.value.unwrap_or_default()).into_owned());
+                    }
+                }
+                out.push(ConsumedMsg {
+                    partition: m.partition(),
+                    offset: m.offset(),
+                    key: m.key().map(<[u8]>::to_vec),
+                    payload: m.payload().unwrap_or_default().to_vec(),
+                    headers,
+                });
+            }
+            Some(Err(e)) => panic!("consumer error: {e}"),
+            None => {}
+        }
+    }
+    out
+}

@@ -7,9 +7,8 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::message::{Headers, Message};
 use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
-use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+use rdkafka::ClientConfig;
 use serde_json::Value;
 use sluice::record::codec::encode;
 use sluice::record::partitioner::partition_for;
@@ -182,35 +181,10 @@ fn raw_producer() -> ThreadedProducer<DefaultProducerContext> {
 type Consumed = (i32, i64, Option<Vec<u8>>, BTreeMap<String, String>);
 
 fn read_all(topic: &str, partitions: i32) -> Vec<Consumed> {
-    let c: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", brokers())
-        .set("group.id", format!("reader-{}", sluice_integration_tests::suffix()))
-        .set("enable.auto.commit", "false")
-        .create()
-        .unwrap();
-    let mut tpl = TopicPartitionList::new();
-    let mut remaining = 0;
-    for p in 0..partitions {
-        let (_, high) = c.fetch_watermarks(topic, p, Duration::from_secs(5)).unwrap();
-        remaining += high;
-        tpl.add_partition_offset(topic, p, Offset::Beginning).unwrap();
-    }
-    c.assign(&tpl).unwrap();
-    let mut out = Vec::new();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while (out.len() as i64) < remaining && Instant::now() < deadline {
-        if let Some(Ok(m)) = c.poll(Duration::from_millis(200)) {
-            let mut h = BTreeMap::new();
-            if let Some(hs) = m.headers() {
-                for i in 0..hs.count() {
-                    let hd = hs.get(i);
-                    h.insert(hd.key.to_string(), String::from_utf8_lossy(hd.value.unwrap_or_default()).into_owned());
-                }
-            }
-            out.push((m.partition(), m.offset(), m.payload().map(<[u8]>::to_vec), h));
-        }
-    }
-    out
+    sluice_integration_tests::consume_all(topic, partitions, Duration::from_secs(30))
+        .into_iter()
+        .map(|m| (m.partition, m.offset, Some(m.payload), m.headers))
+        .collect()
 }
 
 #[test]

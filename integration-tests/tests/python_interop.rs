@@ -17,9 +17,6 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::message::Message;
-use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 use serde_json::Value;
 use sluice::kafka::admin::{delete_topics, ensure_topic};
 use sluice::kafka::ClientSettings;
@@ -53,36 +50,10 @@ impl Drop for TopicGuard {
 /// Reads every partition of `topic` from the beginning up to its current high watermark;
 /// returns `(partition, offset) -> (key, value)`.
 fn consume_all(topic: &str, partitions: i32, timeout: Duration) -> BTreeMap<(i32, i64), (Vec<u8>, Vec<u8>)> {
-    let consumer: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", brokers())
-        .set("group.id", format!("it-python-interop-{}", suffix()))
-        .set("enable.auto.commit", "false")
-        .create()
-        .expect("consumer");
-    let mut highs = BTreeMap::new();
-    let mut tpl = TopicPartitionList::new();
-    for p in 0..partitions {
-        let (_, high) = consumer.fetch_watermarks(topic, p, Duration::from_secs(10)).expect("watermarks");
-        highs.insert(p, high);
-        tpl.add_partition_offset(topic, p, Offset::Beginning).expect("tpl");
-    }
-    consumer.assign(&tpl).expect("assign");
-    let mut next: BTreeMap<i32, i64> = (0..partitions).map(|p| (p, 0)).collect();
-    let mut out = BTreeMap::new();
-    let deadline = Instant::now() + timeout;
-    while next.iter().any(|(p, n)| *n < highs[p]) {
-        assert!(Instant::now() < deadline, "consumed {} records, positions {next:?} short of {highs:?}", out.len());
-        match consumer.poll(Duration::from_millis(100)) {
-            Some(Ok(m)) => {
-                next.insert(m.partition(), m.offset() + 1);
-                let key = m.key().expect("keyed record").to_vec();
-                out.insert((m.partition(), m.offset()), (key, m.payload().unwrap_or_default().to_vec()));
-            }
-            Some(Err(e)) => panic!("consume {topic}: {e}"),
-            None => {}
-        }
-    }
-    out
+    sluice_integration_tests::consume_all(topic, partitions, timeout)
+        .into_iter()
+        .map(|m| ((m.partition, m.offset), (m.key.expect("keyed record"), m.payload)))
+        .collect()
 }
 
 /// The venv python (`deploy/local/python-env.sh` is idempotent and prints its path).

@@ -11,9 +11,6 @@ use std::collections::BTreeMap;
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
-use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::message::Message;
-use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 use sluice::kafka::admin::{delete_topics, ensure_topic, TopicOutcome};
 use sluice::kafka::producer::{Outgoing, Producer};
 use sluice::kafka::ClientSettings;
@@ -46,40 +43,10 @@ struct Consumed {
 /// Reads every partition of `topic` from the beginning up to the high watermark it has
 /// when called (everything produced before), with a plain rdkafka consumer (no group).
 fn consume_all(topic: &str, partitions: i32, timeout: Duration) -> Vec<Consumed> {
-    let consumer: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", brokers())
-        .set("group.id", format!("it-smoke-{}", suffix()))
-        .set("enable.auto.commit", "false")
-        .create()
-        .expect("consumer");
-    let mut highs = BTreeMap::new();
-    let mut tpl = TopicPartitionList::new();
-    for p in 0..partitions {
-        let (_, high) = consumer.fetch_watermarks(topic, p, Duration::from_secs(10)).expect("watermarks");
-        highs.insert(p, high);
-        tpl.add_partition_offset(topic, p, Offset::Beginning).expect("tpl");
-    }
-    consumer.assign(&tpl).expect("assign");
-    let mut next: BTreeMap<i32, i64> = (0..partitions).map(|p| (p, 0)).collect();
-    let mut out = Vec::new();
-    let deadline = Instant::now() + timeout;
-    while next.iter().any(|(p, n)| *n < highs[p]) {
-        assert!(Instant::now() < deadline, "consumed {} records, positions {next:?} short of {highs:?}", out.len());
-        match consumer.poll(Duration::from_millis(100)) {
-            Some(Ok(m)) => {
-                next.insert(m.partition(), m.offset() + 1);
-                out.push(Consumed {
-                    partition: m.partition(),
-                    offset: m.offset(),
-                    key: m.key().map(<[u8]>::to_vec),
-                    payload: m.payload().unwrap_or_default().to_vec(),
-                });
-            }
-            Some(Err(e)) => panic!("consume {topic}: {e}"),
-            None => {}
-        }
-    }
-    out
+    sluice_integration_tests::consume_all(topic, partitions, timeout)
+        .into_iter()
+        .map(|m| Consumed { partition: m.partition, offset: m.offset, key: m.key, payload: m.payload })
+        .collect()
 }
 
 #[tokio::test(flavor = "multi_thread")]
