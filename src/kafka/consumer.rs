@@ -253,7 +253,20 @@ impl Ctx {
         self.stats.rebalances_assign.fetch_add(1, Ordering::Relaxed);
         let partitions: Vec<i32> =
             tpl.elements().iter().filter(|e| e.topic() == self.topic).map(|e| e.partition()).collect();
-        let infos = match self.partition_infos(&partitions) {
+        // Watermarks and group offsets can be briefly unavailable right after a leader
+        // election ("Leader high watermark is not caught up"): retry for a bounded time.
+        let mut attempt = 0;
+        let infos = loop {
+            match self.partition_infos(&partitions) {
+                Err(e) if attempt < ASSIGN_INFO_RETRIES => {
+                    attempt += 1;
+                    warn!(%e, attempt, "partition info not available yet during assignment; retrying");
+                    std::thread::sleep(Duration::from_millis(500));
+                }
+                other => break other,
+            }
+        };
+        let infos = match infos {
             Ok(i) => i,
             Err(e) => {
                 // Without watermarks we cannot check for gaps; fail loudly rather than
@@ -417,6 +430,9 @@ fn commit_pending(consumer: &BaseConsumer<Ctx>, pending: &mut HashMap<i32, i64>,
         }
     }
 }
+
+/// Retries (500 ms apart) of the watermark and group-offset reads of an assignment.
+const ASSIGN_INFO_RETRIES: u32 = 60;
 
 /// How many messages one `Messages` event carries at most.
 const CHUNK: usize = 512;
