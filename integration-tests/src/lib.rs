@@ -431,3 +431,20 @@ pub fn consume_all(topic: &str, partitions: i32, timeout: Duration) -> Vec<Consu
     }
     out
 }
+
+/// Deletes the topics when dropped (best effort, also when the test panics).
+pub struct TopicGuard(pub Vec<String>);
+
+impl Drop for TopicGuard {
+    fn drop(&mut self) {
+        let topics = std::mem::take(&mut self.0);
+        // A fresh thread and runtime: this may run inside the test's own runtime.
+        let _ = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().ok()?;
+            let refs: Vec<&str> = topics.iter().map(String::as_str).collect();
+            let settings = sluice::kafka::ClientSettings::new(brokers());
+            rt.block_on(sluice::kafka::admin::delete_topics(&settings, &refs)).ok()
+        })
+        .join();
+    }
+}

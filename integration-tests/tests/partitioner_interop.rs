@@ -16,29 +16,14 @@ use std::time::{Duration, Instant};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::Message;
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
-use sluice::kafka::admin::{delete_topics, ensure_topic};
+use sluice::kafka::admin::ensure_topic;
 use sluice::kafka::producer::{Outgoing, Producer};
 use sluice::kafka::ClientSettings;
 use sluice::record::partitioner::partition_for;
-use sluice_integration_tests::{brokers, repo_root, require_kafka, suffix};
+use sluice_integration_tests::{TopicGuard, brokers, repo_root, require_kafka, suffix};
 
 const PARTITIONS: i32 = 7;
 
-/// Deletes the topics when dropped (best effort, also when the test panics).
-struct TopicGuard(Vec<String>);
-
-impl Drop for TopicGuard {
-    fn drop(&mut self) {
-        let topics = std::mem::take(&mut self.0);
-        // A fresh thread and runtime: this may run inside the test's own runtime.
-        let _ = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().ok()?;
-            let refs: Vec<&str> = topics.iter().map(String::as_str).collect();
-            rt.block_on(delete_topics(&ClientSettings::new(brokers()), &refs)).ok()
-        })
-        .join();
-    }
-}
 
 /// Reads every partition of `topic` from the beginning up to its current high watermark;
 /// returns `(partition, offset, key)`.

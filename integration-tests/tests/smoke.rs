@@ -11,26 +11,11 @@ use std::collections::BTreeMap;
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
-use sluice::kafka::admin::{delete_topics, ensure_topic, TopicOutcome};
+use sluice::kafka::admin::{ensure_topic, TopicOutcome};
 use sluice::kafka::producer::{Outgoing, Producer};
 use sluice::kafka::ClientSettings;
-use sluice_integration_tests::{brokers, postgres_url, require_kafka, require_postgres, suffix};
+use sluice_integration_tests::{TopicGuard, brokers, postgres_url, require_kafka, require_postgres, suffix};
 
-/// Deletes the topics when dropped (best effort, also when the test panics).
-struct TopicGuard(Vec<String>);
-
-impl Drop for TopicGuard {
-    fn drop(&mut self) {
-        let topics = std::mem::take(&mut self.0);
-        // A fresh thread and runtime: this may run inside the test's own runtime.
-        let _ = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().ok()?;
-            let refs: Vec<&str> = topics.iter().map(String::as_str).collect();
-            rt.block_on(delete_topics(&ClientSettings::new(brokers()), &refs)).ok()
-        })
-        .join();
-    }
-}
 
 /// One consumed message.
 struct Consumed {
