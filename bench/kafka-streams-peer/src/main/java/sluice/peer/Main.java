@@ -58,9 +58,15 @@ public final class Main {
             "  --timeout-s S              give up after S seconds of processing (default 0: never)",
             "  --prop KEY=VALUE           any StreamsConfig / client property (repeatable)",
             "  --cleanup                  at the end, delete the app's local state, changelog topics and group",
+            "  --stop-file PATH           follow mode: keep processing new records until PATH exists, then",
+            "                             stop at the end offsets read at that moment (instead of start-up)",
             "Stops when the group's committed offsets reach the end offsets read (read_committed)",
             "at start-up, computes the canonical checksum of the stores, closes, and prints",
-            "  records=<N> sha256=<hex>");
+            "  records=<N> sha256=<hex>",
+            "and, on stderr when caught up, one line for benchmark scripts:",
+            "  peer-caught-up: records=N jvm_start_to_caught_up_s=S start_to_caught_up_s=S",
+            "  first_record_to_caught_up_s=S to_running_s=S cpu_s=S rss_hwm_kb=K",
+            "(cpu_s: the JVM's process CPU time, rss_hwm_kb: VmHWM of /proc/self/status, both at that moment).");
 
     public static void main(String[] argv) throws Exception {
         long jvmStartMs = ManagementFactory.getRuntimeMXBean().getStartTime();
@@ -69,6 +75,7 @@ public final class Main {
         int threads = 0;
         long pollMs = 100, timeoutS = 0;
         boolean cleanup = false;
+        String stopFile = null;
         for (int i = 0; i < argv.length; i++) {
             String a = argv[i];
             switch (a) {
@@ -80,6 +87,7 @@ public final class Main {
                 case "--poll-ms" -> pollMs = Long.parseLong(arg(argv, ++i, a));
                 case "--timeout-s" -> timeoutS = Long.parseLong(arg(argv, ++i, a));
                 case "--cleanup" -> cleanup = true;
+                case "--stop-file" -> stopFile = arg(argv, ++i, a);
                 case "--prop" -> {
                     String kv = arg(argv, ++i, a);
                     int eq = kv.indexOf('=');
@@ -101,44 +109,35 @@ public final class Main {
         if (stateDir == null) {
             stateDir = Files.createTempDirectory("kafka-streams-peer-").toString();
         }
-        System.exit(run(jvmStartMs, bootstrap, topic, appId, stateDir, threads, pollMs, timeoutS, cleanup, props));
+        System.exit(run(jvmStartMs, bootstrap, topic, appId, stateDir, threads, pollMs, timeoutS, cleanup, stopFile,
+                props));
     }
 
     private static int run(long jvmStartMs, String bootstrap, String topic, String appId, String stateDir,
-            int threads, long pollMs, long timeoutS, boolean cleanup, Map<String, String> extra) throws Exception {
+            int threads, long pollMs, long timeoutS, boolean cleanup, String stopFile, Map<String, String> extra)
+            throws Exception {
         Properties adminProps = new Properties();
         adminProps.put(AdminClientConfig.BOOTSTRAP_SERVERS_CONFIG, bootstrap);
         try (Admin admin = Admin.create(adminProps)) {
-            // 1. The end offsets that exist now are where the run stops.
+            // 1. The end offsets that exist now are where the run stops (follow mode: the
+            //    ones that exist when the stop file appears).
             TopicDescription desc = admin.describeTopics(List.of(topic)).allTopicNames().get(30, TimeUnit.SECONDS)
                     .get(topic);
             int partitions = desc.partitions().size();
-            Map<TopicPartition, OffsetSpec> earliest = new HashMap<>(), latest = new HashMap<>();
-            for (var p : desc.partitions()) {
-                TopicPartition tp = new TopicPartition(topic, p.partition());
-                earliest.put(tp, OffsetSpec.earliest());
-                latest.put(tp, OffsetSpec.latest());
-            }
-            ListOffsetsOptions rc = new ListOffsetsOptions(IsolationLevel.READ_COMMITTED);
-            Map<TopicPartition, ListOffsetsResultInfo> begin = admin.listOffsets(earliest, rc).all().get(30, TimeUnit.SECONDS);
-            Map<TopicPartition, ListOffsetsResultInfo> end = admin.listOffsets(latest, rc).all().get(30, TimeUnit.SECONDS);
+            Map<TopicPartition, Long> end = new HashMap<>();
             Map<TopicPartition, Long> target = new HashMap<>();
-            long total = 0;
-            for (TopicPartition tp : end.keySet()) {
-                long b = begin.get(tp).offset(), e = end.get(tp).offset();
-                total += Math.max(0, e - b);
-                if (e > b) {
-                    target.put(tp, e);
-                }
-            }
+            long total = targets(admin, topic, desc, end, target);
             if (threads <= 0) {
                 threads = Math.max(1, Math.min(Runtime.getRuntime().availableProcessors(), partitions));
             }
             LOG.info("topic {}: {} partitions, {} records to consume (end offsets {}), app-id {}, {} stream thread(s), state dir {}",
                     topic, partitions, total, end.entrySet().stream()
                             .sorted(Map.Entry.comparingByKey((x, y) -> Integer.compare(x.partition(), y.partition())))
-                            .map(x -> x.getKey().partition() + ":" + x.getValue().offset()).toList(),
+                            .map(x -> x.getKey().partition() + ":" + x.getValue()).toList(),
                     appId, threads, stateDir);
+            if (stopFile != null) {
+                LOG.info("follow mode: processing until {} exists", stopFile);
+            }
 
             // 2. The topology: source -> materializing processor with two RocksDB stores.
             Stats stats = new Stats();
@@ -185,6 +184,7 @@ public final class Main {
             long startMs = System.currentTimeMillis();
             streams.start();
             long lastLog = startMs;
+            boolean following = stopFile != null;
             while (true) {
                 KafkaStreams.State s = streams.state();
                 if (s == KafkaStreams.State.ERROR || s == KafkaStreams.State.PENDING_ERROR
@@ -192,7 +192,12 @@ public final class Main {
                     LOG.error("Kafka Streams stopped early (state {})", s);
                     return 1;
                 }
-                if (caughtUp(admin, appId, target)) {
+                if (following && Files.exists(Path.of(stopFile))) {
+                    following = false;
+                    total = targets(admin, topic, desc, end, target);
+                    LOG.info("stop file seen: stopping at the end offsets {} ({} records)", end, total);
+                }
+                if (!following && caughtUp(admin, appId, target)) {
                     break;
                 }
                 long now = System.currentTimeMillis();
@@ -209,6 +214,17 @@ public final class Main {
                 Thread.sleep(pollMs);
             }
             long doneMs = System.currentTimeMillis();
+            long cpuNs = processCpuNs();
+            long hwmKb = vmHwmKb();
+            {
+                long first = stats.firstRecordMs.get();
+                LOG.info(String.format(Locale.ROOT,
+                        "peer-caught-up: records=%d jvm_start_to_caught_up_s=%.3f start_to_caught_up_s=%.3f "
+                                + "first_record_to_caught_up_s=%.3f to_running_s=%.3f cpu_s=%.3f rss_hwm_kb=%d",
+                        total, (doneMs - jvmStartMs) / 1000.0, (doneMs - startMs) / 1000.0,
+                        first == 0 ? 0 : (doneMs - first) / 1000.0,
+                        runningAt[0] == 0 ? 0 : (runningAt[0] - startMs) / 1000.0, cpuNs / 1e9, hwmKb));
+            }
 
             // 4. The canonical checksum over every partition's store (interactive queries).
             Checksum checksum = new Checksum();
@@ -252,6 +268,57 @@ public final class Main {
             LOG.info("processed {} messages (retries may count twice); {}", stats.processed.sum(), stats.summary());
             return closed ? 0 : 1;
         }
+    }
+
+    /**
+     * Reads the topic's earliest and latest offsets (read_committed) into {@code end} and
+     * {@code target} (only non-empty partitions); returns the number of records between.
+     */
+    private static long targets(Admin admin, String topic, TopicDescription desc, Map<TopicPartition, Long> end,
+            Map<TopicPartition, Long> target) throws Exception {
+        Map<TopicPartition, OffsetSpec> earliest = new HashMap<>(), latest = new HashMap<>();
+        for (var p : desc.partitions()) {
+            TopicPartition tp = new TopicPartition(topic, p.partition());
+            earliest.put(tp, OffsetSpec.earliest());
+            latest.put(tp, OffsetSpec.latest());
+        }
+        ListOffsetsOptions rc = new ListOffsetsOptions(IsolationLevel.READ_COMMITTED);
+        Map<TopicPartition, ListOffsetsResultInfo> b = admin.listOffsets(earliest, rc).all().get(30, TimeUnit.SECONDS);
+        Map<TopicPartition, ListOffsetsResultInfo> e = admin.listOffsets(latest, rc).all().get(30, TimeUnit.SECONDS);
+        end.clear();
+        target.clear();
+        long total = 0;
+        for (TopicPartition tp : e.keySet()) {
+            long lo = b.get(tp).offset(), hi = e.get(tp).offset();
+            end.put(tp, hi);
+            total += Math.max(0, hi - lo);
+            if (hi > lo) {
+                target.put(tp, hi);
+            }
+        }
+        return total;
+    }
+
+    /** CPU time of this JVM process (all threads), ns; -1 if the platform bean cannot tell. */
+    private static long processCpuNs() {
+        if (ManagementFactory.getOperatingSystemMXBean() instanceof com.sun.management.OperatingSystemMXBean os) {
+            return os.getProcessCpuTime();
+        }
+        return -1;
+    }
+
+    /** Peak resident set size (VmHWM) of this process in kB, from /proc/self/status; -1 elsewhere. */
+    private static long vmHwmKb() {
+        try {
+            for (String line : Files.readAllLines(Path.of("/proc/self/status"))) {
+                if (line.startsWith("VmHWM:")) {
+                    return Long.parseLong(line.replaceAll("[^0-9]", ""));
+                }
+            }
+        } catch (Exception e) {
+            LOG.debug("cannot read VmHWM: {}", e.toString());
+        }
+        return -1;
     }
 
     /** True when, for every partition with records, the group's committed offset >= the target. */
