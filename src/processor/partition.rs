@@ -269,11 +269,20 @@ impl Worker {
         let mut function_batches = Vec::new();
         let mut tasks = Vec::new();
         let now_ms = crate::sysdb::now_ms();
+        // The current state of every record the batch names, in one read.
+        let wanted: Vec<(String, Vec<String>)> = routed
+            .collections
+            .iter()
+            .map(|(id, (_, records))| {
+                let mut ids: Vec<String> = records.iter().filter(|(_, r)| r.operation.is_data()).map(|(_, r)| r.id.clone()).collect();
+                ids.sort_unstable();
+                ids.dedup();
+                (id.clone(), ids)
+            })
+            .collect();
+        let mut current_all = self.shared.sysdb.get_records_many(wanted).await?;
         for (id, (row, records)) in &routed.collections {
-            let mut ids: Vec<String> = records.iter().map(|(_, r)| r.id.clone()).collect();
-            ids.sort_unstable();
-            ids.dedup();
-            let current = self.shared.sysdb.get_records(id, &ids).await?;
+            let current = current_all.remove(id).unwrap_or_default();
             let (update, outcome) =
                 batch::fold_collection(id, row.as_ref(), self.partition, records, &current, &mut counts, &mut dlq)
                     .map_err(|e| SysdbError::Database { backend: "processor", message: e.to_string() })?;
@@ -301,9 +310,9 @@ impl Worker {
         }
 
         failpoint::hit("before_sysdb_commit");
-        let commit = batch::commit(&self.shared.topic, delta, updates, function_batches);
+        let commit = Arc::new(batch::commit(&self.shared.topic, delta, updates, function_batches));
         let commit_started = Instant::now();
-        let committed = self.shared.sysdb.commit_batch(&commit).await;
+        let committed = self.shared.sysdb.commit_shared(Arc::clone(&commit)).await;
         self.shared.metrics.observe_sysdb_commit(commit_started.elapsed());
         let report = committed?;
         failpoint::hit("after_sysdb_commit");

@@ -15,7 +15,9 @@
 //!   - `Null` ("remove the key" in a log record) never reaches a materialized record and
 //!     is not written.
 
-use serde_json::{Map, Number, Value};
+use serde::de::{self, Deserialize, Deserializer, MapAccess, Visitor};
+use serde::ser::{Serialize, SerializeMap, Serializer};
+use serde_json::Value;
 
 use super::SysdbError;
 use crate::record::{MetaValue, Metadata, Record};
@@ -42,66 +44,157 @@ pub(crate) fn decode_embedding(bytes: &[u8]) -> Result<Vec<f32>, String> {
         .collect())
 }
 
-/// JSON text of `metadata`, `None` when it has no (non-null) key.
+/// JSON text of `metadata`, `None` when it has no (non-null) key. Serialized straight
+/// from the map (no intermediate `serde_json::Value` tree: this runs for every record
+/// written); the output is identical to building the `Value` (tested).
 pub(crate) fn encode_metadata(metadata: &Metadata) -> Option<String> {
-    let mut map = Map::new();
-    for (k, v) in metadata {
-        let json = match v {
-            MetaValue::Null => continue,
-            MetaValue::String(s) => Value::String(s.clone()),
-            MetaValue::Long(i) => Value::Number(Number::from(*i)),
-            MetaValue::Bool(b) => Value::Bool(*b),
-            MetaValue::Double(d) => match Number::from_f64(*d) {
-                Some(n) => Value::Number(n),
-                None => {
-                    let name = if d.is_nan() {
-                        "NaN"
-                    } else if *d > 0.0 {
-                        "Infinity"
-                    } else {
-                        "-Infinity"
-                    };
-                    let mut tagged = Map::new();
-                    tagged.insert(NON_FINITE_TAG.to_string(), Value::String(name.to_string()));
-                    Value::Object(tagged)
-                }
-            },
-        };
-        map.insert(k.clone(), json);
-    }
-    if map.is_empty() {
+    if metadata.values().all(|v| matches!(v, MetaValue::Null)) {
         return None;
     }
-    Some(Value::Object(map).to_string())
+    Some(serde_json::to_string(&StoredMetadata(metadata)).expect("metadata serializes to JSON"))
+}
+
+struct StoredMetadata<'a>(&'a Metadata);
+
+impl Serialize for StoredMetadata<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let mut map = serializer.serialize_map(None)?;
+        for (k, v) in self.0 {
+            match v {
+                MetaValue::Null => {}
+                MetaValue::String(s) => map.serialize_entry(k, s)?,
+                MetaValue::Long(i) => map.serialize_entry(k, i)?,
+                MetaValue::Bool(b) => map.serialize_entry(k, b)?,
+                MetaValue::Double(d) if d.is_finite() => map.serialize_entry(k, d)?,
+                MetaValue::Double(d) => map.serialize_entry(k, &NonFinite(non_finite_name(*d)))?,
+            }
+        }
+        map.end()
+    }
+}
+
+fn non_finite_name(d: f64) -> &'static str {
+    if d.is_nan() {
+        "NaN"
+    } else if d > 0.0 {
+        "Infinity"
+    } else {
+        "-Infinity"
+    }
+}
+
+/// `{"f64": "NaN" | "Infinity" | "-Infinity"}`.
+struct NonFinite(&'static str);
+
+impl Serialize for NonFinite {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let mut map = serializer.serialize_map(Some(1))?;
+        map.serialize_entry(NON_FINITE_TAG, self.0)?;
+        map.end()
+    }
 }
 
 pub(crate) fn decode_metadata(text: Option<&str>) -> Result<Metadata, String> {
-    let mut out = Metadata::new();
-    let Some(text) = text else { return Ok(out) };
-    let value: Value = serde_json::from_str(text).map_err(|e| format!("stored metadata is not JSON: {e}"))?;
-    let Value::Object(map) = value else {
-        return Err("stored metadata is not a JSON object".to_string());
-    };
-    for (k, v) in map {
-        let meta = match v {
-            Value::String(s) => MetaValue::String(s),
-            Value::Bool(b) => MetaValue::Bool(b),
-            Value::Number(n) => match n.as_i64() {
-                Some(i) => MetaValue::Long(i),
-                None => MetaValue::Double(n.as_f64().ok_or_else(|| format!("metadata key {k:?}: number {n} out of range"))?),
-            },
-            Value::Object(tagged) => match tagged.get(NON_FINITE_TAG).and_then(Value::as_str) {
-                Some("NaN") => MetaValue::Double(f64::NAN),
-                Some("Infinity") => MetaValue::Double(f64::INFINITY),
-                Some("-Infinity") => MetaValue::Double(f64::NEG_INFINITY),
-                _ => return Err(format!("metadata key {k:?}: unexpected object value")),
-            },
-            Value::Null => continue,
-            Value::Array(_) => return Err(format!("metadata key {k:?}: unexpected array value")),
-        };
-        out.insert(k, meta);
-    }
+    let Some(text) = text else { return Ok(Metadata::new()) };
+    let mut de = serde_json::Deserializer::from_str(text);
+    let out = de.deserialize_map(MetadataVisitor).map_err(|e| {
+        if e.is_data() {
+            e.to_string()
+        } else {
+            format!("stored metadata is not JSON: {e}")
+        }
+    })?;
+    de.end().map_err(|e| format!("stored metadata is not JSON: {e}"))?;
     Ok(out)
+}
+
+struct MetadataVisitor;
+
+impl<'de> Visitor<'de> for MetadataVisitor {
+    type Value = Metadata;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("stored metadata is not a JSON object")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut access: A) -> Result<Metadata, A::Error> {
+        let mut out = Metadata::new();
+        while let Some(k) = access.next_key::<String>()? {
+            let v: StoredValue = access.next_value().map_err(|e| de::Error::custom(format!("metadata key {k:?}: {e}")))?;
+            let meta = match v {
+                StoredValue::Null => continue,
+                StoredValue::Meta(m) => m,
+            };
+            out.insert(k, meta);
+        }
+        Ok(out)
+    }
+}
+
+enum StoredValue {
+    Null,
+    Meta(MetaValue),
+}
+
+impl<'de> Deserialize<'de> for StoredValue {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(StoredValueVisitor)
+    }
+}
+
+struct StoredValueVisitor;
+
+impl<'de> Visitor<'de> for StoredValueVisitor {
+    type Value = StoredValue;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a string, number, boolean, null or a tagged non-finite double")
+    }
+    fn visit_str<E: de::Error>(self, v: &str) -> Result<StoredValue, E> {
+        Ok(StoredValue::Meta(MetaValue::String(v.to_owned())))
+    }
+    fn visit_string<E: de::Error>(self, v: String) -> Result<StoredValue, E> {
+        Ok(StoredValue::Meta(MetaValue::String(v)))
+    }
+    fn visit_bool<E: de::Error>(self, v: bool) -> Result<StoredValue, E> {
+        Ok(StoredValue::Meta(MetaValue::Bool(v)))
+    }
+    fn visit_i64<E: de::Error>(self, v: i64) -> Result<StoredValue, E> {
+        Ok(StoredValue::Meta(MetaValue::Long(v)))
+    }
+    fn visit_u64<E: de::Error>(self, v: u64) -> Result<StoredValue, E> {
+        // Beyond i64 it can only have been written as a double.
+        Ok(StoredValue::Meta(i64::try_from(v).map_or(MetaValue::Double(v as f64), MetaValue::Long)))
+    }
+    fn visit_f64<E: de::Error>(self, v: f64) -> Result<StoredValue, E> {
+        Ok(StoredValue::Meta(MetaValue::Double(v)))
+    }
+    fn visit_unit<E: de::Error>(self) -> Result<StoredValue, E> {
+        Ok(StoredValue::Null)
+    }
+    fn visit_seq<A: de::SeqAccess<'de>>(self, _: A) -> Result<StoredValue, A::Error> {
+        Err(de::Error::custom("unexpected array value"))
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut access: A) -> Result<StoredValue, A::Error> {
+        // Like a lookup of the "f64" key: other keys are ignored.
+        let mut tag: Option<String> = None;
+        while let Some(k) = access.next_key::<String>()? {
+            if k == NON_FINITE_TAG && tag.is_none() {
+                if let serde_json::Value::String(s) = access.next_value::<serde_json::Value>()? {
+                    tag = Some(s);
+                }
+            } else {
+                access.next_value::<de::IgnoredAny>()?;
+            }
+        }
+        let d = match tag.as_deref() {
+            Some("NaN") => f64::NAN,
+            Some("Infinity") => f64::INFINITY,
+            Some("-Infinity") => f64::NEG_INFINITY,
+            _ => return Err(de::Error::custom("unexpected object value")),
+        };
+        Ok(StoredValue::Meta(MetaValue::Double(d)))
+    }
 }
 
 /// JSON text of a function's parameters (an object of strings).
@@ -149,6 +242,68 @@ pub(crate) fn metadata_bit_eq(a: &Metadata, b: &Metadata) -> bool {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+/// The straightforward `Value`-tree encoding: the oracle of the serializer above.
+    fn encode_metadata_via_value(metadata: &Metadata) -> Option<String> {
+        let mut map = serde_json::Map::new();
+        for (k, v) in metadata {
+            let json = match v {
+                MetaValue::Null => continue,
+                MetaValue::String(s) => Value::String(s.clone()),
+                MetaValue::Long(i) => Value::Number(serde_json::Number::from(*i)),
+                MetaValue::Bool(b) => Value::Bool(*b),
+                MetaValue::Double(d) => match serde_json::Number::from_f64(*d) {
+                    Some(n) => Value::Number(n),
+                    None => {
+                        let name = if d.is_nan() {
+                            "NaN"
+                        } else if *d > 0.0 {
+                            "Infinity"
+                        } else {
+                            "-Infinity"
+                        };
+                        let mut tagged = serde_json::Map::new();
+                        tagged.insert(NON_FINITE_TAG.to_string(), Value::String(name.to_string()));
+                        Value::Object(tagged)
+                    }
+                },
+            };
+            map.insert(k.clone(), json);
+        }
+        if map.is_empty() {
+            return None;
+        }
+        Some(Value::Object(map).to_string())
+    }
+    
+    fn decode_metadata_via_value(text: Option<&str>) -> Result<Metadata, String> {
+        let mut out = Metadata::new();
+        let Some(text) = text else { return Ok(out) };
+        let value: Value = serde_json::from_str(text).map_err(|e| format!("stored metadata is not JSON: {e}"))?;
+        let Value::Object(map) = value else {
+            return Err("stored metadata is not a JSON object".to_string());
+        };
+        for (k, v) in map {
+            let meta = match v {
+                Value::String(s) => MetaValue::String(s),
+                Value::Bool(b) => MetaValue::Bool(b),
+                Value::Number(n) => match n.as_i64() {
+                    Some(i) => MetaValue::Long(i),
+                    None => MetaValue::Double(n.as_f64().ok_or_else(|| format!("metadata key {k:?}: number {n} out of range"))?),
+                },
+                Value::Object(tagged) => match tagged.get(NON_FINITE_TAG).and_then(Value::as_str) {
+                    Some("NaN") => MetaValue::Double(f64::NAN),
+                    Some("Infinity") => MetaValue::Double(f64::INFINITY),
+                    Some("-Infinity") => MetaValue::Double(f64::NEG_INFINITY),
+                    _ => return Err(format!("metadata key {k:?}: unexpected object value")),
+                },
+                Value::Null => continue,
+                Value::Array(_) => return Err(format!("metadata key {k:?}: unexpected array value")),
+            };
+            out.insert(k, meta);
+        }
+        Ok(out)
+    }
 
     fn one(v: MetaValue) -> Metadata {
         let mut m = Metadata::new();
@@ -222,6 +377,27 @@ mod tests {
             m.insert("b".into(), MetaValue::Bool(b));
             let back = round_trip(&m);
             prop_assert!(metadata_bit_eq(&back, &m), "{:?} -> {:?}", m, back);
+        }
+
+        #[test]
+        fn the_direct_codec_matches_the_value_tree(entries in proptest::collection::vec((".{0,6}", 0u8..6, any::<u64>(), ".{0,8}"), 0..6)) {
+            let mut m = Metadata::new();
+            for (k, kind, bits, s) in entries {
+                let v = match kind {
+                    0 => MetaValue::Null,
+                    1 => MetaValue::String(s),
+                    2 => MetaValue::Long(bits as i64),
+                    3 => MetaValue::Bool(bits % 2 == 0),
+                    4 => MetaValue::Double(f64::from_bits(bits)),
+                    _ => MetaValue::Double([f64::NAN, f64::INFINITY, f64::NEG_INFINITY, -0.0][(bits % 4) as usize]),
+                };
+                m.insert(k, v);
+            }
+            let text = encode_metadata(&m);
+            prop_assert_eq!(&text, &encode_metadata_via_value(&m));
+            let a = decode_metadata(text.as_deref()).unwrap();
+            let b = decode_metadata_via_value(text.as_deref()).unwrap();
+            prop_assert!(metadata_bit_eq(&a, &b), "{:?} vs {:?}", a, b);
         }
 
         #[test]

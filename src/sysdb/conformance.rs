@@ -77,6 +77,7 @@ pub async fn run_all(db: &Sysdb) {
     reset_is_audited_and_returns_the_previous_value(db).await;
     list_records_pages_in_id_order(db).await;
     get_records_returns_only_present_ids(db).await;
+    get_records_many_reads_several_collections_at_once(db).await;
     metadata_round_trips_exactly(db).await;
     embeddings_round_trip_bit_exact(db).await;
     functions::run_all(db).await;
@@ -407,6 +408,39 @@ pub async fn get_records_returns_only_present_ids(db: &Sysdb) {
     assert_records_bit_eq(&got["b"], &b, "get b");
     assert!(db.get_records(&coll, &[]).await.expect("no ids").is_empty());
     assert!(db.get_records(&unique("coll"), &["a".to_string()]).await.expect("other collection").is_empty());
+}
+
+pub async fn get_records_many_reads_several_collections_at_once(db: &Sysdb) {
+    let topic = unique("many");
+    let (c1, c2, empty) = (unique("coll"), unique("coll"), unique("coll"));
+    db.init_position(&topic, 0, 0).await.expect("init");
+    let (a, b, x) = (record("a", 0, Some(vec![1.5, -0.0])), record("b", 1, None), record("a", 2, Some(vec![7.0])));
+    db.commit_batch(&batch(
+        &topic,
+        0,
+        0,
+        3,
+        vec![update(&c1, 0, Some(2), 1, 2, vec![upsert(a.clone()), upsert(b.clone())]), update(&c2, 0, Some(1), 2, 1, vec![upsert(x.clone())])],
+    ))
+    .await
+    .expect("commit");
+    let ids = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    let got = db
+        .get_records_many(vec![
+            (c1.clone(), ids(&["b", "nope", "a", "b"])),
+            (c2.clone(), ids(&["a", "b"])),
+            (empty.clone(), ids(&["a"])),
+            (unique("coll"), vec![]),
+        ])
+        .await
+        .expect("get_records_many");
+    assert_eq!(got.len(), 2, "only collections with records: {:?}", got.keys().collect::<Vec<_>>());
+    assert_eq!(got[&c1].len(), 2, "absent ids returned: {:?}", got[&c1].keys().collect::<Vec<_>>());
+    assert_records_bit_eq(&got[&c1]["a"], &a, "c1 a");
+    assert_records_bit_eq(&got[&c1]["b"], &b, "c1 b");
+    assert_eq!(got[&c2].len(), 1, "c2 holds only a");
+    assert_records_bit_eq(&got[&c2]["a"], &x, "c2 a is not c1 a");
+    assert!(db.get_records_many(vec![]).await.expect("nothing asked").is_empty());
 }
 
 pub async fn metadata_round_trips_exactly(db: &Sysdb) {

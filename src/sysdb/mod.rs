@@ -26,6 +26,7 @@ mod schema;
 pub mod sqlite;
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use thiserror::Error;
 
@@ -312,6 +313,13 @@ impl Sysdb {
         dispatch!(self, s => s.get_records(collection, ids).await)
     }
 
+    /// Current records of several collections at once (one blocking task on SQLite, one
+    /// statement on PostgreSQL): `wanted` is (collection, ids); collections and ids
+    /// that hold nothing are simply missing from the answer.
+    pub async fn get_records_many(&self, wanted: Vec<(String, Vec<String>)>) -> Result<HashMap<String, HashMap<String, Record>>> {
+        dispatch!(self, s => s.get_records_many(wanted).await)
+    }
+
     /// Records of a collection in id order, after `after_id` (exclusive), at most `limit`.
     pub async fn list_records(&self, collection: &str, after_id: Option<&str>, limit: usize) -> Result<Vec<Record>> {
         dispatch!(self, s => s.list_records(collection, after_id, limit).await)
@@ -320,7 +328,16 @@ impl Sysdb {
     /// Commit a batch atomically with compare-and-set on the partition position.
     /// `SysdbError::Conflict` leaves the sysdb untouched.
     pub async fn commit_batch(&self, batch: &BatchCommit) -> Result<CommitReport> {
-        dispatch!(self, s => s.commit_batch(batch).await)
+        self.commit_shared(Arc::new(batch.clone())).await
+    }
+
+    /// [`Sysdb::commit_batch`] without copying the batch (the processor's path: SQLite
+    /// writes on a blocking thread, which needs an owned batch).
+    pub async fn commit_shared(&self, batch: Arc<BatchCommit>) -> Result<CommitReport> {
+        match self {
+            Sysdb::Sqlite(s) => s.commit_batch(batch).await,
+            Sysdb::Postgres(s) => s.commit_batch(&batch).await,
+        }
     }
 
     /// Attach a function: in ONE transaction, insert the function (`awaiting_marker`,

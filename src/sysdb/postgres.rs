@@ -296,7 +296,12 @@ fn decode_collection(r: &tokio_postgres::Row) -> Result<CollectionRow> {
 }
 
 fn decode_row(r: &tokio_postgres::Row) -> Result<Record> {
-    decode_record(BACKEND, r.get(0), r.get(1), r.get(2), r.get(3), r.get(4))
+    decode_row_at(r, 0)
+}
+
+/// A record from the `RECORD_COLUMNS` starting at column `at`.
+fn decode_row_at(r: &tokio_postgres::Row, at: usize) -> Result<Record> {
+    decode_record(BACKEND, r.get(at), r.get(at + 1), r.get(at + 2), r.get(at + 3), r.get(at + 4))
 }
 
 impl PostgresSysdb {
@@ -438,6 +443,34 @@ impl PostgresSysdb {
             .await?;
         let rows = client.query(&stmt, &[&collection, &ids]).await?;
         rows.iter().map(|r| decode_row(r).map(|rec| (rec.id.clone(), rec))).collect()
+    }
+
+    pub async fn get_records_many(&self, wanted: Vec<(String, Vec<String>)>) -> Result<HashMap<String, HashMap<String, Record>>> {
+        let (mut collections, mut ids): (Vec<&str>, Vec<&str>) = (Vec::new(), Vec::new());
+        for (c, wanted_ids) in &wanted {
+            for id in wanted_ids {
+                collections.push(c.as_str());
+                ids.push(id.as_str());
+            }
+        }
+        let mut out: HashMap<String, HashMap<String, Record>> = HashMap::new();
+        if ids.is_empty() {
+            return Ok(out);
+        }
+        let client = self.client().await?;
+        let stmt = client
+            .prepare_cached(&format!(
+                "SELECT collection_id, {RECORD_COLUMNS} FROM records
+                 WHERE (collection_id, id) IN (SELECT c, i FROM unnest($1::text[], $2::text[]) AS w(c, i))"
+            ))
+            .await?;
+        let rows = client.query(&stmt, &[&collections, &ids]).await?;
+        for row in &rows {
+            let collection: String = row.try_get(0)?;
+            let record = decode_row_at(row, 1)?;
+            out.entry(collection).or_default().insert(record.id.clone(), record);
+        }
+        Ok(out)
     }
 
     pub async fn list_records(&self, collection: &str, after_id: Option<&str>, limit: usize) -> Result<Vec<Record>> {

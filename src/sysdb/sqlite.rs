@@ -38,6 +38,12 @@ const PAGE_SIZE: i64 = 16 * 1024;
 /// embeddings touches several MiB of b-tree pages; the 2 MiB default thrashes.
 const CACHE_SIZE_KIB: i64 = 64 * 1024;
 
+/// WAL pages between automatic checkpoints (160 MiB at 16 KiB pages).
+const WAL_AUTOCHECKPOINT_PAGES: i64 = 10_000;
+
+/// Bytes the WAL file is truncated to after a checkpoint.
+const WAL_SIZE_LIMIT: i64 = 64 << 20;
+
 impl From<rusqlite::Error> for SysdbError {
     fn from(e: rusqlite::Error) -> Self {
         let retryable = matches!(
@@ -96,6 +102,13 @@ fn configure(conn: &Connection, path: &str) -> Result<()> {
     // and the replica re-reads the log from there. The database is never corrupted.
     conn.pragma_update(None, "synchronous", "NORMAL")?;
     conn.pragma_update(None, "cache_size", -CACHE_SIZE_KIB)?;
+    // Checkpoint every WAL_AUTOCHECKPOINT_PAGES instead of SQLite's 1000: a batch of a few
+    // thousand records rewrites about as many 16 KiB pages, so the default checkpointed
+    // after nearly every commit; with a longer WAL a page rewritten by several commits is
+    // copied back once (measured: -10% CPU per record). The file is cut back to
+    // WAL_SIZE_LIMIT after a checkpoint.
+    conn.pragma_update(None, "wal_autocheckpoint", WAL_AUTOCHECKPOINT_PAGES)?;
+    conn.pragma_update(None, "journal_size_limit", WAL_SIZE_LIMIT)?;
     Ok(())
 }
 
@@ -383,6 +396,33 @@ impl SqliteSysdb {
         .await
     }
 
+    pub async fn get_records_many(&self, wanted: Vec<(String, Vec<String>)>) -> Result<HashMap<String, HashMap<String, Record>>> {
+        // On the writer connection: these are the rows the next commit rewrites, so the
+        // b-tree pages they load are the ones the commit needs, in the same page cache
+        // (measured: ~10% of the processor's CPU was copying pages into a second cache).
+        self.write(move |c| {
+            let mut stmt = c.prepare_cached(&format!("SELECT {RECORD_COLUMNS} FROM records WHERE collection_id = ?1 AND id = ?2"))?;
+            let mut out = HashMap::with_capacity(wanted.len());
+            for (collection, ids) in &wanted {
+                let mut found = HashMap::new();
+                for id in ids {
+                    if found.contains_key(id) {
+                        continue;
+                    }
+                    if let Some(raw) = stmt.query_row(params![collection, id], raw_record).optional()? {
+                        let record = decode_raw(raw)?;
+                        found.insert(record.id.clone(), record);
+                    }
+                }
+                if !found.is_empty() {
+                    out.insert(collection.clone(), found);
+                }
+            }
+            Ok(out)
+        })
+        .await
+    }
+
     pub async fn list_records(&self, collection: &str, after_id: Option<&str>, limit: usize) -> Result<Vec<Record>> {
         let collection = collection.to_string();
         let after_id = after_id.map(str::to_string);
@@ -405,10 +445,7 @@ impl SqliteSysdb {
         .await
     }
 
-    pub async fn commit_batch(&self, batch: &BatchCommit) -> Result<super::CommitReport> {
-        // The closure must own its data ('static, it runs on the blocking pool): the copy
-        // is a memcpy of the batch, small next to the cost of writing it.
-        let batch = batch.clone();
+    pub async fn commit_batch(&self, batch: Arc<BatchCommit>) -> Result<super::CommitReport> {
         self.write(move |c| commit_batch_sync(c, &batch)).await
     }
 
