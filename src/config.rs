@@ -1,5 +1,5 @@
 //! Configuration: a TOML file (`--config`), overridden by environment variables
-//! (`SLUICE_BROKERS`, `SLUICE_SYSDB`, `SLUICE_GROUP`, `SLUICE_TOPIC_PREFIX`, `SLUICE_HTTP`,
+//! (`SLUICE_BROKERS`, `SLUICE_SYSDB`, `SLUICE_GROUP`, `SLUICE_INSTANCE_ID`, `SLUICE_TOPIC_PREFIX`, `SLUICE_HTTP`,
 //! `SLUICE_ADMIN_TOKEN`, `SLUICE_SASL_USERNAME`, `SLUICE_SASL_PASSWORD`), overridden by
 //! command-line flags. Unknown keys are rejected.
 //! Every field's doc comment is the user's reference (`docs/configuration.md` mirrors it).
@@ -113,6 +113,13 @@ pub struct KafkaConfig {
     pub auto_offset_reset: ResetPolicy,
     /// librdkafka `session.timeout.ms` (librdkafka default 45000).
     pub session_timeout_ms: u32,
+    /// Static group membership (`group.instance.id`) of this replica's processor
+    /// consumer, unique per replica and stable across its restarts (e.g. the pod name of
+    /// a StatefulSet). A replica restarted after a crash then gets its partitions back at
+    /// once instead of after `session_timeout_ms`; but a replica stopped for good keeps
+    /// its partitions unassigned until that timeout. Unset: dynamic membership.
+    /// Env: `SLUICE_INSTANCE_ID`.
+    pub instance_id: Option<String>,
     /// librdkafka `max.poll.interval.ms` (librdkafka default 300000).
     pub max_poll_interval_ms: u32,
     /// Timeout for metadata, watermark and committed-offset requests.
@@ -132,6 +139,7 @@ impl Default for KafkaConfig {
             rebalance_protocol: RebalanceProtocol::Cooperative,
             auto_offset_reset: ResetPolicy::Earliest,
             session_timeout_ms: 45_000,
+            instance_id: None,
             max_poll_interval_ms: 300_000,
             request_timeout_ms: 10_000,
         }
@@ -292,10 +300,12 @@ pub struct Overrides {
     /// `SLUICE_SASL_PASSWORD` → `[librdkafka] sasl.password` (environment only; never
     /// logged: `Secret`).
     pub sasl_password: Option<Secret>,
+    /// `SLUICE_INSTANCE_ID` → `[kafka] instance_id`.
+    pub instance_id: Option<String>,
 }
 
 impl Overrides {
-    /// Read `SLUICE_BROKERS`, `SLUICE_SYSDB`, `SLUICE_GROUP`, `SLUICE_TOPIC_PREFIX`,
+    /// Read `SLUICE_BROKERS`, `SLUICE_SYSDB`, `SLUICE_GROUP`, `SLUICE_INSTANCE_ID`, `SLUICE_TOPIC_PREFIX`,
     /// `SLUICE_HTTP`, `SLUICE_ADMIN_TOKEN`, `SLUICE_SASL_USERNAME`, `SLUICE_SASL_PASSWORD`.
     pub fn from_env() -> Overrides {
         let var = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
@@ -303,6 +313,7 @@ impl Overrides {
             brokers: var("SLUICE_BROKERS"),
             sysdb: var("SLUICE_SYSDB"),
             group: var("SLUICE_GROUP"),
+            instance_id: var("SLUICE_INSTANCE_ID"),
             topic_prefix: var("SLUICE_TOPIC_PREFIX"),
             // Empty is meaningful here: it disables the HTTP server.
             http: std::env::var("SLUICE_HTTP").ok(),
@@ -317,6 +328,7 @@ impl Overrides {
         self.brokers = other.brokers.or(self.brokers);
         self.sysdb = other.sysdb.or(self.sysdb);
         self.group = other.group.or(self.group);
+        self.instance_id = other.instance_id.or(self.instance_id);
         self.topic_prefix = other.topic_prefix.or(self.topic_prefix);
         self.http = other.http.or(self.http);
         self.admin_token = other.admin_token.or(self.admin_token);
@@ -355,6 +367,9 @@ impl Config {
         }
         if let Some(v) = o.group {
             self.kafka.group = v;
+        }
+        if let Some(v) = o.instance_id {
+            self.kafka.instance_id = Some(v);
         }
         if let Some(v) = o.topic_prefix {
             self.kafka.topic_prefix = v;

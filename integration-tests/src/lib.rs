@@ -157,8 +157,11 @@ impl Env {
             std::fs::write(
                 &p,
                 format!(
-                    "[kafka]\nsession_timeout_ms = 6000\n{}\n[processor]\nshutdown_timeout_ms = 15000\nbatch_max_records = 200\n{}\n{}\n",
-                    self.kafka_toml, self.processor_toml, self.sections_toml
+                    "[kafka]\n{}{}\n[processor]\nshutdown_timeout_ms = 15000\nbatch_max_records = 200\n{}\n{}\n",
+                    if self.kafka_toml.contains("session_timeout_ms") { "" } else { "session_timeout_ms = 6000\n" },
+                    self.kafka_toml,
+                    self.processor_toml,
+                    self.sections_toml
                 ),
             )
             .expect("write config");

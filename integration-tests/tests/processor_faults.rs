@@ -353,3 +353,34 @@ fn retention_gap(env: Env) {
     let applied: Vec<LogRecord> = a.iter().chain(&after[skipped..]).cloned().collect();
     assert_records_match_model(&env, &applied);
 }
+
+// ---------------------------------------------------------------------------------------
+// Static membership: a replica restarted after kill -9 with the same `instance_id` gets
+// its partitions back at once, not after the dead member's session timeout.
+
+#[test]
+fn a_static_member_restarted_after_kill9_resumes_before_the_session_timeout() {
+    if !require_kafka() {
+        return;
+    }
+    // 45 s: a restart that had to wait for the old member's session to expire would take
+    // far longer than the bound below.
+    let env = Env::sqlite("static").with_kafka("session_timeout_ms = 45000");
+    env.run(&["init", "--partitions", "4"]);
+    let first = workload(400, 71, "static", 6);
+    env.produce(&jsonl_lines(&first));
+    let instance = format!("replica-{}", sluice_integration_tests::suffix());
+    let mut r1 = env.spawn_replica("r1", &[("SLUICE_INSTANCE_ID", &instance)]);
+    env.wait_caught_up(WAIT);
+    r1.kill9();
+    let second = workload(400, 72, "static", 6);
+    env.produce(&jsonl_lines(&second));
+    let restarted = Instant::now();
+    let r2 = env.spawn_replica("r2", &[("SLUICE_INSTANCE_ID", &instance)]);
+    env.wait_caught_up(WAIT);
+    let took = restarted.elapsed();
+    println!("static member: restart after kill -9 -> caught up in {:.2} s", took.as_secs_f64());
+    assert!(took < Duration::from_secs(15), "the restarted static member took {took:?} (session timeout 45 s); log:\n{}", r2.log_text());
+    let all: Vec<LogRecord> = first.into_iter().chain(second).collect();
+    assert_records_match_model(&env, &all);
+}

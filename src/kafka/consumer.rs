@@ -46,6 +46,8 @@ pub struct ConsumerSettings {
     pub topic: String,
     pub cooperative: bool,
     pub session_timeout_ms: u32,
+    /// `group.instance.id` (static membership), if configured.
+    pub instance_id: Option<String>,
     pub max_poll_interval_ms: u32,
     /// Capacity of the event channel, in events (a message chunk is one event).
     pub channel_capacity: usize,
@@ -153,6 +155,9 @@ impl ConsumerHandle {
             // Prefetch bound per partition (librdkafka default 65536 KiB): the processor
             // applies back-pressure itself; a large prefetch only costs memory.
             c.set("queued.max.messages.kbytes", "16384");
+        }
+        if let Some(id) = &settings.instance_id {
+            c.set("group.instance.id", id);
         }
         let consumer: BaseConsumer<Ctx> =
             c.create_with_context(ctx).map_err(|e| KafkaError::Config(e.to_string()))?;

@@ -30,7 +30,7 @@ use partition::{Shared, Worker, WorkerMsg};
 use start::{resolve_start, HaltReason, Start};
 
 /// Inbox size of a worker, in message chunks.
-const WORKER_INBOX: usize = 64;
+const WORKER_INBOX: usize = 8;
 
 /// How often the partition gauges read the high watermarks and group offsets.
 const GAUGE_REFRESH: Duration = Duration::from_secs(5);
@@ -77,8 +77,9 @@ pub async fn run(
         topic: topic.clone(),
         cooperative: config.kafka.rebalance_protocol == crate::config::RebalanceProtocol::Cooperative,
         session_timeout_ms: config.kafka.session_timeout_ms,
+        instance_id: config.kafka.instance_id.clone(),
         max_poll_interval_ms: config.kafka.max_poll_interval_ms,
-        channel_capacity: 256,
+        channel_capacity: 16,
     })?;
     metrics.attach_consumer(consumer.stats.clone());
     health.consumer_started();
