@@ -211,6 +211,34 @@ pub fn fold_collection(
     Ok((Some(update), outcome))
 }
 
+/// The ids a batch of one collection must read, each with whether the fold may need the
+/// whole stored record (`true`) or only its existence and metadata (`false`).
+///
+/// Only the batch's FIRST data record of an id ever sees the stored state (later ones see
+/// the batch's own changes), so the stored embedding and document can matter only when
+/// that first record does not replace them for sure: an UPSERT or UPDATE carrying both an
+/// embedding of the collection's dimension (so it cannot be rejected) and a document
+/// replaces them; a DELETE without an embedding never reads them. Anything else (ADD,
+/// which leaves an existing record as it is; a record without embedding or document; a
+/// collection whose dimension is not fixed yet), and every id of a collection with
+/// functions attached (their deltas read the preimage), reads the whole record.
+pub fn ids_to_read(records: &[(i64, LogRecord)], dimension: Option<u32>, with_functions: bool) -> Vec<(String, bool)> {
+    let replaces = |r: &LogRecord| match r.operation {
+        Operation::Upsert | Operation::Update => {
+            r.document.is_some() && matches!((&r.embedding, dimension), (Some(e), Some(d)) if e.len() == d as usize)
+        }
+        Operation::Delete => r.embedding.is_none(),
+        Operation::Add | Operation::BackfillFn => false,
+    };
+    let mut first: HashMap<&str, bool> = HashMap::new();
+    for (_, r) in records.iter().filter(|(_, r)| r.operation.is_data()) {
+        first.entry(r.id.as_str()).or_insert_with(|| with_functions || !replaces(r));
+    }
+    let mut ids: Vec<(String, bool)> = first.into_iter().map(|(id, full)| (id.to_string(), full)).collect();
+    ids.sort_unstable();
+    ids
+}
+
 /// Assemble the commit.
 pub fn commit(topic: &str, delta: PositionDelta, collections: Vec<CollectionUpdate>, functions: Vec<FunctionBatch>) -> BatchCommit {
     BatchCommit { topic: topic.to_string(), delta, collections, functions }
@@ -289,5 +317,75 @@ mod tests {
         assert_eq!(counts.ignored.get("add_existing"), Some(&1));
         assert_eq!(counts.ignored.get("delete_missing"), Some(&1));
         assert!(dlq.is_empty());
+    }
+
+    mod light_reads {
+        use super::*;
+        use proptest::prelude::*;
+
+        fn record(op: u8, id: u8, emb: u8, doc: bool, meta: u8) -> LogRecord {
+            let operation = [Operation::Add, Operation::Upsert, Operation::Update, Operation::Delete][op as usize % 4];
+            let mut r = LogRecord::data("c", format!("id{}", id % 5), operation);
+            // 0: none, 1: dimension 2 (the collection's), 2: dimension 3 (rejected)
+            r.embedding = match emb % 3 {
+                0 => None,
+                1 => Some(vec![f32::from(id), 1.0]),
+                _ => Some(vec![0.5, 0.5, 0.5]),
+            };
+            r.document = doc.then(|| format!("doc{id}"));
+            r.metadata = Some([(format!("k{}", meta % 3), MetaValue::Long(i64::from(meta)))].into_iter().collect());
+            r
+        }
+
+        fn stored(id: u8, meta: u8, emb: bool, doc: bool) -> Record {
+            Record {
+                id: format!("id{}", id % 5),
+                embedding: emb.then(|| vec![9.0, f32::from(meta)]),
+                metadata: [("k1".to_string(), MetaValue::Long(i64::from(meta)))].into_iter().collect(),
+                document: doc.then(|| "stored".to_string()),
+                offset: 0,
+            }
+        }
+
+        proptest! {
+            /// Folding over records read "light" where `ids_to_read` allows it gives
+            /// exactly what folding over whole records gives.
+            #[test]
+            fn light_reads_never_change_the_fold(
+                log in proptest::collection::vec((0u8..4, 0u8..5, 0u8..3, any::<bool>(), 0u8..6), 1..12),
+                state in proptest::collection::vec((0u8..5, 0u8..6, any::<bool>(), any::<bool>()), 0..5),
+                with_functions in any::<bool>(),
+                dimension_known in any::<bool>(),
+            ) {
+                let records: Vec<(i64, LogRecord)> =
+                    log.into_iter().enumerate().map(|(i, (o, id, e, d, m))| (i as i64 + 1, record(o, id, e, d, m))).collect();
+                let whole: HashMap<String, Record> = state.into_iter().map(|(id, m, e, d)| { let r = stored(id, m, e, d); (r.id.clone(), r) }).collect();
+                let dimension = dimension_known.then_some(2u32);
+                let wanted = ids_to_read(&records, dimension, with_functions);
+                let light: HashMap<String, Record> = wanted
+                    .iter()
+                    .filter_map(|(id, full)| {
+                        whole.get(id).map(|r| {
+                            let mut r = r.clone();
+                            if !full {
+                                r.embedding = None;
+                                r.document = None;
+                            }
+                            (id.clone(), r)
+                        })
+                    })
+                    .collect();
+                if with_functions {
+                    prop_assert!(wanted.iter().all(|(_, full)| *full));
+                }
+                let dim = dimension.map(|d| d as usize);
+                let a = fold_batch(&whole, dim, records.iter().map(|(o, r)| (*o, r))).unwrap();
+                let b = fold_batch(&light, dim, records.iter().map(|(o, r)| (*o, r))).unwrap();
+                prop_assert_eq!(a.final_states(), b.final_states());
+                prop_assert_eq!(&a.ignored, &b.ignored);
+                prop_assert_eq!(a.rejected.len(), b.rejected.len());
+                prop_assert_eq!(a.dimension, b.dimension);
+            }
+        }
     }
 }

@@ -269,17 +269,15 @@ impl Worker {
         let mut function_batches = Vec::new();
         let mut tasks = Vec::new();
         let now_ms = crate::sysdb::now_ms();
-        // The current state of every record the batch names, in one read.
-        let wanted: Vec<(String, Vec<String>)> = routed
-            .collections
-            .iter()
-            .map(|(id, (_, records))| {
-                let mut ids: Vec<String> = records.iter().filter(|(_, r)| r.operation.is_data()).map(|(_, r)| r.id.clone()).collect();
-                ids.sort_unstable();
-                ids.dedup();
-                (id.clone(), ids)
-            })
-            .collect();
+        // The current state of every record the batch names, in one read (whole records
+        // only where the fold may need them: `batch::ids_to_read`).
+        let mut wanted: Vec<(String, Vec<(String, bool)>)> = Vec::with_capacity(routed.collections.len());
+        for (id, (row, records)) in &routed.collections {
+            let markers = functions::markers(records);
+            let named: Vec<&str> = markers.iter().map(|(_, b)| b.function_id.as_str()).collect();
+            let with_functions = !markers.is_empty() || !self.functions.get(&self.shared.sysdb, id, &named).await?.is_empty();
+            wanted.push((id.clone(), batch::ids_to_read(records, row.as_ref().and_then(|r| r.dimension), with_functions)));
+        }
         let mut current_all = self.shared.sysdb.get_records_many(wanted).await?;
         for (id, (row, records)) in &routed.collections {
             let current = current_all.remove(id).unwrap_or_default();

@@ -424,7 +424,7 @@ pub async fn get_records_many_reads_several_collections_at_once(db: &Sysdb) {
     ))
     .await
     .expect("commit");
-    let ids = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    let ids = |v: &[&str]| v.iter().map(|s| (s.to_string(), true)).collect::<Vec<_>>();
     let got = db
         .get_records_many(vec![
             (c1.clone(), ids(&["b", "nope", "a", "b"])),
@@ -441,6 +441,15 @@ pub async fn get_records_many_reads_several_collections_at_once(db: &Sysdb) {
     assert_eq!(got[&c2].len(), 1, "c2 holds only a");
     assert_records_bit_eq(&got[&c2]["a"], &x, "c2 a is not c1 a");
     assert!(db.get_records_many(vec![]).await.expect("nothing asked").is_empty());
+    // Not whole: existence, metadata and offset are always there; a backend may leave
+    // out the embedding and the document.
+    let light = db.get_records_many(vec![(c1.clone(), vec![("a".to_string(), false), ("nope".to_string(), false)])]).await.expect("light");
+    let got = &light[&c1]["a"];
+    assert_eq!(light[&c1].len(), 1, "absent ids returned");
+    assert!(metadata_bit_eq(&got.metadata, &a.metadata), "light metadata");
+    assert_eq!((got.id.as_str(), got.offset), (a.id.as_str(), a.offset), "light id and offset");
+    assert!(got.embedding.is_none() || got.embedding == a.embedding, "light embedding is absent or exact");
+    assert!(got.document.is_none() || got.document == a.document, "light document is absent or exact");
 }
 
 pub async fn metadata_round_trips_exactly(db: &Sysdb) {

@@ -314,9 +314,12 @@ impl Sysdb {
     }
 
     /// Current records of several collections at once (one blocking task on SQLite, one
-    /// statement on PostgreSQL): `wanted` is (collection, ids); collections and ids
-    /// that hold nothing are simply missing from the answer.
-    pub async fn get_records_many(&self, wanted: Vec<(String, Vec<String>)>) -> Result<HashMap<String, HashMap<String, Record>>> {
+    /// statement on PostgreSQL): `wanted` is (collection, [(id, full)]); collections and
+    /// ids that hold nothing are simply missing from the answer. With `full == false`
+    /// the backend MAY leave out the embedding and the document (SQLite does; the
+    /// caller must only ask that when the fold cannot need them, see
+    /// `processor::batch::ids_to_read`).
+    pub async fn get_records_many(&self, wanted: Vec<(String, Vec<(String, bool)>)>) -> Result<HashMap<String, HashMap<String, Record>>> {
         dispatch!(self, s => s.get_records_many(wanted).await)
     }
 

@@ -445,10 +445,12 @@ impl PostgresSysdb {
         rows.iter().map(|r| decode_row(r).map(|rec| (rec.id.clone(), rec))).collect()
     }
 
-    pub async fn get_records_many(&self, wanted: Vec<(String, Vec<String>)>) -> Result<HashMap<String, HashMap<String, Record>>> {
+    /// Always whole records (the `full` flag is a permission to leave fields out, which
+    /// this backend does not use).
+    pub async fn get_records_many(&self, wanted: Vec<(String, Vec<(String, bool)>)>) -> Result<HashMap<String, HashMap<String, Record>>> {
         let (mut collections, mut ids): (Vec<&str>, Vec<&str>) = (Vec::new(), Vec::new());
         for (c, wanted_ids) in &wanted {
-            for id in wanted_ids {
+            for (id, _) in wanted_ids {
                 collections.push(c.as_str());
                 ids.push(id.as_str());
             }
