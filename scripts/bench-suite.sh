@@ -49,9 +49,9 @@
 #             once: restart -> first "batch committed" log line (or, without it, the
 #             sysdb position moving, polled every 50 ms), with the default
 #             configuration (the dead member holds its partitions until
-#             session.timeout.ms, 45 s) and with static membership
-#             ([librdkafka] group.instance.id). Rebuild from offset 0 per 1M records = W1
-#             drain time scaled to 1M records.
+#             session.timeout.ms, 45 s) and with static membership ([kafka]
+#             instance_id, i.e. group.instance.id). Rebuild from offset 0 per 1M
+#             records = W1 drain time scaled to 1M records.
 #
 # Pinning (stated in the output and the JSON): with >= 2 CPUs, the broker JVM, the
 # PostgreSQL server (postmaster and children) and this script with everything it runs
@@ -879,7 +879,7 @@ for w in W1 W2 W3 W4 W5; do
                 recovery_variant default "$((WL_RATE[W1_sqlite] / 2))"
             fi
             phase "recovery: kill -9, restart (static membership)"
-            printf '[librdkafka]\n"group.instance.id" = "%s-rec-static"\n' "$BASE" >"$WORK/rec-static.toml"
+            printf '[kafka]\ninstance_id = "%s-rec-static"\n' "$BASE" >"$WORK/rec-static.toml"
             recovery_variant static "$((WL_RATE[W1_sqlite] / 2))" "$WORK/rec-static.toml"
             bench_delete_topics "$BASE-rec\\..*"
         fi
