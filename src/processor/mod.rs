@@ -79,7 +79,9 @@ pub async fn run(
         session_timeout_ms: config.kafka.session_timeout_ms,
         instance_id: config.kafka.instance_id.clone(),
         max_poll_interval_ms: config.kafka.max_poll_interval_ms,
-        channel_capacity: 16,
+        // 16 halved throughput on small records (W3: 80k -> 17k records/s): a full channel
+        // pauses the partitions, and every pause/resume costs a refetch.
+        channel_capacity: 256,
     })?;
     metrics.attach_consumer(consumer.stats.clone());
     health.consumer_started();
