@@ -8,79 +8,27 @@
 //! check has teeth: librdkafka's default partitioner (`consistent_random`, CRC32) puts
 //! some of the same keys elsewhere.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::io::Write;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::message::Message;
-use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 use sluice::kafka::admin::ensure_topic;
 use sluice::kafka::producer::{Outgoing, Producer};
 use sluice::kafka::ClientSettings;
 use sluice::record::partitioner::partition_for;
-use sluice_integration_tests::{TopicGuard, brokers, repo_root, require_kafka, suffix};
+use sluice::workload::Rng;
+use sluice_integration_tests::{consume_all, TopicGuard, brokers, repo_root, require_kafka, suffix};
 
 const PARTITIONS: i32 = 7;
 
 
-/// Reads every partition of `topic` from the beginning up to its current high watermark;
-/// returns `(partition, offset, key)`.
-fn consume_keys(topic: &str, partitions: i32, timeout: Duration) -> Vec<(i32, i64, Vec<u8>)> {
-    let consumer: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", brokers())
-        .set("group.id", format!("it-partitioner-{}", suffix()))
-        .set("enable.auto.commit", "false")
-        .create()
-        .expect("consumer");
-    let mut highs = BTreeMap::new();
-    let mut tpl = TopicPartitionList::new();
-    for p in 0..partitions {
-        let (_, high) = consumer.fetch_watermarks(topic, p, Duration::from_secs(10)).expect("watermarks");
-        highs.insert(p, high);
-        tpl.add_partition_offset(topic, p, Offset::Beginning).expect("tpl");
-    }
-    consumer.assign(&tpl).expect("assign");
-    let mut next: BTreeMap<i32, i64> = (0..partitions).map(|p| (p, 0)).collect();
-    let mut out = Vec::new();
-    let deadline = Instant::now() + timeout;
-    while next.iter().any(|(p, n)| *n < highs[p]) {
-        assert!(Instant::now() < deadline, "consumed {} records, positions {next:?} short of {highs:?}", out.len());
-        match consumer.poll(Duration::from_millis(100)) {
-            Some(Ok(m)) => {
-                next.insert(m.partition(), m.offset() + 1);
-                out.push((m.partition(), m.offset(), m.key().expect("keyed record").to_vec()));
-            }
-            Some(Err(e)) => panic!("consume {topic}: {e}"),
-            None => {}
-        }
-    }
-    out
-}
-
-/// splitmix64: deterministic keys without a `rand` dependency.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
-
 /// 300 keys: 100 UUID strings, 100 unicode strings, 100 random byte strings.
 fn keys() -> Vec<Vec<u8>> {
-    let mut rng = Rng(0x5eed_1ce5);
+    let mut rng = Rng::new(0x5eed_1ce5);
     let mut keys = Vec::new();
     for _ in 0..100 {
-        let bytes = (u128::from(rng.next()) << 64 | u128::from(rng.next())).to_le_bytes();
+        let bytes = (u128::from(rng.next_u64()) << 64 | u128::from(rng.next_u64())).to_le_bytes();
         keys.push(uuid::Builder::from_random_bytes(bytes).into_uuid().to_string().into_bytes());
     }
     // ASCII, Latin-1, Greek, Cyrillic, CJK, Hiragana, astral emoji.
@@ -97,15 +45,15 @@ fn keys() -> Vec<Vec<u8>> {
         let len = 1 + rng.below(24);
         let s: String = (0..len)
             .map(|_| {
-                let (lo, hi) = ranges[rng.below(ranges.len() as u64) as usize];
-                char::from_u32(lo + rng.below(u64::from(hi - lo + 1)) as u32).expect("valid scalar value")
+                let (lo, hi) = ranges[rng.below(ranges.len())];
+                char::from_u32(lo + rng.below((hi - lo + 1) as usize) as u32).expect("valid scalar value")
             })
             .collect();
         keys.push(s.into_bytes());
     }
     for i in 0..100u64 {
         let len = 1 + (i % 64) as usize; // every length 1..=64, every tail length
-        keys.push((0..len).map(|_| rng.next() as u8).collect());
+        keys.push((0..len).map(|_| rng.next_u64() as u8).collect());
     }
     keys
 }
@@ -179,7 +127,10 @@ fn assert_deliveries_and_topic_agree(topic: &str, keys: &[Vec<u8>], delivered: &
             String::from_utf8_lossy(key)
         );
     }
-    let consumed = consume_keys(topic, PARTITIONS, Duration::from_secs(20));
+    let consumed: Vec<(i32, i64, Vec<u8>)> = consume_all(topic, PARTITIONS, Duration::from_secs(20))
+        .into_iter()
+        .map(|m| (m.partition, m.offset, m.key.expect("keyed record")))
+        .collect();
     let by_position: HashMap<(i32, i64), &[u8]> = delivered.iter().map(|(k, p, o)| ((*p, *o), k.as_slice())).collect();
     assert_eq!(consumed.len(), keys.len(), "the topic holds exactly the produced records");
     for (p, o, key) in &consumed {
