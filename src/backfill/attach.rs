@@ -132,6 +132,9 @@ pub async fn relay_once(config: &Config, sysdb: &Sysdb, producer: &Producer, met
     for row in sysdb.outbox_pending(100).await? {
         match publish_marker(config, producer, &row).await {
             Ok(()) => {
+                // Published but not yet marked sent: a crash here republishes the marker
+                // (the processor ignores a duplicate).
+                crate::failpoint::hit("after_relay_publish");
                 sysdb.mark_outbox_sent(row.id).await?;
                 info!(function = %row.function_id, partition = row.partition, "outbox relay published a pending marker");
                 n += 1;

@@ -148,8 +148,10 @@ impl Worker {
             if *self.stop.borrow() {
                 return;
             }
+            crate::failpoint::hit("before_backfill_chunk_commit");
             match self.sysdb.backfill_step(function_id, cursor.as_deref(), chunk, f.as_ref()).await {
                 Ok(StepResult::Applied { processed, cursor: c, finished }) => {
+                    crate::failpoint::hit("after_backfill_chunk_commit");
                     self.metrics.records_backfilled(processed as u64);
                     cursor = c;
                     backoff = Duration::from_millis(100);

@@ -422,8 +422,10 @@ fn commit_pending(consumer: &BaseConsumer<Ctx>, pending: &mut HashMap<i32, i64>,
     if sent.is_empty() {
         return;
     }
+    crate::failpoint::hit("before_group_commit");
     match consumer.commit(&tpl, CommitMode::Sync) {
         Ok(()) => {
+            crate::failpoint::hit("after_group_commit");
             ctx.stats.commits_ok.fetch_add(1, Ordering::Relaxed);
             last_commit.extend(sent);
         }

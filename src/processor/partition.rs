@@ -269,17 +269,22 @@ impl Worker {
         let mut function_batches = Vec::new();
         let mut tasks = Vec::new();
         let now_ms = crate::sysdb::now_ms();
+        // The functions attached to each collection, read once: the same list decides
+        // which records are read whole (their preimages) and which deltas are computed.
+        let mut attached_by: Vec<Vec<functions::Attached>> = Vec::with_capacity(routed.collections.len());
         // The current state of every record the batch names, in one read (whole records
         // only where the fold may need them: `batch::ids_to_read`).
         let mut wanted: Vec<(String, Vec<(String, bool)>)> = Vec::with_capacity(routed.collections.len());
         for (id, (row, records)) in &routed.collections {
             let markers = functions::markers(records);
             let named: Vec<&str> = markers.iter().map(|(_, b)| b.function_id.as_str()).collect();
-            let with_functions = !markers.is_empty() || !self.functions.get(&self.shared.sysdb, id, &named).await?.is_empty();
+            let attached = self.functions.get(&self.shared.sysdb, id, &named).await?.to_vec();
+            let with_functions = !markers.is_empty() || !attached.is_empty();
             wanted.push((id.clone(), batch::ids_to_read(records, row.as_ref().and_then(|r| r.dimension), with_functions)));
+            attached_by.push(attached);
         }
         let mut current_all = self.shared.sysdb.get_records_many(wanted).await?;
-        for (id, (row, records)) in &routed.collections {
+        for ((id, (row, records)), attached) in routed.collections.iter().zip(&attached_by) {
             let current = current_all.remove(id).unwrap_or_default();
             let (update, outcome) =
                 batch::fold_collection(id, row.as_ref(), self.partition, records, &current, &mut counts, &mut dlq)
@@ -291,10 +296,8 @@ impl Worker {
                 }
                 updates.push(u);
             }
-            let markers = functions::markers(records);
-            let named: Vec<&str> = markers.iter().map(|(_, b)| b.function_id.as_str()).collect();
-            let attached = self.functions.get(&self.shared.sysdb, id, &named).await?;
             if !attached.is_empty() {
+                let markers = functions::markers(records);
                 function_batches.extend(functions::function_batches(attached, &outcome, &markers));
                 tasks.extend(functions::tasks(attached, &markers, &self.shared.topic, self.partition, now_ms));
             }
