@@ -411,7 +411,9 @@ impl Config {
                 "processor.shutdown_timeout_ms must be well below 4x kafka.session_timeout_ms".into(),
             ));
         }
-        for key in ["enable.auto.commit", "enable.auto.offset.store", "group.id", "bootstrap.servers"] {
+        // `isolation.level` is pinned to read_committed: aborted transactions must never be
+        // applied, and positions past transaction markers rely on it.
+        for key in ["enable.auto.commit", "enable.auto.offset.store", "group.id", "bootstrap.servers", "isolation.level"] {
             if self.librdkafka.contains_key(key) {
                 return Err(ConfigError::Invalid(format!(
                     "[librdkafka] must not set {key:?}: Sluice controls it (use the [kafka] section)"
@@ -470,6 +472,9 @@ mod tests {
         assert_eq!(r["security.protocol"], "SASL_SSL");
         let bad = Config::from_toml("[librdkafka]\n\"enable.auto.commit\" = \"true\"\n", "t").unwrap();
         assert!(bad.validate().is_err());
+        let uncommitted = Config::from_toml("[librdkafka]\n\"isolation.level\" = \"read_uncommitted\"\n", "t").unwrap();
+        let err = uncommitted.validate().unwrap_err().to_string();
+        assert!(err.contains("isolation.level"), "{err}");
     }
 
     #[test]

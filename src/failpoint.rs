@@ -16,6 +16,18 @@ fn spec() -> &'static Option<(String, u64)> {
     })
 }
 
+/// An error-injection point: true (once) when the configured fail point is `fail_<name>`
+/// and this is its N-th hit; the caller then acts as if the operation had failed.
+pub fn fail(name: &str) -> bool {
+    if let Some((n, at)) = spec() {
+        if n.strip_prefix("fail_") == Some(name) && HITS.fetch_add(1, Ordering::Relaxed) + 1 == *at {
+            eprintln!("sluice: fail point fail_{name} reached (hit {at}): failing the operation");
+            return true;
+        }
+    }
+    false
+}
+
 /// Abort if `name` is the configured fail point and this is its N-th hit.
 ///
 /// A configured name of the form `sleep_<name>` instead sleeps (blocking the calling

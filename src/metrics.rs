@@ -207,7 +207,14 @@ impl Collector for ConsumerCollector {
             None,
             MetricType::Counter,
         )?;
-        ConstCounter::new(get(|s| &s.backpressure_pauses)).encode(m)
+        ConstCounter::new(get(|s| &s.backpressure_pauses)).encode(m)?;
+        let m = encoder.encode_descriptor(
+            "consumer_seek_retries",
+            "Seeks that failed and were retried (after bounded retries the partition halts)",
+            None,
+            MetricType::Counter,
+        )?;
+        ConstCounter::new(get(|s| &s.seek_retries)).encode(m)
     }
 }
 
@@ -226,6 +233,7 @@ pub struct Metrics {
     gaps: Counter,
     group_offset_ahead: Counter,
     sysdb_retries: Counter,
+    watermark_retries: Counter,
     batches: Counter,
     batch_duration: Histogram,
     sysdb_commit_duration: Histogram,
@@ -283,7 +291,7 @@ impl Metrics {
         r.register("partition_group_offset", "The consumer group's committed offset: a lagging copy of the sysdb position, refreshed every 5 s", p.group_offset.clone());
         r.register("partition_lag_records", "Records not yet applied: high watermark - sysdb next offset", p.lag_records.clone());
         r.register("partition_commit_debt_records", "How far the group offset lags the sysdb: sysdb next offset - group offset", p.commit_debt_records.clone());
-        r.register("partition_halted", "1 while an assigned partition is halted (data-loss gap or sysdb beyond the log); see `sluice offsets reset`", p.halted.clone());
+        r.register("partition_halted", "1 while an assigned partition is halted (data-loss gap, sysdb beyond the log, a batch the sysdb keeps refusing, a failed seek); the reason is in /readyz, `sluice offsets show` and the log", p.halted.clone());
 
         let m = Metrics {
             registry: Registry::default(), // replaced below, once everything is registered
@@ -297,6 +305,7 @@ impl Metrics {
             gaps: Counter::default(),
             group_offset_ahead: Counter::default(),
             sysdb_retries: Counter::default(),
+            watermark_retries: Counter::default(),
             batches: Counter::default(),
             batch_duration: Histogram::new(BATCH_BUCKETS),
             sysdb_commit_duration: Histogram::new(SYSDB_COMMIT_BUCKETS),
@@ -323,6 +332,7 @@ impl Metrics {
         r.register("group_offset_ahead", "Assignments where the group offset was ahead of the sysdb position (the sysdb wins)", m.group_offset_ahead.clone());
         r.register("sysdb_retries", "Sysdb operations retried after an error", m.sysdb_retries.clone());
         r.register("batches", "Batches committed to the sysdb", m.batches.clone());
+        r.register("watermark_retries", "Watermark reads of a partition worker retried after an error (after bounded retries the partition halts)", m.watermark_retries.clone());
         r.register_with_unit("batch_duration", "Duration of a whole batch flush: decode, fold, DLQ, sysdb commit (retries included)", Unit::Seconds, m.batch_duration.clone());
         r.register_with_unit("sysdb_commit_duration", "Duration of one sysdb batch transaction (commit_batch)", Unit::Seconds, m.sysdb_commit_duration.clone());
         r.register_with_unit("end_to_end_latency", "Per record: producer timestamp to the sysdb commit that applied it", Unit::Seconds, m.end_to_end_latency.clone());
@@ -435,6 +445,10 @@ impl Metrics {
         self.sysdb_retries.inc();
     }
 
+    pub fn watermark_retry(&self) {
+        self.watermark_retries.inc();
+    }
+
     pub fn batch_committed(&self) {
         self.batches.inc();
     }
@@ -528,6 +542,8 @@ mod tests {
         "sluice_offset_commits_total{",
         "sluice_rebalances_total{",
         "sluice_consumer_backpressure_pauses_total ",
+        "sluice_consumer_seek_retries_total ",
+        "sluice_watermark_retries_total ",
         "sluice_sysdb_cas_conflicts_total ",
         "sluice_gaps_total ",
         "sluice_group_offset_ahead_total ",

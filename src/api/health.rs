@@ -7,7 +7,7 @@
 //! revoke is not always followed by an assignment callback); a halted partition does, until
 //! it is revoked or resumed.
 
-use std::collections::BTreeSet;
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 #[derive(Debug, Default)]
@@ -15,7 +15,8 @@ struct State {
     consuming: bool,
     assigned: bool,
     stopping: Option<String>,
-    halted: BTreeSet<i32>,
+    /// Halted partitions and why.
+    halted: BTreeMap<i32, String>,
     /// Set while sysdb calls fail with a retryable error: the last such error.
     sysdb_unavailable: Option<String>,
 }
@@ -54,12 +55,16 @@ impl Health {
         }
     }
 
-    pub fn set_halted(&self, partition: i32, halted: bool) {
+    /// A partition halted (`Some(reason)`) or running again (`None`).
+    pub fn set_halted(&self, partition: i32, reason: Option<String>) {
         let mut s = self.lock();
-        if halted {
-            s.halted.insert(partition);
-        } else {
-            s.halted.remove(&partition);
+        match reason {
+            Some(r) => {
+                s.halted.insert(partition, r);
+            }
+            None => {
+                s.halted.remove(&partition);
+            }
         }
     }
 
@@ -95,10 +100,8 @@ impl Health {
             return Err(format!("sysdb unavailable (retrying with backoff): {e}"));
         }
         if !s.halted.is_empty() {
-            return Err(format!(
-                "partitions {:?} halted (data-loss gap or sysdb position beyond the log); see the replica's log and `sluice offsets reset`",
-                s.halted.iter().collect::<Vec<_>>()
-            ));
+            let each: Vec<String> = s.halted.iter().map(|(p, why)| format!("partition {p} halted: {why}")).collect();
+            return Err(format!("{}; see `sluice offsets show` and `sluice offsets reset`", each.join("; ")));
         }
         Ok(())
     }
@@ -116,12 +119,13 @@ mod tests {
         assert!(h.readiness().unwrap_err().contains("first partition assignment"));
         h.assignment_completed();
         assert_eq!(h.readiness(), Ok(()));
-        h.set_halted(2, true);
-        assert!(h.readiness().unwrap_err().contains("[2] halted"));
+        h.set_halted(2, Some("the sysdb refuses the batch".into()));
+        let why = h.readiness().unwrap_err();
+        assert!(why.contains("partition 2 halted: the sysdb refuses the batch"), "{why}");
         h.partitions_revoked(&[2]);
         assert_eq!(h.readiness(), Ok(()));
-        h.set_halted(1, true);
-        h.set_halted(1, false);
+        h.set_halted(1, Some("gap".into()));
+        h.set_halted(1, None);
         assert_eq!(h.readiness(), Ok(()));
         h.set_sysdb_unavailable(Some("connection refused".into()));
         assert!(h.readiness().unwrap_err().contains("sysdb unavailable"));

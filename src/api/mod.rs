@@ -177,10 +177,10 @@ mod tests {
         health.consumer_started();
         health.assignment_completed();
         assert_eq!(get(addr, "/readyz").await.0, 200);
-        health.set_halted(0, true);
+        health.set_halted(0, Some("the sysdb refused batch [5, 9)".into()));
         let (status, _, body) = get(addr, "/readyz").await;
         assert_eq!(status, 503);
-        assert!(body.contains("halted"), "{body}");
+        assert!(body.contains("partition 0 halted: the sysdb refused batch [5, 9)"), "{body}");
         assert_eq!(get(addr, "/nope").await.0, 404);
 
         server.shutdown().await;

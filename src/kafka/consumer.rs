@@ -78,8 +78,16 @@ pub enum Event {
     Messages(Vec<Msg>),
     /// A seek took effect; messages of older generations are stale.
     Seeked { partition: i32, offset: i64, generation: u64 },
-    /// A fetch position was out of range (retention deleted records); check watermarks.
-    OffsetOutOfRange,
+    /// The fetch position of these partitions fell below their log start (retention
+    /// deleted records before they were read). Only the partitions whose own position is
+    /// out of range are named: the consumer error itself carries no partition.
+    OffsetOutOfRange { partitions: Vec<i32> },
+    /// Everything fetched for the partition was handed over, and the consumer's position
+    /// is past the last message handed over: transaction markers or aborted records
+    /// follow it. The processor may move the partition's position there.
+    Position { partition: i32, offset: i64, generation: u64 },
+    /// A seek could not be done after bounded retries: the partition cannot go on.
+    SeekFailed { partition: i32, offset: i64, error: String },
     /// The consumer failed for good (authentication, fatal error).
     Fatal(String),
 }
@@ -89,8 +97,12 @@ pub enum Event {
 pub enum Command {
     /// Commit these group offsets (next to read), asynchronously. Best effort.
     Commit(Vec<(i32, i64)>),
+    /// Halted partitions: paused until resumed (back-pressure never resumes them).
     Pause(Vec<i32>),
     Resume(Vec<i32>),
+    /// Back-pressure from one slow partition: pause it (or resume it) without touching
+    /// the others.
+    Throttle { partition: i32, on: bool },
     Seek { partition: i32, offset: i64 },
     /// Leave the group and stop the thread.
     Shutdown,
@@ -114,6 +126,7 @@ pub struct ConsumerStats {
     pub rebalances_assign: AtomicU64,
     pub rebalances_revoke: AtomicU64,
     pub backpressure_pauses: AtomicU64,
+    pub seek_retries: AtomicU64,
 }
 
 /// Handle of the consumer thread.
@@ -144,6 +157,9 @@ impl ConsumerHandle {
             .set("enable.auto.offset.store", "false")
             .set("auto.offset.reset", "error")
             .set("enable.partition.eof", "false")
+            // Never apply aborted transactions; positions past transaction markers (see
+            // `report_positions`) rely on it. `[librdkafka]` may not override it.
+            .set("isolation.level", "read_committed")
             .set("session.timeout.ms", settings.session_timeout_ms.to_string())
             .set("max.poll.interval.ms", settings.max_poll_interval_ms.to_string())
             .set(
@@ -208,6 +224,12 @@ struct State {
     assigned: HashSet<i32>,
     /// Paused on the processor's request (halted); back-pressure never resumes these.
     held: HashSet<i32>,
+    /// Paused because their worker is behind (per-partition back-pressure).
+    throttled: HashSet<i32>,
+    /// Next offset after the last message handed over (or the start offset), per partition.
+    handed: HashMap<i32, i64>,
+    /// Last position reported with [`Event::Position`], per partition.
+    reported: HashMap<i32, i64>,
     backpressure_paused: bool,
 }
 
@@ -215,7 +237,17 @@ impl State {
     fn bump(&mut self, partition: i32) -> u64 {
         self.next_generation += 1;
         self.generations.insert(partition, self.next_generation);
+        self.reported.remove(&partition);
         self.next_generation
+    }
+
+    /// Partitions that may fetch now: assigned, not halted, not throttled, and no
+    /// channel-wide back-pressure.
+    fn runnable(&self, partitions: impl IntoIterator<Item = i32>) -> Vec<i32> {
+        if self.backpressure_paused {
+            return Vec::new();
+        }
+        partitions.into_iter().filter(|p| !self.held.contains(p) && !self.throttled.contains(p)).collect()
     }
 }
 
@@ -304,9 +336,14 @@ impl Ctx {
             return;
         }
         let held: Vec<i32> = decisions.iter().filter(|d| d.paused).map(|d| d.partition).collect();
-        if !held.is_empty() {
-            if let Err(e) = consumer.pause(&self.tpl(held.iter().copied())) {
-                error!(%e, "cannot pause halted partitions");
+        // Halted partitions stay paused; so do all new ones while back-pressure holds the
+        // others (they are resumed together when it ends).
+        let backpressure = self.state().backpressure_paused;
+        let to_pause: Vec<i32> =
+            decisions.iter().filter(|d| d.paused || backpressure).map(|d| d.partition).collect();
+        if !to_pause.is_empty() {
+            if let Err(e) = consumer.pause(&self.tpl(to_pause.iter().copied())) {
+                error!(%e, "cannot pause partitions at assignment");
             }
         }
         let with_gen = {
@@ -316,6 +353,8 @@ impl Ctx {
                 .iter()
                 .map(|d| {
                     st.assigned.insert(d.partition);
+                    st.throttled.remove(&d.partition);
+                    st.handed.insert(d.partition, d.offset);
                     (*d, st.bump(d.partition))
                 })
                 .collect::<Vec<_>>()
@@ -345,6 +384,8 @@ impl Ctx {
                 st.bump(*p); // anything fetched before is stale from now on
                 st.assigned.remove(p);
                 st.held.remove(p);
+                st.throttled.remove(p);
+                st.handed.remove(p);
             }
         }
         let (done_tx, done_rx) = std_mpsc::sync_channel(1);
@@ -444,12 +485,119 @@ const ASSIGN_INFO_RETRIES: u32 = 60;
 /// How many messages one `Messages` event carries at most.
 const CHUNK: usize = 512;
 
+/// How often the consumer's positions are compared with what was handed over.
+const POSITION_INTERVAL: Duration = Duration::from_millis(200);
+
+/// Attempts of a seek before the partition is given up ([`Event::SeekFailed`]); retries
+/// back off from 100 ms to 5 s (about 25 s in all).
+const SEEK_ATTEMPTS: u32 = 10;
+
+/// A seek that failed and waits for its next attempt.
+struct PendingSeek {
+    offset: i64,
+    attempts: u32,
+    next_at: Instant,
+}
+
+fn try_seek(consumer: &BaseConsumer<Ctx>, seeks: &mut HashMap<i32, PendingSeek>, partition: i32, offset: i64, attempts: u32) {
+    let ctx = consumer.context();
+    match consumer.seek(&ctx.topic, partition, Offset::Offset(offset), Duration::from_secs(5)) {
+        Ok(()) => {
+            seeks.remove(&partition);
+            let generation = {
+                let mut st = ctx.state();
+                st.handed.insert(partition, offset);
+                st.bump(partition)
+            };
+            ctx.send_blocking(Event::Seeked { partition, offset, generation });
+        }
+        Err(e) => {
+            ctx.stats.seek_retries.fetch_add(1, Ordering::Relaxed);
+            let attempts = attempts + 1;
+            if attempts >= SEEK_ATTEMPTS {
+                seeks.remove(&partition);
+                error!(%e, partition, offset, attempts, "seek failed; giving the partition up");
+                push(ctx, Event::SeekFailed { partition, offset, error: e.to_string() });
+            } else {
+                let wait = Duration::from_millis(100 << attempts.min(6)).min(Duration::from_secs(5));
+                warn!(%e, partition, offset, attempts, retry_in = ?wait, "seek failed; retrying");
+                seeks.insert(partition, PendingSeek { offset, attempts, next_at: Instant::now() + wait });
+            }
+        }
+    }
+}
+
+/// Report partitions whose consumer position is past the last message handed over (the
+/// records in between are transaction markers or aborted records, which a
+/// `read_committed` consumer never delivers). Called right after a chunk was queued, so
+/// every message before the position has been handed over.
+fn report_positions(consumer: &BaseConsumer<Ctx>) {
+    let ctx = consumer.context();
+    let Ok(positions) = consumer.position() else { return };
+    let mut events = Vec::new();
+    {
+        let mut st = ctx.state();
+        for e in positions.elements() {
+            let (p, Offset::Offset(o)) = (e.partition(), e.offset()) else { continue };
+            if e.topic() != ctx.topic || !st.assigned.contains(&p) || st.held.contains(&p) {
+                continue;
+            }
+            let handed = st.handed.get(&p).copied().unwrap_or(i64::MAX);
+            if o > handed && st.reported.get(&p) != Some(&o) {
+                st.reported.insert(p, o);
+                if let Some(&generation) = st.generations.get(&p) {
+                    events.push(Event::Position { partition: p, offset: o, generation });
+                }
+            }
+        }
+    }
+    for ev in events {
+        push(ctx, ev);
+    }
+}
+
+/// The partitions whose position is below their log start, after an out-of-range error
+/// (which names no partition). A partition whose watermarks cannot be read is named too:
+/// its worker checks again, with retries.
+fn out_of_range_partitions(consumer: &BaseConsumer<Ctx>) -> Vec<i32> {
+    let ctx = consumer.context();
+    let positions: HashMap<i32, i64> = consumer
+        .position()
+        .map(|tpl| {
+            tpl.elements()
+                .iter()
+                .filter_map(|e| match e.offset() {
+                    Offset::Offset(o) if e.topic() == ctx.topic => Some((e.partition(), o)),
+                    _ => None,
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    let candidates: Vec<(i32, i64)> = {
+        let st = ctx.state();
+        st.assigned
+            .iter()
+            .filter(|p| !st.held.contains(p))
+            .filter_map(|p| positions.get(p).or_else(|| st.handed.get(p)).map(|o| (*p, *o)))
+            .collect()
+    };
+    candidates
+        .into_iter()
+        .filter(|&(p, position)| match ctx.metadata.watermarks(&ctx.topic, p) {
+            Ok((low, _)) => position < low,
+            Err(_) => true,
+        })
+        .map(|(p, _)| p)
+        .collect()
+}
+
 fn poll_loop(consumer: BaseConsumer<Ctx>, commands: std_mpsc::Receiver<Command>) {
     let ctx = consumer.context();
-    let topic = ctx.topic.clone();
     let mut last_commit: HashMap<i32, i64> = HashMap::new();
     let mut pending_commits: HashMap<i32, i64> = HashMap::new();
     let mut last_commit_at = Instant::now();
+    let mut last_position_check = Instant::now();
+    let mut seeks: HashMap<i32, PendingSeek> = HashMap::new();
     let mut shutting_down = false;
     loop {
         // 1. Commands.
@@ -471,19 +619,20 @@ fn poll_loop(consumer: BaseConsumer<Ctx>, commands: std_mpsc::Receiver<Command>)
                     for p in &ps {
                         st.held.remove(p);
                     }
-                    if !st.backpressure_paused {
+                    let ps = st.runnable(ps);
+                    let _ = consumer.resume(&ctx.tpl(ps));
+                }
+                Command::Throttle { partition, on } => {
+                    let mut st = ctx.state();
+                    if on {
+                        st.throttled.insert(partition);
+                        let _ = consumer.pause(&ctx.tpl([partition]));
+                    } else if st.throttled.remove(&partition) {
+                        let ps = st.runnable([partition]);
                         let _ = consumer.resume(&ctx.tpl(ps));
                     }
                 }
-                Command::Seek { partition, offset } => {
-                    let generation = ctx.state().bump(partition);
-                    match consumer.seek(&topic, partition, Offset::Offset(offset), Duration::from_secs(5)) {
-                        Ok(()) => {
-                            ctx.send_blocking(Event::Seeked { partition, offset, generation });
-                        }
-                        Err(e) => error!(%e, partition, offset, "seek failed"),
-                    }
-                }
+                Command::Seek { partition, offset } => try_seek(&consumer, &mut seeks, partition, offset, 0),
                 Command::Shutdown => shutting_down = true,
             }
         }
@@ -493,6 +642,11 @@ fn poll_loop(consumer: BaseConsumer<Ctx>, commands: std_mpsc::Receiver<Command>)
         }
         if shutting_down {
             break;
+        }
+        let due: Vec<(i32, i64, u32)> =
+            seeks.iter().filter(|(_, s)| s.next_at <= Instant::now()).map(|(p, s)| (*p, s.offset, s.attempts)).collect();
+        for (p, offset, attempts) in due {
+            try_seek(&consumer, &mut seeks, p, offset, attempts);
         }
 
         // 2. Flush overflow; pause/resume for back-pressure.
@@ -505,7 +659,11 @@ fn poll_loop(consumer: BaseConsumer<Ctx>, commands: std_mpsc::Receiver<Command>)
             match consumer.poll(timeout) {
                 None => break,
                 Some(Ok(m)) => {
-                    let generation = ctx.state().generations.get(&m.partition()).copied();
+                    let generation = {
+                        let mut st = ctx.state();
+                        st.handed.insert(m.partition(), m.offset() + 1);
+                        st.generations.get(&m.partition()).copied()
+                    };
                     if let Some(generation) = generation {
                         chunk.push(Msg {
                             partition: m.partition(),
@@ -519,8 +677,11 @@ fn poll_loop(consumer: BaseConsumer<Ctx>, commands: std_mpsc::Receiver<Command>)
                 }
                 Some(Err(RdError::MessageConsumption(RDKafkaErrorCode::AutoOffsetReset)))
                 | Some(Err(RdError::MessageConsumption(RDKafkaErrorCode::OffsetOutOfRange))) => {
-                    warn!("fetch offset out of range: records were deleted before they were processed");
-                    push(ctx, Event::OffsetOutOfRange);
+                    let partitions = out_of_range_partitions(&consumer);
+                    warn!(?partitions, "fetch offset out of range: records were deleted before they were processed");
+                    if !partitions.is_empty() {
+                        push(ctx, Event::OffsetOutOfRange { partitions });
+                    }
                 }
                 Some(Err(e)) => {
                     if matches!(e, RdError::MessageConsumptionFatal(_)) {
@@ -533,6 +694,10 @@ fn poll_loop(consumer: BaseConsumer<Ctx>, commands: std_mpsc::Receiver<Command>)
         }
         if !chunk.is_empty() {
             push(ctx, Event::Messages(chunk));
+        }
+        if last_position_check.elapsed() >= POSITION_INTERVAL {
+            last_position_check = Instant::now();
+            report_positions(&consumer);
         }
     }
     // Leave the group: dropping closes the consumer queue and polls until closed, which
@@ -578,8 +743,8 @@ fn flush_overflow(consumer: &BaseConsumer<Ctx>) {
         ctx.stats.backpressure_pauses.fetch_add(1, Ordering::Relaxed);
         let _ = consumer.pause(&ctx.tpl(ps));
     } else if st.overflow.is_empty() && st.backpressure_paused && ctx.events.capacity() * 2 >= ctx.capacity {
-        let ps: Vec<i32> = st.assigned.iter().filter(|p| !st.held.contains(p)).copied().collect();
         st.backpressure_paused = false;
+        let ps = st.runnable(st.assigned.iter().copied());
         let _ = consumer.resume(&ctx.tpl(ps));
     }
 }

@@ -6,12 +6,12 @@ use std::collections::{BTreeMap, HashMap};
 use crate::config::UnknownCollections;
 use crate::kafka::Msg;
 use crate::materialize::{fold_batch, BatchOutcome, FoldError, IgnoreReason, RecordView};
-use crate::positions::PositionDelta;
+use crate::positions::{IncompatibleDelta, PositionDelta};
 use crate::record::framing::{unframe, Framing};
 use crate::record::partitioner::partition_for;
 use crate::record::validate::{validate, Limits};
 use crate::record::{codec, LogRecord, Operation, Record};
-use crate::sysdb::{BatchCommit, CollectionRow, CollectionUpdate, FunctionBatch};
+use crate::sysdb::{BatchCommit, CollectionRow, CollectionUpdate, ErrorClass, FunctionBatch, SysdbError};
 
 /// A record that goes to the dead-letter topic, with why.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -29,6 +29,44 @@ pub mod kinds {
     pub const KEY_MISMATCH: &str = "key_mismatch";
     pub const UNKNOWN_COLLECTION: &str = "unknown_collection";
     pub const DIMENSION_MISMATCH: &str = "dimension_mismatch";
+    /// The sysdb refused to store the record (found by splitting the batch).
+    pub const SYSDB_REJECTED: &str = "sysdb_rejected";
+}
+
+/// Why a batch did not commit, classified by what the worker does about it.
+#[derive(Debug, thiserror::Error)]
+pub enum BatchError {
+    /// Another writer moved the partition (CAS): adopt the stored position.
+    #[error(transparent)]
+    Conflict(#[from] IncompatibleDelta),
+    /// The sysdb is unreachable, busy or restarting: retry with backoff, indefinitely.
+    #[error("{0}")]
+    Transient(SysdbError),
+    /// The sysdb refused a value of this batch: find the record and send it to the DLQ.
+    #[error("{0}")]
+    Record(SysdbError),
+    /// Any other database failure: retried a bounded number of times, then the partition
+    /// halts.
+    #[error("{0}")]
+    Fatal(SysdbError),
+    /// A bug in the processor (e.g. a fold over records in the wrong order): retrying
+    /// cannot help; the partition halts at once.
+    #[error("{0}")]
+    Bug(String),
+}
+
+impl From<SysdbError> for BatchError {
+    fn from(e: SysdbError) -> Self {
+        match e.class() {
+            ErrorClass::Conflict => match e {
+                SysdbError::Conflict(c) => BatchError::Conflict(c),
+                other => BatchError::Fatal(other),
+            },
+            ErrorClass::Transient => BatchError::Transient(e),
+            ErrorClass::Record => BatchError::Record(e),
+            ErrorClass::Fatal => BatchError::Fatal(e),
+        }
+    }
 }
 
 /// Decode and validate every message; bad ones become DLQ entries.

@@ -9,13 +9,14 @@ pub mod functions;
 pub mod partition;
 pub mod start;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{anyhow, Context};
-use tokio::sync::{mpsc, oneshot, Notify};
+use tokio::sync::{mpsc, Notify};
 use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
 use crate::api::Health;
@@ -46,7 +47,84 @@ pub fn client_settings(config: &Config) -> ClientSettings {
 
 struct WorkerHandle {
     inbox: mpsc::Sender<WorkerMsg>,
+    /// What did not fit in the inbox, in order; while non-empty the partition is
+    /// throttled (paused) at the consumer, so this stays bounded.
+    backlog: VecDeque<WorkerMsg>,
+    /// Tells the worker to commit what it holds (bounded) and exit.
+    stop: CancellationToken,
     task: JoinHandle<()>,
+}
+
+/// The assigned partitions' workers. The router never waits on a worker: a message that
+/// does not fit in a worker's inbox waits in that worker's backlog and its partition is
+/// paused, so one stuck partition never stops the others, a revoke or a shutdown.
+struct Workers {
+    map: HashMap<i32, WorkerHandle>,
+    commander: crate::kafka::consumer::Commander,
+}
+
+impl Workers {
+    /// Hand `msg` to the partition's worker, in order, without waiting.
+    fn deliver(&mut self, partition: i32, msg: WorkerMsg) {
+        let Some(w) = self.map.get_mut(&partition) else { return };
+        if !w.backlog.is_empty() {
+            w.backlog.push_back(msg);
+            return;
+        }
+        match w.inbox.try_send(msg) {
+            Ok(()) => {}
+            Err(mpsc::error::TrySendError::Full(msg)) => {
+                w.backlog.push_back(msg);
+                self.commander.send(Command::Throttle { partition, on: true });
+            }
+            Err(mpsc::error::TrySendError::Closed(_)) => {}
+        }
+    }
+
+    /// Move backlogs into inboxes as room frees up; resume partitions whose backlog emptied.
+    fn drain_backlogs(&mut self) {
+        for (&p, w) in self.map.iter_mut() {
+            if w.backlog.is_empty() {
+                continue;
+            }
+            while let Some(msg) = w.backlog.pop_front() {
+                match w.inbox.try_send(msg) {
+                    Ok(()) => {}
+                    Err(mpsc::error::TrySendError::Full(msg)) => {
+                        w.backlog.push_front(msg);
+                        break;
+                    }
+                    Err(mpsc::error::TrySendError::Closed(_)) => w.backlog.clear(),
+                }
+            }
+            if w.backlog.is_empty() {
+                self.commander.send(Command::Throttle { partition: p, on: false });
+            }
+        }
+    }
+
+    fn any_backlog(&self) -> bool {
+        self.map.values().any(|w| !w.backlog.is_empty())
+    }
+
+    /// Stop these partitions' workers: each commits what it holds, bounded by `deadline`;
+    /// a worker still running then is aborted (its uncommitted batch is simply re-read by
+    /// the partition's next owner from the sysdb position).
+    async fn stop(&mut self, partitions: &[i32], deadline: tokio::time::Instant) {
+        let mut tasks = Vec::new();
+        for p in partitions {
+            if let Some(w) = self.map.remove(p) {
+                w.stop.cancel();
+                tasks.push((*p, w.task));
+            }
+        }
+        for (p, mut task) in tasks {
+            if tokio::time::timeout_at(deadline, &mut task).await.is_err() {
+                warn!(partition = p, "partition worker did not stop in time; aborting it");
+                task.abort();
+            }
+        }
+    }
 }
 
 /// Run the processor until `shutdown` resolves (then leave the group and return Ok).
@@ -102,15 +180,20 @@ pub async fn run(
     let refresh_now = Arc::new(Notify::new());
     let refresh = tokio::spawn(refresh_partition_gauges(shared.clone(), refresh_now.clone()));
 
-    let mut workers: HashMap<i32, WorkerHandle> = HashMap::new();
+    let mut workers = Workers { map: HashMap::new(), commander: consumer.commander() };
     tokio::pin!(shutdown);
     let mut stopping = false;
     let mut fatal: Option<String> = None;
     let shutdown_timeout = Duration::from_millis(config.processor.shutdown_timeout_ms);
     let mut stop_deadline: Option<tokio::time::Instant> = None;
     loop {
+        let backlog = workers.any_backlog();
         let ev = tokio::select! {
             ev = events.recv() => ev,
+            _ = tokio::time::sleep(Duration::from_millis(20)), if backlog => {
+                workers.drain_backlogs();
+                continue;
+            }
             _ = &mut shutdown, if !stopping => {
                 info!("shutdown requested: committing in-flight batches and leaving the group");
                 health.stopping("shutdown requested");
@@ -145,28 +228,31 @@ pub async fn run(
             }
             Event::Assigned { partitions } => {
                 for (d, generation) in partitions {
-                    if let Some(w) = workers.get(&d.partition) {
-                        let _ = w.inbox.send(WorkerMsg::Generation(generation)).await;
-                    }
+                    workers.deliver(d.partition, WorkerMsg::Generation(generation));
                 }
                 health.assignment_completed();
                 refresh_now.notify_one();
             }
             Event::Revoke { partitions, done } => {
-                stop_workers(&mut workers, &partitions).await;
+                // The consumer thread waits up to 10 s for `done`.
+                workers.stop(&partitions, tokio::time::Instant::now() + REVOKE_BUDGET).await;
                 forget_partitions(&shared, &partitions);
                 let _ = done.send(());
             }
-            Event::Messages(msgs) => route_messages(&workers, msgs).await,
+            Event::Messages(msgs) => route_messages(&mut workers, msgs),
             Event::Seeked { partition, offset, generation } => {
-                if let Some(w) = workers.get(&partition) {
-                    let _ = w.inbox.send(WorkerMsg::Seeked { offset, generation }).await;
+                workers.deliver(partition, WorkerMsg::Seeked { offset, generation });
+            }
+            Event::OffsetOutOfRange { partitions } => {
+                for p in partitions {
+                    workers.deliver(p, WorkerMsg::CheckGap);
                 }
             }
-            Event::OffsetOutOfRange => {
-                for w in workers.values() {
-                    let _ = w.inbox.send(WorkerMsg::CheckGap).await;
-                }
+            Event::Position { partition, offset, generation } => {
+                workers.deliver(partition, WorkerMsg::Position { offset, generation });
+            }
+            Event::SeekFailed { partition, offset, error } => {
+                workers.deliver(partition, WorkerMsg::SeekFailed { offset, error });
             }
             Event::Fatal(msg) => {
                 error!(error = %msg, "fatal consumer error");
@@ -180,8 +266,13 @@ pub async fn run(
             }
         }
     }
-    let all: Vec<i32> = workers.keys().copied().collect();
-    stop_workers(&mut workers, &all).await;
+    let all: Vec<i32> = workers.map.keys().copied().collect();
+    // Within the shutdown timeout whatever a worker is doing (at least a short grace
+    // when the timeout already ran out).
+    let grace = stop_deadline
+        .map(|d| d.max(tokio::time::Instant::now() + Duration::from_millis(500)))
+        .unwrap_or_else(|| tokio::time::Instant::now() + REVOKE_BUDGET);
+    workers.stop(&all, grace).await;
     forget_partitions(&shared, &all);
     refresh.abort();
     tokio::task::spawn_blocking(move || consumer.shutdown(Duration::from_secs(5))).await?;
@@ -199,30 +290,17 @@ async fn sleep_until_opt(deadline: Option<tokio::time::Instant>) {
     }
 }
 
-async fn route_messages(workers: &HashMap<i32, WorkerHandle>, msgs: Vec<Msg>) {
+/// How long a revoke lets the revoked partitions' workers commit what they hold (the
+/// consumer thread waits 10 s for the answer).
+const REVOKE_BUDGET: Duration = Duration::from_secs(8);
+
+fn route_messages(workers: &mut Workers, msgs: Vec<Msg>) {
     let mut by_partition: HashMap<i32, Vec<Msg>> = HashMap::new();
     for m in msgs {
         by_partition.entry(m.partition).or_default().push(m);
     }
     for (p, ms) in by_partition {
-        if let Some(w) = workers.get(&p) {
-            let _ = w.inbox.send(WorkerMsg::Messages(ms)).await;
-        }
-    }
-}
-
-async fn stop_workers(workers: &mut HashMap<i32, WorkerHandle>, partitions: &[i32]) {
-    let mut waits = Vec::new();
-    for p in partitions {
-        if let Some(w) = workers.remove(p) {
-            let (tx, rx) = oneshot::channel();
-            let _ = w.inbox.send(WorkerMsg::Stop(tx)).await;
-            waits.push((w.task, rx));
-        }
-    }
-    for (task, rx) in waits {
-        let _ = tokio::time::timeout(Duration::from_secs(9), rx).await;
-        task.abort();
+        workers.deliver(p, WorkerMsg::Messages(ms));
     }
 }
 
@@ -284,7 +362,7 @@ async fn refresh_partition_gauges(shared: Arc<Shared>, now: Arc<Notify>) {
 /// missing rows, record skipped gaps, and start the workers.
 async fn assign(
     shared: &Arc<Shared>,
-    workers: &mut HashMap<i32, WorkerHandle>,
+    workers: &mut Workers,
     partitions: Vec<PartitionInfo>,
 ) -> anyhow::Result<Vec<StartDecision>> {
     let cfg = &shared.config;
@@ -310,23 +388,35 @@ async fn assign(
             shared.metrics.gap();
             warn!(partition = info.partition, from, to, "records deleted before processing; gap recorded and skipped (on_data_loss = \"skip\")");
         }
-        match s.halted {
+        let p = info.partition;
+        let reason = match s.halted {
             Some(HaltReason::DataLoss { from, to }) => {
                 shared.metrics.gap();
-                error!(partition = info.partition, from, to, "records [{from}, {to}) were deleted by retention before being processed: partition HALTED (on_data_loss = \"halt\"). To accept the loss: `sluice offsets reset --partition {} --to {to}` (or set on_data_loss = \"skip\")", info.partition);
+                Some(format!("records [{from}, {to}) were deleted by retention before being processed (on_data_loss = \"halt\"); to accept the loss: `sluice offsets reset --partition {p} --to {to}` (or set on_data_loss = \"skip\")"))
             }
-            Some(HaltReason::AheadOfLog { sysdb, high }) => {
-                error!(partition = info.partition, sysdb, high, "the sysdb position is beyond the partition's high watermark (topic recreated or broker data lost): partition HALTED; fix with `sluice offsets reset`");
-            }
-            None => {}
+            Some(HaltReason::AheadOfLog { sysdb, high }) => Some(format!(
+                "the sysdb position {sysdb} is beyond the partition's high watermark {high} (topic recreated or broker data lost); fix with `sluice offsets reset --partition {p}`"
+            )),
+            None => None,
+        };
+        let halted = reason.is_some();
+        if let Some(r) = &reason {
+            error!(partition = p, reason = %r, "partition HALTED at assignment");
         }
-        let halted = s.halted.is_some();
         shared.metrics.partition_assigned(info.partition, s.offset, info.high, info.group_offset, halted);
-        shared.set_halted(info.partition, halted);
+        // The stored state follows: a halt is named in `sluice offsets show`; a partition
+        // that starts cleanly is no longer reported halted by an earlier owner.
+        if let Err(e) = shared.sysdb.set_partition_halted(&shared.topic, p, reason.as_deref()).await {
+            warn!(%e, partition = p, "cannot store the partition's halted state in the sysdb");
+        }
+        shared.set_halted(info.partition, reason);
         let (tx, rx) = mpsc::channel(WORKER_INBOX);
-        let worker = Worker::new(info.partition, shared.clone(), s.offset, halted);
+        let stop = CancellationToken::new();
+        let worker = Worker::new(info.partition, shared.clone(), s.offset, halted, stop.clone());
         let task = tokio::spawn(worker.run(rx));
-        if let Some(old) = workers.insert(info.partition, WorkerHandle { inbox: tx, task }) {
+        let handle = WorkerHandle { inbox: tx, backlog: VecDeque::new(), stop, task };
+        if let Some(old) = workers.map.insert(info.partition, handle) {
+            old.stop.cancel();
             old.task.abort();
         }
         info!(partition = info.partition, offset = s.offset, source = ?s.source, halted, "partition starts");
