@@ -306,3 +306,146 @@ fn sigterm_stops_a_replica_whose_worker_is_stuck_on_a_locked_sysdb() {
     assert!(took < Duration::from_secs(22), "stopping took {took:?} with a 15 s shutdown timeout");
     drop(locker);
 }
+
+// ---------------------------------------------------------------------------------------
+// DLQ entries under retries: a batch retried while the sysdb is unavailable produces its
+// DLQ entries once, and the records stay out of the sysdb.
+
+#[test]
+fn a_batch_retried_during_a_sysdb_outage_produces_each_dlq_entry_once() {
+    if !require_kafka() {
+        return;
+    }
+    let env = Env::sqlite("dlq-once");
+    env.run(&["init", "--partitions", "1"]);
+    let mut r = env.spawn_replica("r1", &[]);
+    wait_for_log(&r, "partition starts", Duration::from_secs(60));
+    let path = env.sysdb.strip_prefix("sqlite://").unwrap().to_string();
+    let locker = rusqlite::Connection::open(&path).unwrap();
+    locker.execute_batch("BEGIN IMMEDIATE; INSERT INTO meta(key, value) VALUES ('it-lock', 'held');").unwrap();
+    // Good records with three undecodable ones among them, in one batch.
+    let good = workload(100, 71, &env.prefix, 2);
+    let topic = env.log_topic();
+    let p: ThreadedProducer<DefaultProducerContext> =
+        ClientConfig::new().set("bootstrap.servers", brokers()).set("partitioner", "murmur2_random").create().unwrap();
+    let key = good[0].collection_id.clone();
+    let mut poison_offsets = Vec::new();
+    let mut sent = 0i64;
+    for (i, rec) in good.iter().enumerate() {
+        if i % 40 == 10 {
+            p.send(BaseRecord::to(&topic).key(key.as_bytes()).payload(&b"\xff\xfe not avro"[..])).map_err(|(e, _)| e).unwrap();
+            poison_offsets.push(sent);
+            sent += 1;
+        }
+        let payload = encode(rec);
+        p.send(BaseRecord::to(&topic).key(rec.collection_id.as_bytes()).payload(&payload)).map_err(|(e, _)| e).unwrap();
+        sent += 1;
+    }
+    p.flush(Duration::from_secs(30)).unwrap();
+    // The batch fails again and again while the lock is held.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while r.log_text().matches("sysdb unavailable; retrying the batch").count() < 5 {
+        assert!(Instant::now() < deadline, "the batch was not retried:\n{}", r.log_text());
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    drop(locker);
+    env.wait_caught_up(WAIT);
+    let dlq = consume_all(&env.dlq_topic(), 1, Duration::from_secs(30));
+    let dlq_offsets: Vec<i64> = dlq.iter().map(|m| m.headers["sluice.source.offset"].parse().unwrap()).collect();
+    assert_eq!(dlq_offsets, poison_offsets, "each undecodable record once in the DLQ, in order");
+    assert_records_match_model(&env, &good);
+    assert_eq!(r.terminate(Duration::from_secs(30)), Some(0));
+}
+
+// ---------------------------------------------------------------------------------------
+// An out-of-range fetch names no partition: only a partition whose own position fell
+// below its log start is checked; one whose records were fetched (and wait in its batch)
+// is not taken for data loss.
+
+#[test]
+fn an_out_of_range_fetch_halts_only_the_partition_whose_records_are_gone() {
+    if !require_kafka() {
+        return;
+    }
+    // Records wait 4 s in a batch; fetches return about one small record batch each, so
+    // a backlog takes a while to fetch.
+    let env = Env::sqlite("oor")
+        .with_processor("batch_linger_ms = 4000")
+        .with_sections("[librdkafka]\n\"max.partition.fetch.bytes\" = \"256\"\n");
+    env.run(&["init", "--partitions", "2"]);
+    let topic = env.log_topic();
+    let on = |p: u32| -> String {
+        (0..).map(|i| format!("{}-p{p}-{i}", env.prefix)).find(|c| sluice::record::partitioner::partition_for(c.as_bytes(), 2) == p).unwrap()
+    };
+    let (c0, c1) = (on(0), on(1));
+    let recs = |cid: &str, n: usize, seed: u64| -> Vec<LogRecord> {
+        workload(n, seed, &env.prefix, 1).into_iter().map(|mut r| {
+            r.collection_id = cid.to_string();
+            r
+        }).collect()
+    };
+    // One record per producer batch, so that a fetch cannot take the whole backlog.
+    let p: ThreadedProducer<DefaultProducerContext> = ClientConfig::new()
+        .set("bootstrap.servers", brokers())
+        .set("partitioner", "murmur2_random")
+        .set("batch.num.messages", "1")
+        .set("linger.ms", "0")
+        .create()
+        .unwrap();
+    let send = |rs: &[LogRecord]| {
+        for r in rs {
+            let payload = encode(r);
+            p.send(BaseRecord::to(&topic).key(r.collection_id.as_bytes()).payload(&payload)).map_err(|(e, _)| e).unwrap();
+        }
+        p.flush(Duration::from_secs(60)).unwrap();
+    };
+    send(&recs(&c0, 4000, 81));
+    let r = env.spawn_replica("r1", &[]);
+    wait_for_log(&r, "partition starts", Duration::from_secs(60));
+    let p1_records = recs(&c1, 20, 82);
+    send(&p1_records);
+    // Partition 1's records are fetched and wait in their batch (linger 4 s); partition 0
+    // is still fetching its backlog. Delete everything below both high watermarks.
+    std::thread::sleep(Duration::from_millis(1500));
+    let highs: Vec<(i32, i64)> = (0..2).map(|p| (p, sluice_high(&topic, p))).collect();
+    delete_records_before(&topic, &highs);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !halted_partitions(&r.log_text()).contains(&0) {
+        assert!(Instant::now() < deadline, "partition 0 lost its records but did not halt:\n{}", r.log_text());
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    // Partition 1 commits its fetched records and is not halted.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let rows = offsets(&env);
+        let p1 = rows.iter().find(|row| row["partition"] == 1).unwrap().clone();
+        if p1["sysdb_next_offset"].as_i64() == Some(highs[1].1) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "partition 1 never committed its fetched records: {p1}\n{}", r.log_text());
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let log = r.log_text();
+    assert_eq!(halted_partitions(&log), vec![0], "only partition 0 lost records:\n{log}");
+    let got: Vec<Value> = env.run(&["records", &c1, "--format", "jsonl"]).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let indexed: Vec<(i64, LogRecord)> = p1_records.iter().cloned().enumerate().map(|(i, r)| (i as i64, r)).collect();
+    let want = sluice::materialize::model::reference(&indexed).collections[&c1].records.len();
+    assert_eq!(got.len(), want, "partition 1's records applied");
+}
+
+fn sluice_high(topic: &str, partition: i32) -> i64 {
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    let c: BaseConsumer = ClientConfig::new().set("bootstrap.servers", brokers()).create().unwrap();
+    c.fetch_watermarks(topic, partition, Duration::from_secs(10)).unwrap().1
+}
+
+/// The partitions a replica's log says it halted.
+fn halted_partitions(log: &str) -> Vec<i32> {
+    let mut out: Vec<i32> = log
+        .lines()
+        .filter(|l| l.contains("partition HALTED"))
+        .filter_map(|l| l.split(" partition=").nth(1)?.split(' ').next()?.parse().ok())
+        .collect();
+    out.dedup();
+    out
+}
