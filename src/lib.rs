@@ -12,6 +12,7 @@ pub mod failpoint;
 pub mod functions;
 pub mod processor;
 pub mod ratelimit;
+pub mod retry;
 pub mod metrics;
 pub mod api;
 pub mod backfill;

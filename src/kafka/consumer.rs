@@ -519,7 +519,8 @@ fn try_seek(consumer: &BaseConsumer<Ctx>, seeks: &mut HashMap<i32, PendingSeek>,
                 error!(%e, partition, offset, attempts, "seek failed; giving the partition up");
                 push(ctx, Event::SeekFailed { partition, offset, error: e.to_string() });
             } else {
-                let wait = Duration::from_millis(100 << attempts.min(6)).min(Duration::from_secs(5));
+                // The replica's retry policy, as delays by attempt number.
+                let wait = crate::retry::default_backoff().nth(attempts as usize - 1).unwrap_or(Duration::from_secs(5));
                 warn!(%e, partition, offset, attempts, retry_in = ?wait, "seek failed; retrying");
                 seeks.insert(partition, PendingSeek { offset, attempts, next_at: Instant::now() + wait });
             }

@@ -436,15 +436,14 @@ where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Result<T, crate::sysdb::SysdbError>>,
 {
-    let mut backoff = Duration::from_millis(100);
+    let mut delays = crate::retry::backoff(Duration::from_millis(100), Duration::from_secs(3));
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     loop {
         match f().await {
             Err(e) if e.is_retryable() && tokio::time::Instant::now() < deadline => {
                 metrics.sysdb_retry();
                 warn!(%e, "sysdb unavailable; retrying");
-                tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(Duration::from_secs(3));
+                tokio::time::sleep(delays.next().unwrap_or(Duration::from_secs(3))).await;
             }
             other => return other,
         }

@@ -6,26 +6,27 @@
 //! DLQ entries are produced (and acknowledged) before that commit, so a crash in between
 //! may produce a DLQ entry twice: the DLQ is at-least-once, never lossy.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, error, info, info_span, warn, Instrument};
+use tracing::{error, warn};
 
-use super::batch::{self, kinds, BatchCounts, BatchError, DlqEntry, Known};
+use super::batch::{DlqEntry, Known};
 use super::functions;
 use crate::api::Health;
 use crate::config::{Config, OnDataLoss};
-use crate::failpoint;
 use crate::kafka::admin::MetadataClient;
 use crate::kafka::consumer::{Command, Commander};
-use crate::kafka::producer::{Outgoing, Producer};
+use crate::kafka::producer::Producer;
 use crate::kafka::Msg;
-use crate::metrics::{self, Metrics};
-use crate::positions::{self, IncompatibleDelta, PositionDelta};
+use crate::metrics::Metrics;
+use crate::positions;
 use crate::sysdb::Sysdb;
+
+mod commit;
 
 /// DLQ log lines: at most 20 per kind per 10 s (the metric counts every one).
 static DLQ_LOG: crate::ratelimit::RateLimiter = crate::ratelimit::RateLimiter::new(Duration::from_secs(10), 20);
@@ -286,119 +287,6 @@ impl Worker {
         self.commit_range(msgs, to).await;
     }
 
-    /// Commit `msgs` (in offset order, possibly none) and move the position to `to`. A
-    /// range the sysdb refuses because of a value in it is split in halves until the
-    /// refused record is alone; that record goes to the DLQ (`sysdb_rejected`) and the
-    /// rest commits. Each part is an ordinary batch with its own position delta.
-    async fn commit_range(&mut self, msgs: Vec<Msg>, to: i64) {
-        let started = Instant::now();
-        let mut work: VecDeque<(usize, usize, i64)> = VecDeque::from([(0, msgs.len(), to)]);
-        while let Some((a, b, to)) = work.pop_front() {
-            match self.commit_part(&msgs[a..b], to).await {
-                RangeOutcome::Committed => {}
-                RangeOutcome::Abandoned => break,
-                RangeOutcome::Rejected(error) => {
-                    if b - a > 1 {
-                        let mid = a + (b - a) / 2;
-                        work.push_front((mid, b, to));
-                        work.push_front((a, mid, positions::next_offset_after(msgs[mid - 1].offset)));
-                    } else if b - a == 1 && !self.forced_dlq.contains_key(&msgs[a].offset) {
-                        let offset = msgs[a].offset;
-                        let message = format!(
-                            "the {} sysdb refused this record ({error}); fix the producer or the limits, then replay it from the DLQ",
-                            self.shared.sysdb.backend()
-                        );
-                        self.forced_dlq.insert(offset, DlqEntry { offset, kind: kinds::SYSDB_REJECTED, message });
-                        work.push_front((a, b, to));
-                    } else {
-                        self.halt(format!(
-                            "the sysdb refuses the batch [{}, {to}) even without its records: {error}",
-                            self.next
-                        ));
-                        break;
-                    }
-                }
-            }
-        }
-        self.forced_dlq.clear();
-        self.dlq_produced.clear();
-        self.shared.metrics.observe_batch_duration(started.elapsed());
-    }
-
-    /// Commit one part, retrying transient failures with backoff (indefinitely, visibly:
-    /// `/readyz` reports the sysdb unavailable) and other database failures a bounded
-    /// number of times before halting.
-    async fn commit_part(&mut self, msgs: &[Msg], to: i64) -> RangeOutcome {
-        let delta = match PositionDelta::new(self.partition, self.next, to) {
-            Ok(d) => d,
-            Err(e) => {
-                self.halt(format!("internal error: batch ending at {to} does not follow the position {}: {e}", self.next));
-                return RangeOutcome::Abandoned;
-            }
-        };
-        let span = info_span!("batch", topic = %self.shared.topic, partition = self.partition, from = delta.from, to = delta.to);
-        let mut backoff = Duration::from_millis(100);
-        let mut retried = false;
-        let mut fatal_attempts = 0;
-        loop {
-            let outcome = self.process(msgs, delta).instrument(span.clone()).await;
-            if !matches!(&outcome, Err(BatchError::Transient(_))) {
-                self.shared.health.set_sysdb_unavailable(None);
-            }
-            // A commit whose outcome was unknown (the connection dropped during COMMIT)
-            // that in fact landed: the retry finds the position already at our `to`.
-            let landed_before = retried
-                && matches!(&outcome, Err(BatchError::Conflict(IncompatibleDelta::PositionMoved { stored, .. })) if *stored == delta.to);
-            let outcome = if landed_before {
-                info!(partition = self.partition, to = delta.to, "the previous, uncertain commit of this batch had landed");
-                // What that commit did to functions (a marker accepted) is not known here:
-                // read them again, as after any commit that moved a function.
-                self.functions.clear();
-                self.after_commit_position(delta.to);
-                Ok(())
-            } else {
-                outcome
-            };
-            match outcome {
-                Ok(()) => return RangeOutcome::Committed,
-                Err(BatchError::Conflict(e)) => {
-                    self.shared.metrics.sysdb_cas_conflict();
-                    warn!(%e, partition = self.partition, "batch refused by the sysdb compare-and-set; re-reading the position");
-                    self.forget_caches();
-                    self.resync().await;
-                    return RangeOutcome::Abandoned;
-                }
-                Err(BatchError::Record(e)) => {
-                    warn!(%e, partition = self.partition, from = delta.from, to = delta.to, records = msgs.len(), "the sysdb refused a value of this batch; isolating the record");
-                    self.forget_caches();
-                    return RangeOutcome::Rejected(e.to_string());
-                }
-                Err(BatchError::Bug(message)) => {
-                    self.halt(format!("internal error in batch [{}, {}): {message}", delta.from, delta.to));
-                    return RangeOutcome::Abandoned;
-                }
-                Err(BatchError::Transient(e)) => {
-                    self.shared.metrics.sysdb_retry();
-                    self.shared.health.set_sysdb_unavailable(Some(e.to_string()));
-                    warn!(%e, partition = self.partition, retry_in = ?backoff, "sysdb unavailable; retrying the batch");
-                }
-                Err(BatchError::Fatal(e)) => {
-                    self.shared.metrics.sysdb_retry();
-                    fatal_attempts += 1;
-                    if fatal_attempts >= FATAL_ATTEMPTS {
-                        self.halt(format!("the sysdb failed batch [{}, {}) {fatal_attempts} times: {e}", delta.from, delta.to));
-                        return RangeOutcome::Abandoned;
-                    }
-                    warn!(%e, partition = self.partition, attempt = fatal_attempts, retry_in = ?backoff, "batch commit failed; retrying");
-                }
-            }
-            retried = true;
-            self.forget_caches();
-            tokio::time::sleep(backoff).await;
-            backoff = (backoff * 2).min(Duration::from_secs(5));
-        }
-    }
-
     /// Caches that a failed or refused commit may have made stale.
     fn forget_caches(&mut self) {
         self.known.clear();
@@ -426,7 +314,7 @@ impl Worker {
 
     /// After a CAS conflict: adopt the sysdb position and seek there.
     async fn resync(&mut self) {
-        let mut backoff = Duration::from_millis(200);
+        let mut delays = crate::retry::default_backoff();
         loop {
             match self.shared.sysdb.positions(&self.shared.topic).await {
                 Ok(pos) => {
@@ -441,238 +329,10 @@ impl Worker {
                     self.shared.metrics.sysdb_retry();
                     warn!(%e, "cannot re-read the position; retrying");
                     tokio::select! {
-                        _ = tokio::time::sleep(backoff) => {}
+                        _ = tokio::time::sleep(delays.next().unwrap_or(Duration::from_secs(5))) => {}
                         _ = self.stop.cancelled() => return,
                     }
-                    backoff = (backoff * 2).min(Duration::from_secs(5));
                 }
-            }
-        }
-    }
-
-    async fn process(&mut self, msgs: &[Msg], delta: PositionDelta) -> Result<(), BatchError> {
-        let cfg = &self.shared.config;
-        let started = Instant::now();
-        let mut decoded = batch::decode_all(msgs, cfg.kafka.framing, &cfg.limits);
-        // A record a previous attempt sent to the DLQ (or the sysdb refused) stays there:
-        // never both in the DLQ and applied.
-        if !self.forced_dlq.is_empty() {
-            for (offset, r) in decoded.iter_mut() {
-                if let Some(entry) = self.forced_dlq.get(offset) {
-                    *r = Err(entry.clone());
-                }
-            }
-        }
-
-        // Learn the collections this batch names.
-        let names: HashSet<&str> =
-            decoded.iter().filter_map(|(_, r)| r.as_ref().ok()).map(|r| r.collection_id.as_str()).collect();
-        for name in names {
-            if !self.known.contains_key(name) {
-                let k = match self.shared.sysdb.collection(name).await? {
-                    Some(row) => Known::Registered(row),
-                    None => Known::Unknown,
-                };
-                self.known.insert(name.to_string(), k);
-            }
-        }
-        let routed = batch::route(
-            decoded,
-            self.partition,
-            self.shared.topic_partitions,
-            &self.known,
-            cfg.processor.unknown_collections,
-        );
-        let mut dlq = routed.dlq;
-        let mut counts = BatchCounts::default();
-        let mut updates = Vec::new();
-        let mut function_batches = Vec::new();
-        let mut tasks = Vec::new();
-        let now_ms = crate::sysdb::now_ms();
-        // The functions attached to each collection, read once: the same list decides
-        // which records are read whole (their preimages) and which deltas are computed.
-        let mut attached_by: Vec<Vec<functions::Attached>> = Vec::with_capacity(routed.collections.len());
-        // The current state of every record the batch names, in one read (whole records
-        // only where the fold may need them: `batch::ids_to_read`).
-        let mut wanted: Vec<(String, Vec<(String, bool)>)> = Vec::with_capacity(routed.collections.len());
-        for (id, (row, records)) in &routed.collections {
-            let markers = functions::markers(records);
-            let named: Vec<&str> = markers.iter().map(|(_, b)| b.function_id.as_str()).collect();
-            let attached = self.functions.get(&self.shared.sysdb, id, &named).await?.to_vec();
-            let with_functions = !markers.is_empty() || !attached.is_empty();
-            wanted.push((id.clone(), batch::ids_to_read(records, row.as_ref().and_then(|r| r.dimension), with_functions)));
-            attached_by.push(attached);
-        }
-        let mut current_all = self.shared.sysdb.get_records_many(wanted).await?;
-        for ((id, (row, records)), attached) in routed.collections.iter().zip(&attached_by) {
-            let current = current_all.remove(id).unwrap_or_default();
-            let (update, outcome) =
-                batch::fold_collection(id, row.as_ref(), self.partition, records, &current, &mut counts, &mut dlq)
-                    .map_err(|e| BatchError::Bug(format!("fold of collection {id:?}: {e}")))?;
-            if let Some(u) = update {
-                if self.shared.metrics.per_collection() {
-                    let applied = records.iter().filter(|(_, r)| r.operation.is_data()).count() - outcome.rejected.len();
-                    self.shared.metrics.collection_records(id, applied as u64);
-                }
-                updates.push(u);
-            }
-            if !attached.is_empty() {
-                let markers = functions::markers(records);
-                function_batches.extend(functions::function_batches(attached, &outcome, &markers));
-                tasks.extend(functions::tasks(attached, &markers, &self.shared.topic, self.partition, now_ms));
-            }
-        }
-        dlq.sort_by_key(|d| d.offset);
-        self.produce_dlq(msgs, &dlq).await;
-        // Barrier (invariant 7): the backfill tasks are acknowledged before the commit.
-        self.produce_tasks(&tasks).await;
-        if !tasks.is_empty() {
-            failpoint::hit("after_backfill_task");
-        }
-
-        failpoint::hit("before_sysdb_commit");
-        let commit = Arc::new(batch::commit(&self.shared.topic, delta, updates, function_batches));
-        let commit_started = Instant::now();
-        let committed = self.shared.sysdb.commit_shared(Arc::clone(&commit)).await;
-        self.shared.metrics.observe_sysdb_commit(commit_started.elapsed());
-        let report = committed?;
-        failpoint::hit("after_sysdb_commit");
-        if !report.markers_accepted.is_empty() && failpoint::fail("marker_commit_outcome") {
-            // As if the connection dropped during COMMIT: the batch landed, we do not know.
-            return Err(BatchError::Transient(crate::sysdb::SysdbError::Unavailable {
-                backend: self.shared.sysdb.backend(),
-                message: "fail point: the outcome of the commit is unknown".into(),
-            }));
-        }
-        self.after_commit_position(delta.to);
-        for (function_id, offset) in &report.markers_accepted {
-            info!(partition = self.partition, function = %function_id, marker_offset = offset, "backfill marker processed: function is backfilling");
-        }
-        if !report.markers_accepted.is_empty() {
-            self.functions.clear();
-        }
-        let committed_ms = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_millis() as i64);
-
-        // The commit is in: update caches and counters.
-        for u in &commit.collections {
-            let prev = match self.known.get(&u.id) {
-                Some(Known::Registered(r)) => r.record_count,
-                _ => 0,
-            };
-            self.known.insert(
-                u.id.clone(),
-                Known::Registered(crate::sysdb::CollectionRow {
-                    id: u.id.clone(),
-                    partition: u.partition,
-                    dimension: u.dimension,
-                    log_position: u.log_position,
-                    record_count: prev + u.record_count_delta,
-                }),
-            );
-        }
-        let m = &self.shared.metrics;
-        for (op, n) in &counts.by_operation {
-            m.records_processed(op, *n);
-        }
-        for (reason, n) in &counts.ignored {
-            m.records_ignored(reason, *n);
-        }
-        for d in &dlq {
-            m.dlq_record(d.kind);
-        }
-        m.control_records(metrics::CONTROL_BACKFILL_STARTED, report.markers_accepted.len() as u64);
-        m.control_records(metrics::CONTROL_IGNORED, counts.controls.saturating_sub(report.markers_accepted.len() as u64));
-        m.batch_committed();
-        // Every message of the batch (DLQ'd ones included) is done at this commit.
-        m.observe_end_to_end(committed_ms, msgs.iter().map(|msg| msg.timestamp_ms));
-        debug!(records = msgs.len(), dlq = dlq.len(), elapsed_ms = started.elapsed().as_millis() as u64, "batch committed");
-        Ok(())
-    }
-
-    /// Produce the backfill tasks to the backfill topic and wait for the acknowledgements
-    /// (retrying until delivered: the batch must not commit before its tasks are out).
-    async fn produce_tasks(&self, tasks: &[crate::record::BackfillTask]) {
-        for t in tasks {
-            let payload = match crate::record::avro::encode_backfill_task(t) {
-                Ok(p) => p,
-                Err(e) => {
-                    error!(%e, "internal: cannot encode a backfill task");
-                    continue;
-                }
-            };
-            let mut backoff = Duration::from_millis(100);
-            loop {
-                let out = Outgoing {
-                    topic: &self.shared.backfill_topic,
-                    partition: None,
-                    key: Some(t.function_id.as_bytes()),
-                    payload: &payload,
-                    headers: &[],
-                };
-                match self.shared.producer.send(out).await {
-                    Ok(_) => break,
-                    Err(e) => {
-                        warn!(%e, function = %t.function_id, "backfill task produce failed; retrying");
-                        tokio::time::sleep(backoff).await;
-                        backoff = (backoff * 2).min(Duration::from_secs(5));
-                    }
-                }
-            }
-            info!(function = %t.function_id, marker_offset = t.marker_offset, "backfill task produced");
-        }
-    }
-
-    /// Produce every DLQ entry and wait for the acknowledgements; retries until delivered
-    /// (bad input is never dropped silently). An entry already acknowledged for this range
-    /// (a retried batch) is not produced again.
-    async fn produce_dlq(&mut self, msgs: &[Msg], dlq: &[DlqEntry]) {
-        if dlq.is_empty() {
-            return;
-        }
-        let by_offset: HashMap<i64, &Msg> = msgs.iter().map(|m| (m.offset, m)).collect();
-        let partition = self.partition.to_string();
-        for d in dlq {
-            if self.dlq_produced.contains(&d.offset) {
-                continue;
-            }
-            let m = by_offset.get(&d.offset);
-            let offset = d.offset.to_string();
-            let headers: [(&str, &[u8]); 5] = [
-                ("sluice.source.topic", self.shared.topic.as_bytes()),
-                ("sluice.source.partition", partition.as_bytes()),
-                ("sluice.source.offset", offset.as_bytes()),
-                ("sluice.error.kind", d.kind.as_bytes()),
-                ("sluice.error.message", d.message.as_bytes()),
-            ];
-            let mut payload = m.and_then(|m| m.payload.as_deref()).unwrap_or_default();
-            let key = m.and_then(|m| m.key.as_deref());
-            let mut headers: Vec<(&str, &[u8])> = headers.to_vec();
-            let mut backoff = Duration::from_millis(100);
-            loop {
-                let out = Outgoing { topic: &self.shared.dlq_topic, partition: None, key, payload, headers: &headers };
-                match self.shared.producer.send(out).await {
-                    Ok(_) => break,
-                    Err(crate::kafka::KafkaError::TooLarge { size, .. }) => {
-                        // Retrying cannot help and must not stall the partition: the DLQ
-                        // entry goes without the payload; its source headers point at the
-                        // original record, which stays in the log topic.
-                        warn!(offset = d.offset, size, "record too large for the DLQ; sending the entry without its payload");
-                        payload = &[];
-                        headers.push(("sluice.payload.omitted", b"too_large"));
-                    }
-                    Err(e) => {
-                        warn!(%e, offset = d.offset, "DLQ produce failed; retrying");
-                        tokio::time::sleep(backoff).await;
-                        backoff = (backoff * 2).min(Duration::from_secs(5));
-                    }
-                }
-            }
-            self.dlq_produced.insert(d.offset);
-            self.forced_dlq.entry(d.offset).or_insert_with(|| d.clone());
-            if let crate::ratelimit::Verdict::Log { suppressed } = DLQ_LOG.check(d.kind) {
-                info!(partition = self.partition, offset = d.offset, kind = d.kind, message = %d.message, suppressed_before = suppressed, "record sent to the DLQ");
             }
         }
     }
@@ -718,7 +378,7 @@ impl Worker {
     /// The partition's log start offset, retried with backoff (counted) for a bounded time.
     async fn log_start(&self) -> Option<i64> {
         let deadline = Instant::now() + WATERMARK_RETRY_FOR;
-        let mut backoff = Duration::from_millis(100);
+        let mut delays = crate::retry::default_backoff();
         loop {
             let md = self.shared.metadata.clone();
             let topic = self.shared.topic.clone();
@@ -726,18 +386,18 @@ impl Worker {
             let wm = tokio::task::spawn_blocking(move || md.lock().unwrap_or_else(|e| e.into_inner()).watermarks(&topic, p)).await;
             match wm {
                 Ok(Ok((low, _high))) => return Some(low),
-                Ok(Err(e)) => warn!(%e, partition = p, retry_in = ?backoff, "cannot read the watermarks; retrying"),
+                Ok(Err(e)) => warn!(%e, partition = p, "cannot read the watermarks; retrying"),
                 Err(e) => warn!(%e, partition = p, "watermark read task failed; retrying"),
             }
             self.shared.metrics.watermark_retry();
-            if Instant::now() + backoff > deadline {
+            let wait = delays.next().unwrap_or(Duration::from_secs(5));
+            if Instant::now() + wait > deadline {
                 return None;
             }
             tokio::select! {
-                _ = tokio::time::sleep(backoff) => {}
+                _ = tokio::time::sleep(wait) => {}
                 _ = self.stop.cancelled() => return None,
             }
-            backoff = (backoff * 2).min(Duration::from_secs(5));
         }
     }
 
