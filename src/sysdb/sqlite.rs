@@ -21,7 +21,7 @@ use rusqlite::{params, Connection, ErrorCode, OptionalExtension, TransactionBeha
 
 use super::codec::{decode_record, encode_metadata};
 use super::schema;
-use super::{now_ms, BatchCommit, CollectionRow, CommitReport, GapRow, ResetRow, Result, SysdbError};
+use super::{now_ms, BatchCommit, CollectionRow, CommitReport, GapRow, PartitionState, ResetRow, Result, SysdbError};
 use crate::positions::PositionDelta;
 use crate::record::Record;
 
@@ -70,8 +70,16 @@ impl From<rusqlite::Error> for SysdbError {
                     | ErrorCode::DiskFull
             )
         );
+        // A value the database refuses (a string or blob over SQLite's length limit, a
+        // constraint a value breaks, a type mismatch): another batch can succeed.
+        let rejected = matches!(
+            e.sqlite_error_code(),
+            Some(ErrorCode::TooBig | ErrorCode::ConstraintViolation | ErrorCode::TypeMismatch)
+        );
         if retryable {
             SysdbError::Unavailable { backend: BACKEND, message: e.to_string() }
+        } else if rejected {
+            SysdbError::Rejected { backend: BACKEND, message: e.to_string() }
         } else {
             SysdbError::Database { backend: BACKEND, message: e.to_string() }
         }
@@ -207,6 +215,13 @@ fn write_next_offset(conn: &Connection, topic: &str, partition: i32, next_offset
     .execute(params![topic, partition, next_offset, now])?;
     Ok(())
 }
+
+/// Sets or clears a halt (?3 = reason or NULL, ?4 = now); a halt that goes on keeps its
+/// start time.
+const HALT_SQL: &str = "UPDATE partitions SET
+        halted_at_ms = CASE WHEN ?3 IS NULL THEN NULL WHEN halted_reason IS NULL THEN ?4 ELSE halted_at_ms END,
+        halted_reason = ?3
+     WHERE topic = ?1 AND partition = ?2";
 
 fn invalid(message: String) -> SysdbError {
     SysdbError::Database { backend: BACKEND, message }
@@ -391,6 +406,32 @@ impl SqliteSysdb {
         .await
     }
 
+    pub async fn partition_states(&self, topic: &str) -> Result<Vec<PartitionState>> {
+        let topic = topic.to_string();
+        self.read(move |c| {
+            let mut stmt = c.prepare_cached(
+                "SELECT partition, next_offset, halted_reason, halted_at_ms FROM partitions WHERE topic = ?1 ORDER BY partition",
+            )?;
+            let rows = stmt.query_map([&topic], |r| {
+                Ok(PartitionState { partition: r.get(0)?, next_offset: r.get(1)?, halted_reason: r.get(2)?, halted_at_ms: r.get(3)? })
+            })?;
+            Ok(rows.collect::<rusqlite::Result<Vec<_>>>()?)
+        })
+        .await
+    }
+
+    pub async fn set_partition_halted(&self, topic: &str, partition: i32, reason: Option<&str>) -> Result<()> {
+        let (topic, reason) = (topic.to_string(), reason.map(str::to_string));
+        self.write(move |c| {
+            let changed = c.prepare_cached(HALT_SQL)?.execute(params![topic, partition, reason, now_ms()])?;
+            if changed == 0 && reason.is_some() {
+                return Err(invalid(format!("cannot halt partition {partition} of {topic:?}: it has no position row")));
+            }
+            Ok(())
+        })
+        .await
+    }
+
     pub async fn init_position(&self, topic: &str, partition: i32, next_offset: i64) -> Result<i64> {
         if next_offset < 0 {
             return Err(invalid(format!("partition {partition}: next_offset {next_offset} is negative")));
@@ -554,6 +595,10 @@ impl SqliteSysdb {
             let now = now_ms();
             write_next_offset(&tx, &topic, partition, to, now)?;
             tx.execute(
+                "UPDATE partitions SET halted_reason = NULL, halted_at_ms = NULL WHERE topic = ?1 AND partition = ?2",
+                params![topic, partition],
+            )?;
+            tx.execute(
                 "INSERT INTO offset_resets (topic, partition, from_offset, to_offset, actor, reason, at_ms)
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
                 params![topic, partition, previous, to, actor, reason, now],
@@ -677,6 +722,17 @@ mod tests {
 
     #[test]
     fn busy_and_io_errors_are_retryable() {
+        use crate::sysdb::ErrorClass;
+        let class = |code| SysdbError::from(rusqlite::Error::SqliteFailure(rusqlite::ffi::Error::new(code), None)).class();
+        for code in [rusqlite::ffi::SQLITE_BUSY, rusqlite::ffi::SQLITE_LOCKED, rusqlite::ffi::SQLITE_READONLY, rusqlite::ffi::SQLITE_FULL, rusqlite::ffi::SQLITE_IOERR] {
+            assert_eq!(class(code), ErrorClass::Transient, "{code}");
+        }
+        for code in [rusqlite::ffi::SQLITE_TOOBIG, rusqlite::ffi::SQLITE_CONSTRAINT, rusqlite::ffi::SQLITE_MISMATCH] {
+            assert_eq!(class(code), ErrorClass::Record, "{code}");
+        }
+        for code in [rusqlite::ffi::SQLITE_CORRUPT, rusqlite::ffi::SQLITE_ERROR] {
+            assert_eq!(class(code), ErrorClass::Fatal, "{code}");
+        }
         let busy = rusqlite::Error::SqliteFailure(rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_BUSY), None);
         assert!(SysdbError::from(busy).is_retryable());
         let constraint = rusqlite::Error::SqliteFailure(rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_CONSTRAINT), None);
