@@ -6,6 +6,7 @@
 //! versa, so admin reads do not queue behind a batch commit). Several processes may share
 //! the file: writes take the database lock up front (`BEGIN IMMEDIATE`) and wait for it
 //! up to `busy_timeout`; a writer that still cannot get it gets `Unavailable` (retry).
+//! What one file supports and what `synchronous = NORMAL` can cost: `docs/sqlite.md`.
 //!
 //! The compare-and-set of [`commit_batch`](SqliteSysdb::commit_batch) reads the
 //! partition's `next_offset` *inside* the `BEGIN IMMEDIATE` transaction, i.e. while
@@ -710,6 +711,46 @@ mod tests {
         assert_eq!(mode, "wal");
         assert_eq!(sync, 1, "synchronous=NORMAL");
         assert_eq!(busy, 5000);
+    }
+
+    /// Another connection (here a raw one; in practice another process on the same file)
+    /// holds the write lock: a commit waits at most the busy timeout, then reports
+    /// `Unavailable` (transient) with nothing written, and succeeds once the lock is gone.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_write_lock_held_elsewhere_is_unavailable_after_the_busy_timeout() {
+        use crate::sysdb::{CollectionUpdate, ErrorClass};
+        let dir = tempfile::tempdir().unwrap();
+        let (db, _) = open_file(&dir).await;
+        db.init_position("t", 0, 0).await.unwrap();
+        let batch = BatchCommit {
+            topic: "t".into(),
+            delta: PositionDelta::new(0, 0, 3).unwrap(),
+            collections: vec![CollectionUpdate {
+                id: "c".into(),
+                partition: 0,
+                dimension: None,
+                log_position: 2,
+                record_count_delta: 1,
+                writes: vec![("a".into(), Some(Record { id: "a".into(), embedding: None, metadata: Default::default(), document: None, offset: 2 }))],
+            }],
+            functions: Vec::new(),
+        };
+
+        let holder = Connection::open(dir.path().join("sysdb.sqlite")).unwrap();
+        holder.execute_batch("BEGIN IMMEDIATE").unwrap();
+        let started = std::time::Instant::now();
+        let outcome = tokio::time::timeout(BUSY_TIMEOUT * 3, db.commit_batch(&batch)).await.expect("the commit blocked past the busy timeout");
+        let waited = started.elapsed();
+        let err = outcome.expect_err("committed while another connection held the write lock");
+        assert_eq!(err.class(), ErrorClass::Transient, "{err}");
+        assert!(matches!(err, SysdbError::Unavailable { .. }), "{err:?}");
+        assert!(waited >= BUSY_TIMEOUT - Duration::from_millis(500), "gave up after {waited:?}, before the busy timeout");
+        assert_eq!(db.positions("t").await.unwrap(), HashMap::from([(0, 0)]), "position moved");
+        assert_eq!(db.collection("c").await.unwrap(), None, "collection written");
+
+        holder.execute_batch("ROLLBACK").unwrap();
+        db.commit_batch(&batch).await.expect("commit after the lock is released");
+        assert_eq!(db.positions("t").await.unwrap(), HashMap::from([(0, 3)]));
     }
 
     #[tokio::test]
