@@ -175,7 +175,7 @@ fn refused_records(env: Env) {
 
     // The long pair is counted under its bounded, hashed id, with the full value.
     let hashed = statistics::output_id("blob", &MetaValue::String(long_value.clone()));
-    assert!(hashed.len() <= statistics::MAX_OUTPUT_ID_BYTES && hashed.starts_with("blob=h:s:"), "{hashed}");
+    assert!(hashed.len() <= statistics::MAX_OUTPUT_ID_BYTES && hashed.starts_with("blob=h:s:"), "{}...", &hashed[..hashed.len().min(80)]);
     let outputs = records_json(&env, &output);
     let row = outputs.iter().find(|r| r["id"] == hashed.as_str()).unwrap_or_else(|| panic!("no output {hashed}"));
     assert_eq!(row["metadata"]["key"], "blob");
