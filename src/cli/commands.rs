@@ -203,11 +203,24 @@ pub struct OffsetRow {
     pub high_watermark: i64,
     /// high watermark − sysdb position (the authoritative lag).
     pub lag: i64,
+    /// `running`, or `halted: <reason>` when the processor stopped the partition.
+    pub status: String,
+    /// When the current halt began (ms since the Unix epoch), if halted.
+    pub halted_at_ms: Option<i64>,
+}
+
+/// The `status` column of a partition: `running` or `halted: <reason>`.
+pub fn partition_status(halted_reason: Option<&str>) -> String {
+    match halted_reason {
+        None => "running".to_string(),
+        Some(reason) => format!("halted: {reason}"),
+    }
 }
 
 pub async fn offset_rows(config: &Config, sysdb: &Sysdb) -> Result<Vec<OffsetRow>> {
     let topic = config.kafka.log_topic();
-    let positions = sysdb.positions(&topic).await?;
+    let states: std::collections::HashMap<i32, crate::sysdb::PartitionState> =
+        sysdb.partition_states(&topic).await?.into_iter().map(|s| (s.partition, s)).collect();
     let settings = client_settings(config);
     let group = config.kafka.group.clone();
     let t = topic.clone();
@@ -223,7 +236,8 @@ pub async fn offset_rows(config: &Config, sysdb: &Sysdb) -> Result<Vec<OffsetRow
     Ok((0..n)
         .map(|p| {
             let (low, high) = marks[p as usize];
-            let s = positions.get(&p).copied();
+            let state = states.get(&p);
+            let s = state.map(|st| st.next_offset);
             OffsetRow {
                 topic: topic.clone(),
                 partition: p,
@@ -231,6 +245,8 @@ pub async fn offset_rows(config: &Config, sysdb: &Sysdb) -> Result<Vec<OffsetRow
                 group_offset: group_offsets.get(&p).copied(),
                 high_watermark: high,
                 lag: high - s.unwrap_or(low).max(low.min(s.unwrap_or(low))),
+                status: partition_status(state.and_then(|st| st.halted_reason.as_deref())),
+                halted_at_ms: state.and_then(|st| st.halted_at_ms),
             }
         })
         .collect())
@@ -243,12 +259,17 @@ pub async fn offsets(config: &Config, cmd: OffsetsCmd) -> Result<()> {
         OffsetsCmd::Show { format } => {
             let rows = offset_rows(config, &sysdb).await?;
             if format == Format::Human {
-                println!("{:<24} {:>9} {:>12} {:>12} {:>14} {:>8}", "TOPIC", "PARTITION", "SYSDB_NEXT", "GROUP", "HIGH_WATERMARK", "LAG");
+                println!(
+                    "{:<24} {:>9} {:>12} {:>12} {:>14} {:>8}  {}",
+                    "TOPIC", "PARTITION", "SYSDB_NEXT", "GROUP", "HIGH_WATERMARK", "LAG", "STATUS"
+                );
                 let o = |v: Option<i64>| v.map(|v| v.to_string()).unwrap_or_else(|| "-".into());
                 for r in &rows {
+                    // A reason is one line in the table (the JSON keeps it whole).
+                    let status = r.status.replace(['\n', '\r'], " ");
                     println!(
-                        "{:<24} {:>9} {:>12} {:>12} {:>14} {:>8}",
-                        r.topic, r.partition, o(r.sysdb_next_offset), o(r.group_offset), r.high_watermark, r.lag
+                        "{:<24} {:>9} {:>12} {:>12} {:>14} {:>8}  {}",
+                        r.topic, r.partition, o(r.sysdb_next_offset), o(r.group_offset), r.high_watermark, r.lag, status
                     );
                 }
             } else {
@@ -566,6 +587,12 @@ mod tests {
         );
         let bare = Record { id: "b".into(), embedding: None, metadata: Default::default(), document: Some("d".into()), offset: 0 };
         assert_eq!(canonical_line("c", &bare), "c\tb\t-\t-\td\n");
+    }
+
+    #[test]
+    fn partition_status_names_the_halt_reason() {
+        assert_eq!(partition_status(None), "running");
+        assert_eq!(partition_status(Some("record refused at offset 7")), "halted: record refused at offset 7");
     }
 
     #[test]

@@ -26,8 +26,22 @@
 //! escaping. The double form parses back to the same bits for every non-NaN value
 //! (`-0.0` included); NaN (which validation rejects anyway) keeps its payload. Records
 //! never hold `Null` values; were one to appear, its pair is skipped, not counted.
+//!
+//! ## Long pairs
+//!
+//! An output id is a key of the output collection's records, and database indexes have
+//! an entry size limit (PostgreSQL refuses B-tree entries above about 2.7 KB). When the
+//! encoding above is longer than [`MAX_OUTPUT_ID_BYTES`], the id is instead
+//! `<key, cut>=h:<tag>:<value, cut>~<sha256 of the full encoding, 64 hex digits>`: at
+//! most [`HASHED_KEY_BYTES`] bytes of the escaped key and as much of the encoded value
+//! as fits in the bound. The tag `h` never appears in a full encoding, so a hashed id
+//! never equals a full one, and two hashed ids are equal only if their full encodings
+//! are. [`parse_output_id`] returns `None` for hashed ids; the output record still holds
+//! the full key and value in its `key` and `value` fields.
 
 use std::collections::BTreeMap;
+
+use sha2::{Digest, Sha256};
 
 use super::registry::no_params;
 use super::{ChangeRef, Function, FunctionError, OutputDelta};
@@ -104,8 +118,62 @@ pub fn same_value(a: &MetaValue, b: &MetaValue) -> bool {
     }
 }
 
-/// The output id of a `(key, value)` pair (module doc for the encoding).
+/// Longest output id in bytes; a pair whose full encoding is longer gets a hashed id.
+pub const MAX_OUTPUT_ID_BYTES: usize = 256;
+/// Bytes of the escaped key kept in a hashed id.
+pub const HASHED_KEY_BYTES: usize = 64;
+/// `~` and 64 hex digits.
+const HASH_SUFFIX_BYTES: usize = 1 + 64;
+
+/// The output id of a `(key, value)` pair (module doc for the encoding), at most
+/// [`MAX_OUTPUT_ID_BYTES`] long.
 pub fn output_id(key: &str, value: &MetaValue) -> String {
+    let full = full_output_id(key, value);
+    if full.len() <= MAX_OUTPUT_ID_BYTES {
+        return full;
+    }
+    hashed_output_id(&full)
+}
+
+/// The largest prefix of `s` of at most `max` bytes that ends on a char boundary.
+fn cut(s: &str, max: usize) -> &str {
+    if s.len() <= max {
+        return s;
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
+}
+
+/// `full` is an encoding longer than the bound: readable prefix, tag `h`, hash.
+fn hashed_output_id(full: &str) -> String {
+    let (escaped_key, value) = full.split_once('=').expect("every encoding has a '='");
+    let mut key = cut(escaped_key, HASHED_KEY_BYTES);
+    // Do not leave half of a `%25` / `%3D` escape at the end.
+    if let Some(i) = key.rfind('%') {
+        if key.len() - i < 3 {
+            key = &key[..i];
+        }
+    }
+    let room = MAX_OUTPUT_ID_BYTES - key.len() - "=h:".len() - HASH_SUFFIX_BYTES;
+    let value = cut(value, room);
+    let digest = Sha256::digest(full.as_bytes());
+    let mut id = String::with_capacity(MAX_OUTPUT_ID_BYTES);
+    id.push_str(key);
+    id.push_str("=h:");
+    id.push_str(value);
+    id.push('~');
+    for b in digest.iter() {
+        id.push_str(&format!("{b:02x}"));
+    }
+    debug_assert!(id.len() <= MAX_OUTPUT_ID_BYTES);
+    id
+}
+
+/// The unbounded encoding `<escaped key>=<tag>:<value>`.
+fn full_output_id(key: &str, value: &MetaValue) -> String {
     let mut id = String::with_capacity(key.len() + 8);
     for c in key.chars() {
         match c {
@@ -257,6 +325,48 @@ mod tests {
         }
     }
 
+    #[test]
+    fn long_pairs_get_a_readable_prefix_and_a_hash() {
+        let fits = "v".repeat(MAX_OUTPUT_ID_BYTES - "k=s:".len());
+        assert_eq!(output_id("k", &MetaValue::String(fits.clone())), format!("k=s:{fits}"), "at the bound: full id");
+        let over = format!("{fits}w");
+        let id = output_id("k", &MetaValue::String(over.clone()));
+        assert_eq!(id.len(), MAX_OUTPUT_ID_BYTES);
+        assert!(id.starts_with("k=h:s:vvvv"), "{id}");
+        let digest = Sha256::digest(format!("k=s:{over}").as_bytes());
+        let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
+        assert!(id.ends_with(&format!("~{hex}")), "{id}");
+        assert_eq!(parse_output_id(&id), None);
+
+        // ~3 KB values that share their first kilobyte still get distinct ids.
+        let common = "x".repeat(1024);
+        let a = output_id("meta", &MetaValue::String(format!("{common}{}", "a".repeat(2000))));
+        let b = output_id("meta", &MetaValue::String(format!("{common}{}", "b".repeat(2000))));
+        assert_ne!(a, b);
+        assert!(a.len() <= MAX_OUTPUT_ID_BYTES && b.len() <= MAX_OUTPUT_ID_BYTES);
+
+        // A long key of escaped characters is cut before the hash, never mid-escape.
+        let id = output_id(&"=".repeat(1024), &MetaValue::Long(1));
+        assert!(id.len() <= MAX_OUTPUT_ID_BYTES);
+        let (key, _) = id.split_once("=h:").expect("hashed form");
+        assert!(key.len() <= HASHED_KEY_BYTES && key.len() % 3 == 0 && key.chars().all(|c| "%3D".contains(c)), "{key}");
+        // Multi-byte characters are cut on a boundary.
+        let id = output_id("k", &MetaValue::String("é".repeat(300)));
+        assert!(id.len() <= MAX_OUTPUT_ID_BYTES && id.contains("=h:s:é"));
+
+        // The delta carries the bounded id and the full pair in its fields.
+        let r = record(&[("meta", MetaValue::String("y".repeat(3000)))]);
+        let mut out = Vec::new();
+        Statistics.deltas(&ChangeRef { id: "r", before: None, after: Some(&r), offset: 2 }, &mut out);
+        match &out[..] {
+            [OutputDelta::Count { output_id: id, fields, delta: 1, .. }] => {
+                assert!(id.len() <= MAX_OUTPUT_ID_BYTES && id.starts_with("meta=h:s:y"), "{id}");
+                assert_eq!(fields, &pair_fields("meta", &MetaValue::String("y".repeat(3000))));
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+
     fn arb_value() -> impl Strategy<Value = MetaValue> {
         prop_oneof![
             any::<String>().prop_map(MetaValue::String),
@@ -279,8 +389,30 @@ mod tests {
         #[test]
         fn output_id_round_trips_bitwise(key in prop_oneof![any::<String>(), "[=%:a-c]{0,6}"], value in arb_value()) {
             let id = output_id(&key, &value);
+            prop_assume!(full_output_id(&key, &value).len() <= MAX_OUTPUT_ID_BYTES);
             let parsed = parse_output_id(&id).expect("own ids parse");
             prop_assert!(bits_eq(&parsed, &(key, value)), "{id:?} parsed to {parsed:?}");
+        }
+
+        /// Long pairs: bounded, never equal to a short pair's id, distinct for distinct pairs.
+        #[test]
+        fn long_pairs_get_bounded_distinct_ids(
+            key in prop_oneof!["[=%a-cé]{0,8}", "[=%a]{60,400}"],
+            a in "[ab~=é]{0,300}",
+            b in "[ab~=é]{0,300}",
+            n in any::<i64>(),
+        ) {
+            let ia = output_id(&key, &MetaValue::String(a.clone()));
+            let ib = output_id(&key, &MetaValue::String(b.clone()));
+            let il = output_id(&key, &MetaValue::Long(n));
+            for id in [&ia, &ib, &il] {
+                prop_assert!(id.len() <= MAX_OUTPUT_ID_BYTES, "{} bytes", id.len());
+            }
+            prop_assert_eq!(a == b, ia == ib);
+            prop_assert_ne!(&ia, &il);
+            prop_assert_eq!(output_id(&key, &MetaValue::String(a.clone())), ia.clone(), "deterministic");
+            let long = full_output_id(&key, &MetaValue::String(a.clone())).len() > MAX_OUTPUT_ID_BYTES;
+            prop_assert_eq!(parse_output_id(&ia).is_none(), long);
         }
     }
 }

@@ -16,8 +16,17 @@
 //!   a collection's dimension.
 //! - The dimension check against the collection's fixed dimension needs the sysdb and is
 //!   done by the processor, not here.
+//! - U+0000 is rejected in every string of a record (`collection_id`, `id`, metadata keys
+//!   and string values, the document, the backfill request and function ids): PostgreSQL
+//!   text cannot hold it while SQLite can, and a record must be accepted or refused the
+//!   same way whatever the backend. The error names the field.
+//! - `max_id_bytes` is capped at [`MAX_ID_BYTES_CAP`] (1024): the records table is keyed
+//!   by `(collection_id, id)`, and PostgreSQL refuses a B-tree entry larger than about
+//!   2.7 KB (SQLSTATE 54000). Two ids of 1024 bytes plus the tuple and varlena headers
+//!   stay below it; the other indexed text columns hold one such id plus short names
+//!   (function ids, bounded statistics output ids).
 
-use serde::Deserialize;
+use serde::{Deserialize, Deserializer};
 
 use super::{LogRecord, MetaValue, Operation};
 
@@ -26,8 +35,8 @@ use super::{LogRecord, MetaValue, Operation};
 #[serde(deny_unknown_fields)]
 pub struct Limits {
     /// Maximum length in bytes (UTF-8) of `collection_id`, `id` and each metadata key.
-    /// Default 1024.
-    #[serde(default = "Limits::default_max_id_bytes")]
+    /// Default 1024, which is also the most it may be set to ([`MAX_ID_BYTES_CAP`]).
+    #[serde(default = "Limits::default_max_id_bytes", deserialize_with = "capped_id_bytes")]
     pub max_id_bytes: usize,
     /// Maximum number of metadata keys in one log record (null values count). Default 64.
     #[serde(default = "Limits::default_max_metadata_keys")]
@@ -41,6 +50,21 @@ pub struct Limits {
     /// Maximum embedding dimension (number of f32 values). Default 65536.
     #[serde(default = "Limits::default_max_embedding_dim")]
     pub max_embedding_dim: usize,
+}
+
+/// The largest `max_id_bytes` accepted: `collection_id` and `id` together key the records
+/// table, and a key of two such ids stays under PostgreSQL's B-tree entry limit (about
+/// 2,700 bytes including headers).
+pub const MAX_ID_BYTES_CAP: usize = 1024;
+
+fn capped_id_bytes<'de, D: Deserializer<'de>>(d: D) -> Result<usize, D::Error> {
+    let v = usize::deserialize(d)?;
+    if v > MAX_ID_BYTES_CAP {
+        return Err(serde::de::Error::custom(format!(
+            "max_id_bytes = {v} is more than {MAX_ID_BYTES_CAP}: (collection_id, id) must fit in one PostgreSQL index entry"
+        )));
+    }
+    Ok(v)
 }
 
 impl Limits {
@@ -111,6 +135,10 @@ pub enum ValidationError {
     NonFiniteMetadataDouble { key: String },
     #[error("document is {len} bytes, more than the limit of {max}")]
     DocumentTooLarge { len: usize, max: usize },
+    /// `field` names where: `collection_id`, `id`, `metadata key`, `metadata value of
+    /// `<key>``, `document`, `backfill.request_id`, `backfill.function_id`.
+    #[error("{field} contains the character U+0000")]
+    NulCharacter { field: String },
 }
 
 impl ValidationError {
@@ -133,6 +161,7 @@ impl ValidationError {
             ValidationError::MetadataValueTooLarge { .. } => "metadata_value_too_large",
             ValidationError::NonFiniteMetadataDouble { .. } => "non_finite_metadata_double",
             ValidationError::DocumentTooLarge { .. } => "document_too_large",
+            ValidationError::NulCharacter { .. } => "nul_character",
         }
     }
 }
@@ -246,6 +275,44 @@ pub fn validate(record: &LogRecord, limits: &Limits) -> Result<(), ValidationErr
                 max: limits.max_document_bytes,
             });
         }
+    }
+    check_nul(record)
+}
+
+fn has_nul(s: &str) -> bool {
+    s.as_bytes().contains(&0)
+}
+
+/// The first string of `record` that holds U+0000, named.
+fn check_nul(record: &LogRecord) -> Result<(), ValidationError> {
+    let nul = |field: &str| Err(ValidationError::NulCharacter { field: field.to_string() });
+    if has_nul(&record.collection_id) {
+        return nul("collection_id");
+    }
+    if has_nul(&record.id) {
+        return nul("id");
+    }
+    if let Some(b) = &record.backfill {
+        if has_nul(&b.request_id) {
+            return nul("backfill.request_id");
+        }
+        if has_nul(&b.function_id) {
+            return nul("backfill.function_id");
+        }
+    }
+    for (key, value) in record.metadata.iter().flatten() {
+        if has_nul(key) {
+            // The key itself cannot be shown faithfully; its printable start can.
+            return nul(&format!("metadata key `{}`", short_key(&key.replace('\0', "\\0"))));
+        }
+        if let MetaValue::String(s) = value {
+            if has_nul(s) {
+                return nul(&format!("metadata value of `{}`", short_key(key)));
+            }
+        }
+    }
+    if record.document.as_deref().is_some_and(has_nul) {
+        return nul("document");
     }
     Ok(())
 }
@@ -494,6 +561,57 @@ mod tests {
     }
 
     #[test]
+    fn nul_characters_are_refused_in_every_string_and_the_field_is_named() {
+        let field = |r: &LogRecord| match validate(r, &Limits::default()) {
+            Err(ValidationError::NulCharacter { field }) => field,
+            other => panic!("expected NulCharacter, got {other:?}"),
+        };
+        let mut r = ok_record();
+        r.collection_id = "co\0ll".into();
+        assert_eq!(field(&r), "collection_id");
+        assert_eq!(kind_of(&r, &Limits::default()), "nul_character");
+        let mut r = ok_record();
+        r.id = "\0".into();
+        assert_eq!(field(&r), "id");
+        let mut r = ok_record();
+        r.id = "a\0b".into();
+        assert_eq!(field(&r), "id");
+        let mut r = ok_record();
+        r.metadata.as_mut().unwrap().insert("k\0".into(), MetaValue::Long(1));
+        assert_eq!(field(&r), "metadata key `k\\0`");
+        let mut r = ok_record();
+        r.metadata.as_mut().unwrap().insert("s".into(), MetaValue::String("x\0".into()));
+        assert_eq!(field(&r), "metadata value of `s`");
+        let mut r = ok_record();
+        r.document = Some("end\0".into());
+        assert_eq!(field(&r), "document");
+        for (which, name) in [(0, "backfill.request_id"), (1, "backfill.function_id")] {
+            let mut r = marker();
+            let b = r.backfill.as_mut().unwrap();
+            if which == 0 {
+                b.request_id.push('\0');
+            } else {
+                b.function_id.push('\0');
+            }
+            assert_eq!(field(&r), name);
+        }
+        // Other control characters are fine: only U+0000 is unrepresentable.
+        let mut r = ok_record();
+        r.id = "a\u{1}b\u{7f}".into();
+        r.document = Some("\u{1}".into());
+        assert_eq!(validate(&r, &Limits::default()), Ok(()));
+    }
+
+    #[test]
+    fn max_id_bytes_cannot_exceed_what_an_index_entry_holds() {
+        let at_cap: Limits = toml::from_str("max_id_bytes = 1024").expect("the cap itself");
+        assert_eq!(at_cap.max_id_bytes, MAX_ID_BYTES_CAP);
+        let err = toml::from_str::<Limits>("max_id_bytes = 1025").expect_err("above the cap");
+        assert!(err.to_string().contains("max_id_bytes"), "{err}");
+        assert!(Limits::default().max_id_bytes <= MAX_ID_BYTES_CAP);
+    }
+
+    #[test]
     fn kinds_are_distinct_snake_case_labels() {
         let errors = [
             ValidationError::EmptyCollectionId,
@@ -524,6 +642,7 @@ mod tests {
             },
             ValidationError::NonFiniteMetadataDouble { key: String::new() },
             ValidationError::DocumentTooLarge { len: 0, max: 0 },
+            ValidationError::NulCharacter { field: String::new() },
         ];
         let kinds: std::collections::BTreeSet<_> =
             errors.iter().map(ValidationError::kind).collect();

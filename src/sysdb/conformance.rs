@@ -10,7 +10,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
 
 use super::codec::metadata_bit_eq;
-use super::{BatchCommit, CollectionRow, CollectionUpdate, CommitReport, Sysdb, SysdbError};
+use super::{BatchCommit, CollectionRow, CollectionUpdate, CommitReport, ErrorClass, PartitionState, Sysdb, SysdbError};
 use crate::positions::{IncompatibleDelta, PositionDelta};
 use crate::record::{MetaValue, Metadata, Record};
 
@@ -75,6 +75,8 @@ pub async fn run_all(db: &Sysdb) {
     concurrent_commits_with_the_same_from(db).await;
     gaps_move_the_position_and_are_listed(db).await;
     reset_is_audited_and_returns_the_previous_value(db).await;
+    halts_are_stored_listed_and_cleared_by_a_reset(db).await;
+    refused_values_are_record_errors_that_leave_the_position(db).await;
     list_records_pages_in_id_order(db).await;
     get_records_returns_only_present_ids(db).await;
     get_records_many_reads_several_collections_at_once(db).await;
@@ -351,6 +353,100 @@ pub async fn reset_is_audited_and_returns_the_previous_value(db: &Sysdb) {
     db.commit_batch(&batch(&topic, 2, 40, 45, vec![])).await.expect("batch from the reset position");
     assert!(db.reset_position(&topic, 2, -1, "x", "y").await.is_err(), "negative reset accepted");
     assert_eq!(db.resets(&topic).await.expect("resets").len(), 2, "a refused reset was audited");
+}
+
+/// `set_partition_halted` stores and clears a halt, keeps the start time of a halt that
+/// goes on, never touches `next_offset`, and `reset_position` clears it.
+pub async fn halts_are_stored_listed_and_cleared_by_a_reset(db: &Sysdb) {
+    let topic = unique("halt");
+    let state = |partition: i32, next_offset: i64, reason: Option<&str>, at: Option<i64>| PartitionState {
+        partition,
+        next_offset,
+        halted_reason: reason.map(str::to_string),
+        halted_at_ms: at,
+    };
+    assert!(db.partition_states(&topic).await.expect("states").is_empty());
+    db.init_position(&topic, 1, 7).await.expect("init p1");
+    db.init_position(&topic, 0, 3).await.expect("init p0");
+    assert_eq!(db.partition_states(&topic).await.expect("states"), [state(0, 3, None, None), state(1, 7, None, None)], "new rows run");
+
+    db.set_partition_halted(&topic, 1, Some("record refused: id holds U+0000")).await.expect("halt");
+    let states = db.partition_states(&topic).await.expect("states");
+    let at = states[1].halted_at_ms.expect("a halt has a time");
+    assert!(at > 0);
+    assert_eq!(states, [state(0, 3, None, None), state(1, 7, Some("record refused: id holds U+0000"), Some(at))]);
+
+    // A halt that goes on keeps its start; a batch still commits past it if asked to.
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    db.set_partition_halted(&topic, 1, Some("still refused")).await.expect("halt again");
+    assert_eq!(db.partition_states(&topic).await.expect("states")[1], state(1, 7, Some("still refused"), Some(at)));
+    db.commit_batch(&batch(&topic, 1, 7, 9, vec![])).await.expect("commit on a halted partition");
+    assert_eq!(db.partition_states(&topic).await.expect("states")[1], state(1, 9, Some("still refused"), Some(at)), "a commit changed the halt");
+
+    db.set_partition_halted(&topic, 1, None).await.expect("clear");
+    assert_eq!(db.partition_states(&topic).await.expect("states")[1], state(1, 9, None, None));
+    db.set_partition_halted(&topic, 1, None).await.expect("clearing twice is fine");
+
+    db.set_partition_halted(&topic, 0, Some("operator look")).await.expect("halt p0");
+    assert_eq!(db.reset_position(&topic, 0, 2, "ops", "skip back").await.expect("reset"), Some(3));
+    assert_eq!(db.partition_states(&topic).await.expect("states"), [state(0, 2, None, None), state(1, 9, None, None)], "reset kept the halt");
+
+    assert!(db.set_partition_halted(&topic, 5, Some("x")).await.is_err(), "halted a partition without a row");
+    db.set_partition_halted(&topic, 5, None).await.expect("clearing a missing row is a no-op");
+    assert_eq!(db.partition_states(&topic).await.expect("states").len(), 2, "a halt created a row");
+    assert_eq!(db.positions(&topic).await.expect("positions"), HashMap::from([(0, 2), (1, 9)]));
+}
+
+/// Incompressible text of `len` ASCII bytes (hex of a SHA-256 chain): a database cannot
+/// shrink it below the index entry limit.
+fn incompressible(len: usize) -> String {
+    use sha2::{Digest, Sha256};
+    let mut out = String::with_capacity(len + 64);
+    let mut block = Sha256::digest(unique("seed").as_bytes());
+    while out.len() < len {
+        for b in block.iter() {
+            out.push_str(&format!("{b:02x}"));
+        }
+        block = Sha256::digest(block);
+    }
+    out.truncate(len);
+    out
+}
+
+/// Values the database itself refuses: on PostgreSQL an id with U+0000 (text cannot
+/// hold it) and an id too large for the primary key's B-tree entry. The error is of class
+/// `Record`, nothing of the batch is written and the position stays; a batch from the
+/// same offset without the record then commits. SQLite stores both, which is why
+/// validation refuses U+0000 before any backend sees it.
+pub async fn refused_values_are_record_errors_that_leave_the_position(db: &Sysdb) {
+    let topic = unique("refused");
+    let coll = unique("coll");
+    db.init_position(&topic, 0, 10).await.expect("init");
+    let bad_ids = [format!("nul\0{}", unique("id")), incompressible(4000)];
+    for bad in &bad_ids {
+        let commit = db
+            .commit_batch(&batch(&topic, 0, 10, 12, vec![update(&coll, 0, None, 11, 2, vec![upsert(record("good", 10, None)), upsert(record(bad, 11, None))])]))
+            .await;
+        match db.backend() {
+            "postgres" => {
+                let err = commit.err().unwrap_or_else(|| panic!("postgres stored the id {:?}", &bad[..8]));
+                assert_eq!(err.class(), ErrorClass::Record, "{err}");
+                assert!(matches!(err, SysdbError::Rejected { .. }), "{err:?}");
+                assert!(!err.is_retryable());
+                assert_eq!(db.positions(&topic).await.expect("positions"), HashMap::from([(0, 10)]), "a refused batch moved the position");
+                assert_eq!(db.collection(&coll).await.expect("collection"), None, "a refused batch created its collection");
+            }
+            _ => {
+                commit.expect("sqlite stores any text");
+                db.reset_position(&topic, 0, 10, "conformance", "again").await.expect("reset");
+            }
+        }
+    }
+    db.commit_batch(&batch(&topic, 0, 10, 12, vec![update(&coll, 0, None, 11, 1, vec![upsert(record("good", 10, None))])]))
+        .await
+        .expect("the batch without the refused record commits");
+    assert_eq!(db.positions(&topic).await.expect("positions"), HashMap::from([(0, 12)]));
+    assert!(all_records(db, &coll).await.iter().any(|r| r.id == "good"));
 }
 
 pub async fn list_records_pages_in_id_order(db: &Sysdb) {

@@ -34,8 +34,27 @@ use crate::functions::{Function, FunctionStatus, OutputDelta};
 use crate::positions::{IncompatibleDelta, PositionDelta};
 use crate::record::Record;
 
-/// Errors of the sysdb, classified: a CAS conflict is an expected outcome (another replica
-/// or an operator moved the partition); `Unavailable` is retryable; the rest are not.
+/// What a caller can do about a [`SysdbError`] (see [`SysdbError::class`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorClass {
+    /// The compare-and-set failed: another replica or an operator moved the partition.
+    /// Nothing was written; the batch must be dropped, not retried.
+    Conflict,
+    /// The database cannot be reached, is overloaded, locked or read-only right now:
+    /// retry the same batch with backoff.
+    Transient,
+    /// The database refused a value of this batch (bad text, an index entry too large):
+    /// retrying the same batch cannot help, a batch without the offending record can
+    /// succeed.
+    Record,
+    /// Configuration or an unexpected database error: retrying will not help and the
+    /// fault is not in one record.
+    Fatal,
+}
+
+/// Errors of the sysdb, classified by [`SysdbError::class`]: a CAS conflict is an
+/// expected outcome (another replica or an operator moved the partition); `Unavailable`
+/// is retryable; `Rejected` points at the batch's data; the rest are not retryable.
 #[derive(Debug, Error)]
 pub enum SysdbError {
     #[error(transparent)]
@@ -43,6 +62,10 @@ pub enum SysdbError {
     /// The database cannot be reached or is read-only right now; retry with backoff.
     #[error("sysdb unavailable ({backend}): {message}")]
     Unavailable { backend: &'static str, message: String },
+    /// The database refused a value of this batch; retrying cannot help, another batch
+    /// without the offending record can succeed.
+    #[error("sysdb rejected a value ({backend}): {message}")]
+    Rejected { backend: &'static str, message: String },
     /// The sysdb URL or its contents are not usable (bad URL, schema from a newer version).
     #[error("sysdb configuration: {0}")]
     Config(String),
@@ -52,8 +75,18 @@ pub enum SysdbError {
 }
 
 impl SysdbError {
+    pub fn class(&self) -> ErrorClass {
+        match self {
+            SysdbError::Conflict(_) => ErrorClass::Conflict,
+            SysdbError::Unavailable { .. } => ErrorClass::Transient,
+            SysdbError::Rejected { .. } => ErrorClass::Record,
+            SysdbError::Config(_) | SysdbError::Database { .. } => ErrorClass::Fatal,
+        }
+    }
+
+    /// `class() == ErrorClass::Transient`.
     pub fn is_retryable(&self) -> bool {
-        matches!(self, SysdbError::Unavailable { .. })
+        self.class() == ErrorClass::Transient
     }
 }
 
@@ -231,6 +264,17 @@ pub struct PartitionPosition {
     pub next_offset: i64,
 }
 
+/// A partition's stored state: position and halt (`offsets show`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PartitionState {
+    pub partition: i32,
+    pub next_offset: i64,
+    /// Why the partition is halted; `None` = running.
+    pub halted_reason: Option<String>,
+    /// When the current halt began (ms since the Unix epoch); `None` when running.
+    pub halted_at_ms: Option<i64>,
+}
+
 /// A recorded data-loss gap (`on_data_loss = "skip"`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct GapRow {
@@ -310,6 +354,20 @@ impl Sysdb {
     /// `next_offset` of each partition of `topic` that has a row.
     pub async fn positions(&self, topic: &str) -> Result<HashMap<i32, i64>> {
         dispatch!(self, s => s.positions(topic).await)
+    }
+
+    /// Every partition row of `topic`, ordered by partition, with its halt.
+    pub async fn partition_states(&self, topic: &str) -> Result<Vec<PartitionState>> {
+        dispatch!(self, s => s.partition_states(topic).await)
+    }
+
+    /// Mark the partition halted with `reason` (`Some`), or running again (`None`).
+    /// Halting an already halted partition replaces the reason and keeps the time the
+    /// halt began. The partition's row must exist (it does once its position was
+    /// initialized): halting a partition without one is a `Database` error, clearing it
+    /// is a no-op. `next_offset` is not touched.
+    pub async fn set_partition_halted(&self, topic: &str, partition: i32, reason: Option<&str>) -> Result<()> {
+        dispatch!(self, s => s.set_partition_halted(topic, partition, reason).await)
     }
 
     /// Create the partition's row with `next_offset` if none exists; returns the stored
@@ -422,8 +480,9 @@ impl Sysdb {
         dispatch!(self, s => s.gaps(topic).await)
     }
 
-    /// Operator override of a partition's `next_offset`, audited in the same transaction.
-    /// Returns the previous value (None if there was no row).
+    /// Operator override of a partition's `next_offset`, audited in the same transaction,
+    /// which also clears the partition's halt. Returns the previous value (None if there
+    /// was no row).
     pub async fn reset_position(&self, topic: &str, partition: i32, to: i64, actor: &str, reason: &str) -> Result<Option<i64>> {
         dispatch!(self, s => s.reset_position(topic, partition, to, actor, reason).await)
     }
@@ -460,6 +519,21 @@ pub(crate) fn now_ms() -> i64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_error_has_one_class_and_only_transient_is_retryable() {
+        let cases = [
+            (SysdbError::Conflict(IncompatibleDelta::Missing { partition: 0, expected: 1 }), ErrorClass::Conflict),
+            (SysdbError::Unavailable { backend: "x", message: String::new() }, ErrorClass::Transient),
+            (SysdbError::Rejected { backend: "x", message: String::new() }, ErrorClass::Record),
+            (SysdbError::Config(String::new()), ErrorClass::Fatal),
+            (SysdbError::Database { backend: "x", message: String::new() }, ErrorClass::Fatal),
+        ];
+        for (e, class) in cases {
+            assert_eq!(e.class(), class, "{e:?}");
+            assert_eq!(e.is_retryable(), class == ErrorClass::Transient, "{e:?}");
+        }
+    }
 
     #[test]
     fn redacts_passwords() {

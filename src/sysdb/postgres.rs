@@ -35,7 +35,7 @@ use tokio_postgres::NoTls;
 
 use super::codec::{decode_record, encode_embedding, encode_metadata};
 use super::schema;
-use super::{now_ms, redact_url, BatchCommit, CollectionRow, CommitReport, GapRow, ResetRow, Result, SysdbError};
+use super::{now_ms, redact_url, BatchCommit, CollectionRow, CommitReport, GapRow, PartitionState, ResetRow, Result, SysdbError};
 use crate::positions::{IncompatibleDelta, PositionDelta};
 use crate::record::Record;
 
@@ -83,7 +83,19 @@ fn is_transient_state(code: &SqlState) -> bool {
         || code.starts_with("53") // insufficient resources (too many connections, disk full)
         || matches!(code, "57P01" | "57P02" | "57P03") // admin / crash shutdown, cannot connect now
         || matches!(code, "40001" | "40P01") // serialization failure, deadlock
+        || code == "55P03" // lock not available (lock_timeout)
+        || code == "25P03" // idle-in-transaction session timeout: the session was ended
         || code == "25006" // read-only transaction: a standby after failover
+}
+
+/// Whether `code` says the database refused a *value* it was given: class 22 (data
+/// exception: invalid text such as U+0000 or bad UTF-8 (22021), a string too long for its
+/// column (22001), a number out of range) and 54000 (program limit exceeded: an index
+/// entry larger than a B-tree page allows). The same statement with other values can
+/// succeed; retrying it with these cannot.
+fn is_record_state(code: &SqlState) -> bool {
+    let code = code.code();
+    code.starts_with("22") || code == "54000"
 }
 
 /// Retried once inside the call before being reported.
@@ -97,6 +109,9 @@ impl From<tokio_postgres::Error> for SysdbError {
         if let Some(code) = e.code() {
             if is_transient_state(code) {
                 return SysdbError::Unavailable { backend: BACKEND, message };
+            }
+            if is_record_state(code) {
+                return SysdbError::Rejected { backend: BACKEND, message };
             }
             // Wrong credentials or database: the URL is at fault.
             if code.code().starts_with("28") || *code == SqlState::INVALID_CATALOG_NAME {
@@ -402,6 +417,38 @@ impl PostgresSysdb {
         Ok(client.query(&stmt, &[&topic]).await?.iter().map(|r| (r.get(0), r.get(1))).collect())
     }
 
+    pub async fn partition_states(&self, topic: &str) -> Result<Vec<PartitionState>> {
+        let client = self.client().await?;
+        let rows = client
+            .query(
+                "SELECT partition, next_offset, halted_reason, halted_at_ms FROM partitions WHERE topic = $1 ORDER BY partition",
+                &[&topic],
+            )
+            .await?;
+        Ok(rows
+            .iter()
+            .map(|r| PartitionState { partition: r.get(0), next_offset: r.get(1), halted_reason: r.get(2), halted_at_ms: r.get(3) })
+            .collect())
+    }
+
+    pub async fn set_partition_halted(&self, topic: &str, partition: i32, reason: Option<&str>) -> Result<()> {
+        let client = self.client().await?;
+        // A halt that goes on keeps its start time; clearing resets both columns.
+        let changed = client
+            .execute(
+                "UPDATE partitions SET
+                     halted_at_ms = CASE WHEN $3::text IS NULL THEN NULL WHEN halted_reason IS NULL THEN $4 ELSE halted_at_ms END,
+                     halted_reason = $3::text
+                 WHERE topic = $1 AND partition = $2",
+                &[&topic, &partition, &reason, &now_ms()],
+            )
+            .await?;
+        if changed == 0 && reason.is_some() {
+            return Err(invalid(format!("cannot halt partition {partition} of {topic:?}: it has no position row")));
+        }
+        Ok(())
+    }
+
     pub async fn init_position(&self, topic: &str, partition: i32, next_offset: i64) -> Result<i64> {
         if next_offset < 0 {
             return Err(invalid(format!("partition {partition}: next_offset {next_offset} is negative")));
@@ -559,6 +606,11 @@ impl PostgresSysdb {
         let now = now_ms();
         tx.execute(UPSERT_POSITION, &[&topic, &partition, &to, &now]).await?;
         tx.execute(
+            "UPDATE partitions SET halted_reason = NULL, halted_at_ms = NULL WHERE topic = $1 AND partition = $2",
+            &[&topic, &partition],
+        )
+        .await?;
+        tx.execute(
             "INSERT INTO offset_resets (topic, partition, from_offset, to_offset, actor, reason, at_ms)
              VALUES ($1, $2, $3, $4, $5, $6, $7)",
             &[&topic, &partition, &previous, &to, &actor, &reason, &now],
@@ -628,6 +680,30 @@ mod tests {
         assert_eq!(rows.up_ids, ["b"]);
         assert_eq!(rows.up_offsets, [8]);
         assert_eq!(rows.del_ids, ["a"]);
+    }
+
+    #[test]
+    fn sqlstates_are_classified() {
+        use crate::sysdb::ErrorClass;
+        let class = |code: &str| {
+            let state = SqlState::from_code(code);
+            if is_transient_state(&state) {
+                ErrorClass::Transient
+            } else if is_record_state(&state) {
+                ErrorClass::Record
+            } else {
+                ErrorClass::Fatal
+            }
+        };
+        for code in ["08006", "08001", "40001", "40P01", "55P03", "57P01", "57P02", "57P03", "53300", "53100", "25P03", "25006"] {
+            assert_eq!(class(code), ErrorClass::Transient, "{code}");
+        }
+        for code in ["22021", "22001", "22003", "22P02", "54000"] {
+            assert_eq!(class(code), ErrorClass::Record, "{code}");
+        }
+        for code in ["42P01", "23505", "XX000", "42703", "54001"] {
+            assert_eq!(class(code), ErrorClass::Fatal, "{code}");
+        }
     }
 
     #[tokio::test]

@@ -38,6 +38,10 @@
 //!   aggregate outputs (`OutputDelta::Count`).
 //! * `tombstones(collection_id, id, last_offset)` — versioned removals of map outputs
 //!   while a backfill runs (dropped when it finishes).
+//!
+//! Step 3, visible halts: `partitions.halted_reason` (text, NULL = running) and
+//! `partitions.halted_at_ms` (when the current halt began), so an operator sees from
+//! the sysdb alone which partition stopped and why.
 
 use super::SysdbError;
 
@@ -180,6 +184,14 @@ CREATE TABLE tombstones (
 ) WITHOUT ROWID;
 "#,
     },
+    Migration {
+        version: 3,
+        description: "partition halts: halted_reason, halted_at_ms",
+        sql: r#"
+ALTER TABLE partitions ADD COLUMN halted_reason TEXT NULL;
+ALTER TABLE partitions ADD COLUMN halted_at_ms INTEGER NULL;
+"#,
+    },
 ];
 
 /// PostgreSQL steps.
@@ -309,6 +321,13 @@ CREATE TABLE tombstones (
     last_offset   BIGINT NOT NULL,
     PRIMARY KEY (collection_id, id)
 );
+"#,
+    },
+    Migration {
+        version: 3,
+        description: "partition halts: halted_reason, halted_at_ms",
+        sql: r#"
+ALTER TABLE partitions ADD COLUMN halted_reason TEXT NULL, ADD COLUMN halted_at_ms BIGINT NULL;
 "#,
     },
 ];

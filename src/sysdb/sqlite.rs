@@ -6,6 +6,7 @@
 //! versa, so admin reads do not queue behind a batch commit). Several processes may share
 //! the file: writes take the database lock up front (`BEGIN IMMEDIATE`) and wait for it
 //! up to `busy_timeout`; a writer that still cannot get it gets `Unavailable` (retry).
+//! What one file supports and what `synchronous = NORMAL` can cost: `docs/sqlite.md`.
 //!
 //! The compare-and-set of [`commit_batch`](SqliteSysdb::commit_batch) reads the
 //! partition's `next_offset` *inside* the `BEGIN IMMEDIATE` transaction, i.e. while
@@ -21,7 +22,7 @@ use rusqlite::{params, Connection, ErrorCode, OptionalExtension, TransactionBeha
 
 use super::codec::{decode_record, encode_metadata};
 use super::schema;
-use super::{now_ms, BatchCommit, CollectionRow, CommitReport, GapRow, ResetRow, Result, SysdbError};
+use super::{now_ms, BatchCommit, CollectionRow, CommitReport, GapRow, PartitionState, ResetRow, Result, SysdbError};
 use crate::positions::PositionDelta;
 use crate::record::Record;
 
@@ -70,8 +71,16 @@ impl From<rusqlite::Error> for SysdbError {
                     | ErrorCode::DiskFull
             )
         );
+        // A value the database refuses (a string or blob over SQLite's length limit, a
+        // constraint a value breaks, a type mismatch): another batch can succeed.
+        let rejected = matches!(
+            e.sqlite_error_code(),
+            Some(ErrorCode::TooBig | ErrorCode::ConstraintViolation | ErrorCode::TypeMismatch)
+        );
         if retryable {
             SysdbError::Unavailable { backend: BACKEND, message: e.to_string() }
+        } else if rejected {
+            SysdbError::Rejected { backend: BACKEND, message: e.to_string() }
         } else {
             SysdbError::Database { backend: BACKEND, message: e.to_string() }
         }
@@ -207,6 +216,13 @@ fn write_next_offset(conn: &Connection, topic: &str, partition: i32, next_offset
     .execute(params![topic, partition, next_offset, now])?;
     Ok(())
 }
+
+/// Sets or clears a halt (?3 = reason or NULL, ?4 = now); a halt that goes on keeps its
+/// start time.
+const HALT_SQL: &str = "UPDATE partitions SET
+        halted_at_ms = CASE WHEN ?3 IS NULL THEN NULL WHEN halted_reason IS NULL THEN ?4 ELSE halted_at_ms END,
+        halted_reason = ?3
+     WHERE topic = ?1 AND partition = ?2";
 
 fn invalid(message: String) -> SysdbError {
     SysdbError::Database { backend: BACKEND, message }
@@ -391,6 +407,32 @@ impl SqliteSysdb {
         .await
     }
 
+    pub async fn partition_states(&self, topic: &str) -> Result<Vec<PartitionState>> {
+        let topic = topic.to_string();
+        self.read(move |c| {
+            let mut stmt = c.prepare_cached(
+                "SELECT partition, next_offset, halted_reason, halted_at_ms FROM partitions WHERE topic = ?1 ORDER BY partition",
+            )?;
+            let rows = stmt.query_map([&topic], |r| {
+                Ok(PartitionState { partition: r.get(0)?, next_offset: r.get(1)?, halted_reason: r.get(2)?, halted_at_ms: r.get(3)? })
+            })?;
+            Ok(rows.collect::<rusqlite::Result<Vec<_>>>()?)
+        })
+        .await
+    }
+
+    pub async fn set_partition_halted(&self, topic: &str, partition: i32, reason: Option<&str>) -> Result<()> {
+        let (topic, reason) = (topic.to_string(), reason.map(str::to_string));
+        self.write(move |c| {
+            let changed = c.prepare_cached(HALT_SQL)?.execute(params![topic, partition, reason, now_ms()])?;
+            if changed == 0 && reason.is_some() {
+                return Err(invalid(format!("cannot halt partition {partition} of {topic:?}: it has no position row")));
+            }
+            Ok(())
+        })
+        .await
+    }
+
     pub async fn init_position(&self, topic: &str, partition: i32, next_offset: i64) -> Result<i64> {
         if next_offset < 0 {
             return Err(invalid(format!("partition {partition}: next_offset {next_offset} is negative")));
@@ -554,6 +596,10 @@ impl SqliteSysdb {
             let now = now_ms();
             write_next_offset(&tx, &topic, partition, to, now)?;
             tx.execute(
+                "UPDATE partitions SET halted_reason = NULL, halted_at_ms = NULL WHERE topic = ?1 AND partition = ?2",
+                params![topic, partition],
+            )?;
+            tx.execute(
                 "INSERT INTO offset_resets (topic, partition, from_offset, to_offset, actor, reason, at_ms)
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
                 params![topic, partition, previous, to, actor, reason, now],
@@ -667,6 +713,46 @@ mod tests {
         assert_eq!(busy, 5000);
     }
 
+    /// Another connection (here a raw one; in practice another process on the same file)
+    /// holds the write lock: a commit waits at most the busy timeout, then reports
+    /// `Unavailable` (transient) with nothing written, and succeeds once the lock is gone.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_write_lock_held_elsewhere_is_unavailable_after_the_busy_timeout() {
+        use crate::sysdb::{CollectionUpdate, ErrorClass};
+        let dir = tempfile::tempdir().unwrap();
+        let (db, _) = open_file(&dir).await;
+        db.init_position("t", 0, 0).await.unwrap();
+        let batch = BatchCommit {
+            topic: "t".into(),
+            delta: PositionDelta::new(0, 0, 3).unwrap(),
+            collections: vec![CollectionUpdate {
+                id: "c".into(),
+                partition: 0,
+                dimension: None,
+                log_position: 2,
+                record_count_delta: 1,
+                writes: vec![("a".into(), Some(Record { id: "a".into(), embedding: None, metadata: Default::default(), document: None, offset: 2 }))],
+            }],
+            functions: Vec::new(),
+        };
+
+        let holder = Connection::open(dir.path().join("sysdb.sqlite")).unwrap();
+        holder.execute_batch("BEGIN IMMEDIATE").unwrap();
+        let started = std::time::Instant::now();
+        let outcome = tokio::time::timeout(BUSY_TIMEOUT * 3, db.commit_batch(&batch)).await.expect("the commit blocked past the busy timeout");
+        let waited = started.elapsed();
+        let err = outcome.expect_err("committed while another connection held the write lock");
+        assert_eq!(err.class(), ErrorClass::Transient, "{err}");
+        assert!(matches!(err, SysdbError::Unavailable { .. }), "{err:?}");
+        assert!(waited >= BUSY_TIMEOUT - Duration::from_millis(500), "gave up after {waited:?}, before the busy timeout");
+        assert_eq!(db.positions("t").await.unwrap(), HashMap::from([(0, 0)]), "position moved");
+        assert_eq!(db.collection("c").await.unwrap(), None, "collection written");
+
+        holder.execute_batch("ROLLBACK").unwrap();
+        db.commit_batch(&batch).await.expect("commit after the lock is released");
+        assert_eq!(db.positions("t").await.unwrap(), HashMap::from([(0, 3)]));
+    }
+
     #[tokio::test]
     async fn an_unopenable_path_is_unavailable_not_a_panic() {
         match SqliteSysdb::open("/nonexistent-dir-for-sluice-tests/sub/sysdb.sqlite").await {
@@ -677,6 +763,17 @@ mod tests {
 
     #[test]
     fn busy_and_io_errors_are_retryable() {
+        use crate::sysdb::ErrorClass;
+        let class = |code| SysdbError::from(rusqlite::Error::SqliteFailure(rusqlite::ffi::Error::new(code), None)).class();
+        for code in [rusqlite::ffi::SQLITE_BUSY, rusqlite::ffi::SQLITE_LOCKED, rusqlite::ffi::SQLITE_READONLY, rusqlite::ffi::SQLITE_FULL, rusqlite::ffi::SQLITE_IOERR] {
+            assert_eq!(class(code), ErrorClass::Transient, "{code}");
+        }
+        for code in [rusqlite::ffi::SQLITE_TOOBIG, rusqlite::ffi::SQLITE_CONSTRAINT, rusqlite::ffi::SQLITE_MISMATCH] {
+            assert_eq!(class(code), ErrorClass::Record, "{code}");
+        }
+        for code in [rusqlite::ffi::SQLITE_CORRUPT, rusqlite::ffi::SQLITE_ERROR] {
+            assert_eq!(class(code), ErrorClass::Fatal, "{code}");
+        }
         let busy = rusqlite::Error::SqliteFailure(rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_BUSY), None);
         assert!(SysdbError::from(busy).is_retryable());
         let constraint = rusqlite::Error::SqliteFailure(rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_CONSTRAINT), None);
