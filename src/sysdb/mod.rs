@@ -92,23 +92,6 @@ impl SysdbError {
 
 pub type Result<T, E = SysdbError> = std::result::Result<T, E>;
 
-// MERGE-SHIM-BEGIN
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ErrorClass { Conflict, Transient, Record, Fatal }
-impl SysdbError {
-    pub fn class(&self) -> ErrorClass {
-        match self {
-            SysdbError::Conflict(_) => ErrorClass::Conflict,
-            SysdbError::Unavailable { .. } => ErrorClass::Transient,
-            SysdbError::Database { message, .. } if message.contains("0x00") => ErrorClass::Record,
-            _ => ErrorClass::Fatal,
-        }
-    }
-}
-impl Sysdb {
-    pub async fn set_partition_halted(&self, _topic: &str, _partition: i32, _reason: Option<&str>) -> Result<()> { Ok(()) }
-}
-// MERGE-SHIM-END
 
 /// A collection as the sysdb knows it.
 #[derive(Debug, Clone, PartialEq, Eq)]
