@@ -264,6 +264,24 @@ fn check(manifest_path: &str) {
             failures.push(format!("replica {} generation {}: {how}, exit code {}", x["replica"], x["generation"], x["code"]));
         }
     }
+    // The chaos happened: at least one of every kind of event.
+    for event in [
+        "kills",
+        "freezes_beyond_session_timeout",
+        "graceful_restarts",
+        "restarts_after_kill",
+        "plain_records",
+        "idempotent_records",
+        "transactions_committed",
+        "transactions_aborted",
+        "hostile_records",
+        "attaches",
+        "detaches",
+    ] {
+        if run.m["figures"][event].as_u64().unwrap_or(0) == 0 {
+            failures.push(format!("the run had no {event}: figures {}", run.m["figures"]));
+        }
+    }
     if run.m["settled"] != true {
         failures.push(format!("not settled: positions and functions stopped moving short of the end state; last seen {}", run.m["final_state"]));
     }
@@ -420,6 +438,10 @@ fn check(manifest_path: &str) {
         if let Some(d) = diff(&format!("{function} output {output} of {collection}"), &expected, &actual) {
             failures.push(d);
         }
+    }
+
+    if outputs_checked == 0 {
+        failures.push("no attached function was left attached: no output compared".into());
     }
 
     // Positions: the sysdb has consumed each partition up to its high watermark.

@@ -437,6 +437,8 @@ class Run:
         rng = random.Random(self.args.seed + 6)
         next_action = time.monotonic() + rng.uniform(2, 5)
         next_function = time.monotonic() + rng.uniform(3, 8)
+        scripted = [0.0, 0.5 + 0.01, 0.9]     # kill -9, a freeze, a graceful restart
+        functions_scripted = ["attach", "attach", "detach"]
         while time.monotonic() < deadline:
             now = time.monotonic()
             for i in range(self.args.replicas):
@@ -450,12 +452,14 @@ class Run:
                 running = [i for i in range(self.args.replicas) if self.replicas[i] is not None and self.frozen_until[i] is None]
                 if running:
                     i = rng.choice(running)
-                    a = rng.random()
+                    # The first three actions are one of each kind, so that even a short
+                    # run has them all; then at random.
+                    a = scripted.pop(0) if scripted else rng.random()
                     if a < 0.4:
                         log(f"kill -9 replica {i}")
                         self.kill9(i)
                     elif a < 0.75:
-                        secs = rng.choice([rng.uniform(1, 5), rng.uniform(7, 12)])
+                        secs = rng.uniform(7, 12) if self.fig.snapshot().get("freezes", 0) == 0 else rng.choice([rng.uniform(1, 5), rng.uniform(7, 12)])
                         log(f"SIGSTOP replica {i} for {secs:.1f}s")
                         self.freeze(i, secs)
                     else:
@@ -465,11 +469,12 @@ class Run:
                         self.fig.add("graceful_restarts")
                 next_action = now + rng.uniform(2, 6)
             if now >= next_function:
-                if rng.random() < 0.7 or not any(not f["detached"] for f in self.functions):
+                what = functions_scripted.pop(0) if functions_scripted else ("attach" if rng.random() < 0.7 else "detach")
+                if what == "attach" or not any(not f["detached"] for f in self.functions):
                     self.attach(rng)
                 else:
                     self.detach(rng)
-                next_function = now + rng.uniform(5, 15)
+                next_function = now + (rng.uniform(4, 8) if functions_scripted else rng.uniform(5, 15))
             time.sleep(0.1)
 
     def settle(self):
@@ -540,11 +545,18 @@ class Run:
             if self.replicas[i] is not None:
                 self.terminate(i)
         halted = []
+        events = {"log_cas_refusals": "batch refused by the sysdb compare-and-set",
+                  "log_partitions_revoked": "revoked partitions",
+                  "log_dlq_lines": "record sent to the DLQ",
+                  "log_backfills_finished": "backfill finished"}
         for path in self.logs:
             with open(path, errors="replace") as f:
                 for line in f:
                     if "HALTED" in line or "panicked" in line:
                         halted.append(f"{os.path.basename(path)}: {line.strip()[:400]}")
+                    for key, needle in events.items():
+                        if needle in line:
+                            self.fig.add(key)
         figures = self.fig.snapshot()
         figures.update({
             "replicas": a.replicas, "partitions": a.partitions, "collections": a.collections,
