@@ -397,7 +397,8 @@ class Run:
     # ---- functions -------------------------------------------------------------------
     def attach(self, rng):
         c = rng.choice([f"{self.args.prefix}-c{i}" for i in range(self.args.collections)])
-        fn = rng.choice(FUNCTIONS)
+        # The first attaches go through every function, so that even a short run has each.
+        fn = FUNCTIONS[len(self.functions)] if len(self.functions) < len(FUNCTIONS) else rng.choice(FUNCTIONS)
         output = f"{self.args.prefix}-out{len(self.functions)}-{fn}"
         out = self.sluice("functions", "attach", c, "--function", fn, "--output", output)
         if out.returncode != 0:
@@ -409,11 +410,11 @@ class Run:
                                "detached": False, "drop_output": False, "marker": v.get("marker")})
         self.fig.add("attaches")
 
-    def detach(self, rng):
+    def detach(self, rng, newest=False):
         live = [f for f in self.functions if not f["detached"]]
         if not live:
             return
-        f = rng.choice(live)
+        f = live[-1] if newest else rng.choice(live)
         drop = rng.random() < 0.5
         out = self.sluice("functions", "detach", f["function_id"], *(["--drop-output"] if drop else []))
         if out.returncode != 0:
@@ -438,7 +439,8 @@ class Run:
         next_action = time.monotonic() + rng.uniform(2, 5)
         next_function = time.monotonic() + rng.uniform(3, 8)
         scripted = [0.0, 0.5 + 0.01, 0.9]     # kill -9, a freeze, a graceful restart
-        functions_scripted = ["attach", "attach", "detach"]
+        # One attach of each function, a fourth, and the detach of that fourth one.
+        functions_scripted = ["attach"] * (len(FUNCTIONS) + 1) + ["detach newest"]
         while time.monotonic() < deadline:
             now = time.monotonic()
             for i in range(self.args.replicas):
@@ -473,8 +475,8 @@ class Run:
                 if what == "attach" or not any(not f["detached"] for f in self.functions):
                     self.attach(rng)
                 else:
-                    self.detach(rng)
-                next_function = now + (rng.uniform(4, 8) if functions_scripted else rng.uniform(5, 15))
+                    self.detach(rng, newest=what == "detach newest")
+                next_function = now + (rng.uniform(3, 6) if functions_scripted else rng.uniform(5, 15))
             time.sleep(0.1)
 
     def settle(self):
