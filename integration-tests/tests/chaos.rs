@@ -44,7 +44,7 @@ use sluice::record::framing::{unframe, Framing};
 use sluice::record::partitioner::partition_for;
 use sluice::record::validate::{validate, Limits};
 use sluice::record::{LogRecord, MetaValue, Operation, Record};
-use sluice_integration_tests::{brokers, consume_all, repo_root, require_kafka, require_postgres, sluice_bin, Env};
+use sluice_integration_tests::{brokers, consume_all, repo_root, require_kafka, require_postgres, sluice_bin, Env, TopicGuard};
 
 /// How many differing items a failure message lists before "... and N more".
 const SHOW: usize = 8;
@@ -88,7 +88,17 @@ async fn chaos_on_postgres() {
     let out = tokio::task::spawn_blocking(move || driver.output().expect("run scripts/chaos/driver.py")).await.unwrap();
     assert!(out.status.success(), "scripts/chaos/driver.py failed ({}); see its stderr above", out.status);
     let manifest = String::from_utf8(out.stdout).unwrap().trim().to_string();
-    tokio::task::spawn_blocking(move || check(&manifest)).await.unwrap();
+    let m = manifest.clone();
+    let verdict = tokio::task::spawn_blocking(move || check(&m)).await;
+    if verdict.is_ok() {
+        // Topics of a passing run go; a failing run keeps them for `check_manifest`.
+        drop(TopicGuard(vec![env.log_topic(), env.dlq_topic(), format!("{}.backfill", env.prefix)]));
+    } else {
+        eprintln!("kept the topics and the database; re-check with SLUICE_CHAOS_MANIFEST={manifest} cargo test -p sluice-integration-tests --test chaos -- --ignored check_manifest --nocapture");
+    }
+    if let Err(e) = verdict {
+        std::panic::resume_unwind(e.into_panic());
+    }
 }
 
 #[test]

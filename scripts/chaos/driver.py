@@ -411,7 +411,8 @@ class Run:
         self.fig.add("attaches")
 
     def detach(self, rng, newest=False):
-        live = [f for f in self.functions if not f["detached"]]
+        # The first attach of each function stays attached: its output is compared.
+        live = [f for f in self.functions[len(FUNCTIONS):] if not f["detached"]]
         if not live:
             return
         f = live[-1] if newest else rng.choice(live)
@@ -472,7 +473,7 @@ class Run:
                 next_action = now + rng.uniform(2, 6)
             if now >= next_function:
                 what = functions_scripted.pop(0) if functions_scripted else ("attach" if rng.random() < 0.7 else "detach")
-                if what == "attach" or not any(not f["detached"] for f in self.functions):
+                if what == "attach" or not any(not f["detached"] for f in self.functions[len(FUNCTIONS):]):
                     self.attach(rng)
                 else:
                     self.detach(rng, newest=what == "detach newest")
