@@ -30,8 +30,11 @@ while [ $# -gt 0 ]; do
     *) echo "unknown argument $1 (usage: $0 [--minutes N] [--seed S])" >&2; exit 2 ;;
   esac
 done
-deploy/local/kafka.sh start
-deploy/local/postgres.sh start
+# Start the local services only when nothing answers on their ports (a broker started
+# from another checkout is used as it is).
+answers() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+answers 9092 || deploy/local/kafka.sh start
+answers 55432 || deploy/local/postgres.sh start
 deploy/local/python-env.sh >/dev/null
 cargo build --locked --bin sluice -p sluice
 cargo test --locked -p sluice-integration-tests --test chaos --no-run
