@@ -293,7 +293,28 @@ fn check(manifest_path: &str) {
         }
     }
     if run.m["settled"] != true {
-        failures.push(format!("not settled: positions and functions stopped moving short of the end state; last seen {}", run.m["final_state"]));
+        // Only what was short of the end state: positions below the high watermark,
+        // functions neither ready nor detached.
+        let state = &run.m["final_state"];
+        let behind: Vec<String> = state["positions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|p| p[1] != p[2])
+            .map(|p| format!("p{} at {} of {}", p[0], p[1], p[2]))
+            .collect();
+        let unready: Vec<String> = state["functions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|f| f[1] != "ready" && f[1] != "detached")
+            .map(|f| format!("{} {} ({} done)", f[0], f[1], f[2]))
+            .collect();
+        failures.push(format!(
+            "not settled: nothing moved any more short of the end state; positions behind: [{}]; functions not ready: [{}]",
+            behind.join(", "),
+            unready.join(", ")
+        ));
     }
 
     // The oracle: the committed log, classified and folded.
