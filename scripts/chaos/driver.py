@@ -52,6 +52,7 @@ from confluent_kafka import KafkaException, Producer
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
+sys.dont_write_bytecode = True  # no __pycache__ left in the checkout
 sys.path.insert(0, os.path.join(REPO, "scripts", "bench"))
 from murmur2 import partition as home_partition  # noqa: E402
 
