@@ -5,7 +5,7 @@
 #   1. builds the peer's shaded jar (mvn package) and target/debug/sluice (cargo build);
 #      checks that the local Kafka is up (starts nothing: prints the start command);
 #   2. `sluice init` on a fresh topic prefix `peer-smoke-<random>` (P partitions);
-#   3. produces a small log that exercises every rule of DESIGN.md section 4:
+#   3. produces a small log that exercises every rule of docs/design.md section 5:
 #        - `sluice workload` (upsert/update/delete), shuffled with extra JSON lines:
 #          ADD of live and absent ids, UPDATE that removes keys with null / adds
 #          booleans / carries no embedding or document, DELETE of absent ids, records of

@@ -2,7 +2,7 @@
 //! (`SLUICE_BROKERS`, `SLUICE_SYSDB`, `SLUICE_GROUP`, `SLUICE_INSTANCE_ID`, `SLUICE_TOPIC_PREFIX`, `SLUICE_HTTP`,
 //! `SLUICE_ADMIN_TOKEN`, `SLUICE_SASL_USERNAME`, `SLUICE_SASL_PASSWORD`), overridden by
 //! command-line flags. Unknown keys are rejected.
-//! Every field's doc comment is the user's reference (`docs/configuration.md` mirrors it).
+//! Every field's doc comment is the user's reference (`sluice config show` prints the effective values).
 
 use std::collections::BTreeMap;
 use std::path::Path;

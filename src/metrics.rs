@@ -1,4 +1,4 @@
-//! Every metric Sluice exports, declared in one place (DESIGN.md section 7).
+//! Every metric Sluice exports, declared in one place (docs/metrics.md).
 //!
 //! Built on the official Rust client, [`prometheus-client`](https://docs.rs/prometheus-client):
 //! it is maintained under the Prometheus organisation, its metric families are typed
@@ -8,7 +8,7 @@
 //! owns its [`Registry`], so tests (and several processors in one test binary) never see
 //! each other's values.
 //!
-//! Conventions (STYLE.md): names are `sluice_<subsystem>_<name>_<unit>`; counters are
+//! Conventions: names are `sluice_<subsystem>_<name>_<unit>`; counters are
 //! registered without `_total` and the encoder appends it; durations are histograms in
 //! seconds with explicit buckets. Label values are bounded: every label value that is not
 //! a partition number is a `&'static str` (an operation symbol, a DLQ kind, an ignore
@@ -141,7 +141,7 @@ impl PartitionGauges {
         set(&self.sysdb_next_offset, s.sysdb);
         set(&self.group_offset, s.group);
         // Lag from the sysdb position, the authoritative one (never librdkafka's
-        // consumer_lag, which follows the fetch position: PITFALLS item 13).
+        // consumer_lag, which follows the fetch position).
         set(&self.lag_records, s.high.zip(s.sysdb).map(|(h, n)| h - n));
         set(&self.commit_debt_records, s.sysdb.zip(s.group).map(|(n, g)| n - g));
         set(&self.halted, Some(i64::from(s.halted)));

@@ -1,6 +1,6 @@
 //! The one offset convention, and the position algebra the processor commits with.
 //!
-//! Two numbers describe progress and they are easy to mix up (PITFALLS.md item 10):
+//! Two numbers describe progress and they are easy to mix up (one is "next to read", the other "last applied"):
 //!
 //! * `next_offset` (per partition, in the sysdb): the **next Kafka offset to read**. This
 //!   is Kafka's own convention — a committed group offset means the same thing — so it is
@@ -88,7 +88,7 @@ impl PositionDelta {
 }
 
 /// Whether a group commit of `candidate` should be sent given the last one sent: group
-/// offsets only move forward (invariant 3).
+/// offsets only move forward (design.md invariant 3).
 pub fn group_commit_advances(last_committed: Option<i64>, candidate: i64) -> bool {
     match last_committed {
         Some(c) => candidate > c,

@@ -20,7 +20,7 @@
 #                        -- only applied at initdb time.
 #
 # Layout and why it works as root:
-#   PostgreSQL refuses to run as root (see /work/shared/PITFALLS.md item 19), so
+#   PostgreSQL refuses to run as root, so
 #   initdb/pg_ctl/psql run as the `postgres` OS user via `runuser -u postgres --`.
 #   We do NOT use the Debian default cluster (pg_ctlcluster ... main); this cluster
 #   is completely independent of it.

@@ -1,5 +1,5 @@
 //! Attached functions and backfill end to end against the real broker, on SQLite and
-//! PostgreSQL (DESIGN.md section 5, invariants 6-9). Every output is checked against the
+//! PostgreSQL (docs/design.md section 7, invariants 6-9). Every output is checked against the
 //! reference model: the function over the whole history.
 
 use std::time::{Duration, Instant};

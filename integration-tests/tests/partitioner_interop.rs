@@ -1,4 +1,4 @@
-//! `partition_for` (the Java client's default partitioner, DESIGN.md section 2) agrees
+//! `partition_for` (the Java client's default partitioner, docs/design.md section 2) agrees
 //! with where real clients put keyed records: rdkafka through Sluice's own producer
 //! (`partitioner=murmur2_random`) and the Python client (confluent-kafka, same setting),
 //! checked from the delivery reports and again by consuming the topic back.

@@ -1,5 +1,5 @@
 //! The processor end to end against the real broker, on SQLite and PostgreSQL, each
-//! checked against the reference model (DESIGN.md section 4).
+//! checked against the reference model (docs/design.md section 5).
 
 use std::collections::BTreeMap;
 use std::time::Duration;

@@ -1,6 +1,6 @@
 //! The Grafana dashboard and the alert rules in `deploy/` against a real Prometheus
 //! (`deploy/local/prometheus.sh`) scraping two real `sluice process` replicas under load
-//! (DESIGN.md section 7: "every panel's query is checked against a real Prometheus
+//! (docs/metrics.md: "every panel's query is checked against a real Prometheus
 //! scraping a real replica").
 //!
 //! The run creates every condition a panel shows: live load (throughput, latencies,

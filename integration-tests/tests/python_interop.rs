@@ -1,6 +1,6 @@
 //! Log records written by another language's Avro stack decode to exactly what was
 //! written (`schemas/log_record.avsc` is the contract for producers in any language,
-//! DESIGN.md section 6).
+//! docs/design.md section 1).
 //!
 //! `python/produce_log_records.py` writes ~500 randomized records with fastavro
 //! (`schemaless_writer`, plain datums) through confluent-kafka (key = collection id,

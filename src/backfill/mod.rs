@@ -105,7 +105,7 @@ impl Worker {
 
     async fn backfill(&self, function_id: &str) {
         // A task is produced (and acknowledged) *before* the batch that holds its marker
-        // commits (invariant 7), so it often arrives while the function still awaits its
+        // commits (design.md invariant 7), so it often arrives while the function still awaits its
         // marker: wait for that commit (bounded) instead of leaving it to the next scan.
         let mut waited = Duration::ZERO;
         let row = loop {

@@ -1,5 +1,5 @@
 //! Attached functions: derived collections computed from an input collection's
-//! **changes** `(id, before, after, offset)` (DESIGN.md section 5).
+//! **changes** `(id, before, after, offset)` (docs/design.md section 7).
 //!
 //! A function is pure: it turns one change into output deltas. Aggregates
 //! (`record_counter`, `statistics`) emit counter increments, which commute, so the order
@@ -16,7 +16,7 @@
 //!   implements), pure; the property tests and the protocol simulation use it.
 //! - `proptests` (tests): live deltas over random logs and batch splits equal the
 //!   reference model's outputs.
-//! - `simulation` (tests): the backfill protocol of DESIGN.md section 5 — processor and
+//! - `simulation` (tests): the backfill protocol of docs/design.md section 7 — processor and
 //!   backfill worker interleaved at random — ends at the reference outputs, and each
 //!   known mistake of the protocol makes it fail.
 

@@ -1,4 +1,4 @@
-//! A randomized simulation of the backfill protocol (DESIGN.md section 5), pure and in
+//! A randomized simulation of the backfill protocol (docs/design.md section 7), pure and in
 //! memory: the store (input records with their last offsets, per function its status,
 //! marker, cursor, preimages and output collection with versions and tombstones), and
 //! two kinds of actors whose steps are each one transaction:
@@ -26,7 +26,7 @@
 //! (a) preimages read before the current rows, in two steps; two reads without
 //! de-duplication; (b) unversioned map outputs; (c) preimages saved for changes at or
 //! before the marker. Reading current rows first, then preimages, de-duplicated by id,
-//! is exact too (DESIGN.md section 5) and is tested as such.
+//! is exact too (docs/design.md section 7) and is tested as such.
 
 use std::collections::BTreeMap;
 use std::ops::Bound;
@@ -555,7 +555,7 @@ fn simulated_runs_exercise_every_race() {
     }
 }
 
-/// Each known mistake of DESIGN.md section 5 makes the simulation fail, for exactly the
+/// Each known mistake of docs/design.md section 7 makes the simulation fail, for exactly the
 /// functions it can hurt: versions matter only to map outputs (aggregate increments
 /// commute); a record lost or counted twice by the backfill only to aggregates (a map
 /// output of a record changed after the marker is rewritten by the live path, and a

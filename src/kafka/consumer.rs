@@ -1,11 +1,11 @@
 //! The processor's group consumer, polled on a dedicated OS thread.
 //!
 //! Why a thread: rebalance callbacks run inside `poll`, on whatever thread polls
-//! (PITFALLS.md item 1). Here that thread is ours, so the callback may block on a channel
+//!. Here that thread is ours, so the callback may block on a channel
 //! reply from the async processor (which reads the sysdb) without stalling the tokio
 //! runtime, and the async side never waits on this thread, so nothing can deadlock.
 //!
-//! Assignment (invariant 1): the `rebalance` override asks the processor for each
+//! Assignment (design.md invariant 1): the `rebalance` override asks the processor for each
 //! partition's starting offset (the sysdb `next_offset`; the group offset or the reset
 //! policy only when the sysdb has no row), **writes those offsets into the partition list
 //! and only then assigns** (`incremental_assign` for cooperative-sticky, `assign` for
@@ -198,7 +198,7 @@ impl ConsumerHandle {
     }
 
     /// Leave the group and join the thread, waiting at most `timeout` (the thread is
-    /// detached after that; PITFALLS.md item 6).
+    /// detached after that).
     pub fn shutdown(mut self, timeout: Duration) {
         let _ = self.commands.send(Command::Shutdown);
         if let Some(t) = self.thread.take() {
@@ -445,7 +445,7 @@ impl ConsumerContext for Ctx {
 const COMMIT_INTERVAL: Duration = Duration::from_millis(100);
 
 /// Commit the pending group offsets synchronously: only for partitions we own, only
-/// forward (invariant 3). Synchronous because rust-rdkafka 0.39 never delivers the
+/// forward (design.md invariant 3). Synchronous because rust-rdkafka 0.39 never delivers the
 /// results of manual async commits to `commit_callback` (rust-rdkafka #856), and the
 /// result is what the `sluice_offset_commits_total{result}` counter reports. Coalescing
 /// keeps this to one short round trip per interval.
@@ -702,7 +702,7 @@ fn poll_loop(consumer: BaseConsumer<Ctx>, commands: std_mpsc::Receiver<Command>)
         }
     }
     // Leave the group: dropping closes the consumer queue and polls until closed, which
-    // runs the revoke path through our callback. It is unbounded (PITFALLS item 6), which
+    // runs the revoke path through our callback. It is unbounded, which
     // is why it happens here, on our own thread: `ConsumerHandle::shutdown` waits for it
     // with a timeout and leaves the thread behind if it hangs.
     drop(consumer);

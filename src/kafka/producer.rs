@@ -3,7 +3,7 @@
 //! Every producer is idempotent (`enable.idempotence=true`, hence `acks=all`, per-partition
 //! order kept through retries) and uses `partitioner=murmur2_random`, the Java client's
 //! partitioner for keyed records, so that any-language producers agree on a collection's
-//! partition (PITFALLS.md items 14-15).
+//! partition.
 
 use std::time::Duration;
 

@@ -1,5 +1,5 @@
 //! The materializer: a pure fold of one batch of one collection's log records
-//! into record changes (DESIGN.md section 4).
+//! into record changes (docs/design.md section 5).
 //!
 //! [`fold_batch`] takes the collection's state before the batch (a [`RecordView`]),
 //! the collection's embedding dimension (if fixed yet) and the batch's log records
@@ -36,8 +36,8 @@
 //!   the batch or earlier in it — any data record carrying an embedding of another
 //!   length is [`Rejected`] (DLQ reason `dimension_mismatch`), whatever its operation
 //!   and whether or not it would have been ignored. A rejected record has no effect.
-//! - **BACKFILL_FN** is never materialized: the processor diverts it (DESIGN.md
-//!   section 5). The fold only reports its offset in [`BatchOutcome::controls`]; its
+//! - **BACKFILL_FN** is never materialized: the processor diverts it (docs/design.md
+//!   section 7). The fold only reports its offset in [`BatchOutcome::controls`]; its
 //!   payload, embedding included, is not looked at.
 //!
 //! The materializer does not validate records beyond this (empty ids, empty
@@ -98,7 +98,7 @@ impl<F: Fn(&str) -> Option<Record>> RecordView for F {
 /// One applied log record: the state of `id` just before and just after it.
 ///
 /// `before == None` is an insert, `after == None` a removal, both `Some` a merge.
-/// Attached functions consume these (DESIGN.md section 5).
+/// Attached functions consume these (docs/design.md section 7).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Change {
     /// The record's id.

@@ -1,5 +1,5 @@
 //! The reference model: a plain function from a whole log to what Sluice must end
-//! up with (DESIGN.md section 4).
+//! up with (docs/design.md section 5).
 //!
 //! It is the oracle for the materializer's property tests and for every end-to-end
 //! test, so it is written to be obviously correct rather than fast: one loop over
@@ -81,7 +81,7 @@ pub struct ModelOutput {
 
 /// The expected output collection of `function` (a registry name) attached to
 /// `collection`, after the whole `log`: the function applied to the collection's final
-/// records, computed directly from them (DESIGN.md invariant 8: a function's output is
+/// records, computed directly from them (docs/design.md invariant 8: a function's output is
 /// the function over the whole history, whatever the interleaving of live processing
 /// and backfill). It shares no code with the delta functions in `crate::functions`
 /// beyond the statistics id encoding and the normalization arithmetic, which are

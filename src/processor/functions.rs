@@ -2,8 +2,8 @@
 //! deltas for the batch's changes, and the backfill tasks its markers ask for.
 //!
 //! The cache of attached functions only decides what work to *prepare*; what applies is
-//! decided by the sysdb inside the batch transaction from the stored status (DESIGN.md
-//! section 5, third detail).
+//! decided by the sysdb inside the batch transaction from the stored status (docs/design.md
+//! section 7.5).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -117,7 +117,7 @@ pub fn function_batches(attached: &[Attached], outcome: &BatchOutcome, markers: 
 
 /// Backfill tasks for the markers that will start a backfill (the function awaits a
 /// marker with that request id). Produced and acknowledged before the batch commits
-/// (invariant 7); a duplicate is harmless.
+/// (design.md invariant 7); a duplicate is harmless.
 pub fn tasks(attached: &[Attached], markers: &[(i64, &BackfillRef)], topic: &str, partition: i32, now_ms: i64) -> Vec<BackfillTask> {
     let mut out = Vec::new();
     for a in attached.iter().filter(|a| a.row.status == FunctionStatus::AwaitingMarker) {

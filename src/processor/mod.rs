@@ -315,7 +315,7 @@ fn forget_partitions(shared: &Shared, partitions: &[i32]) {
 /// Every [`GAUGE_REFRESH`], and when `now` is notified (after an assignment): read the
 /// high watermarks and the group's committed offsets of the assigned partitions for the
 /// partition gauges. The lag is computed from the sysdb position, never from librdkafka's
-/// consumer lag (PITFALLS item 13).
+/// consumer lag.
 async fn refresh_partition_gauges(shared: Arc<Shared>, now: Arc<Notify>) {
     let mut tick = tokio::time::interval(GAUGE_REFRESH);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

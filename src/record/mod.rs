@@ -11,7 +11,7 @@ pub mod validate;
 
 use std::collections::BTreeMap;
 
-/// What a log record does to its collection (DESIGN.md section 4).
+/// What a log record does to its collection (docs/design.md section 5).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Operation {
     Add,

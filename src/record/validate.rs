@@ -1,7 +1,7 @@
 //! Semantic checks on a decoded [`LogRecord`], beyond what the Avro schema can say.
 //!
 //! A record that fails goes to the DLQ with [`ValidationError::kind`] as the reason
-//! (DESIGN.md invariant 10); it is never applied. Structural problems (bad bytes, an
+//! (docs/design.md invariant 10); it is never applied. Structural problems (bad bytes, an
 //! embedding whose byte length is not a multiple of 4) are decode errors
 //! ([`super::codec::DecodeError`]), not validation errors.
 //!

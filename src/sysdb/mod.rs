@@ -1,5 +1,5 @@
 //! The sysdb: the authoritative store of partition positions, collections and their
-//! materialized records (DESIGN.md sections 1-3).
+//! materialized records (docs/design.md sections 1-3).
 //!
 //! Two backends behind one type, with the same tests: SQLite (embedded default: one
 //! file, WAL) and PostgreSQL (replicas on several machines). [`Sysdb`] is an enum rather
@@ -11,7 +11,7 @@
 //! start (compare-and-set, [`crate::positions::PositionDelta`]). A replica that lost the
 //! partition fails the CAS and its batch is dropped whole.
 //!
-//! Attached functions (DESIGN.md section 5) live here too: the same transaction reads
+//! Attached functions (docs/design.md section 7) live here too: the same transaction reads
 //! each function's status and applies markers, preimages and output deltas
 //! ([`FunctionBatch`]); [`Sysdb::backfill_step`] applies one backfill chunk per
 //! transaction. The rules both backends share are in `outputs.rs`; each backend's SQL
@@ -133,7 +133,7 @@ pub struct BatchCommit {
 
 /// What one batch brings to one attached function. The sysdb decides **inside the batch
 /// transaction**, from the function's stored status (read there, never cached), what
-/// applies (DESIGN.md section 5):
+/// applies (docs/design.md section 7):
 /// * `awaiting_marker`: the first marker whose request id is the function's moves it to
 ///   `backfilling` at that offset O; changes after O apply as below; other markers are
 ///   ignored. Without such a marker nothing applies.

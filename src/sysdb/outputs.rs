@@ -1,5 +1,5 @@
-//! Attached functions inside the sysdb, the part both backends share (DESIGN.md section
-//! 5): what a [`FunctionBatch`] does given the function's stored status ([`decide`]), and
+//! Attached functions inside the sysdb, the part both backends share (docs/design.md section
+//! 7): what a [`FunctionBatch`] does given the function's stored status ([`decide`]), and
 //! a function's output deltas folded into one write per output record ([`OutputPlan`]),
 //! which each backend then applies in SQL.
 //!

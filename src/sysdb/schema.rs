@@ -21,7 +21,7 @@
 //! * `gaps(...)` — data-loss gaps skipped under `on_data_loss = "skip"`.
 //! * `offset_resets(...)` — the audit trail of operator overrides.
 //!
-//! Step 2, attached functions (DESIGN.md section 5):
+//! Step 2, attached functions (docs/design.md section 7):
 //! * `functions(id, collection_id, function, output_collection, params, status,
 //!   request_id, marker_offset, backfill_cursor, backfill_done, backfill_total, ...)` —
 //!   `params` is a JSON object of strings; a partial unique index allows at most one

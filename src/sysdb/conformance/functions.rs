@@ -1,4 +1,4 @@
-//! Conformance checks of attached functions (DESIGN.md section 5, invariants 7-9):
+//! Conformance checks of attached functions (docs/design.md section 7, invariants 7-9):
 //! attach and the outbox, markers and status transitions inside the batch transaction,
 //! preimages, versioned map outputs and tombstones, counters, the chunked backfill with
 //! its cursor CAS, detach — and, whatever the interleaving of live batches and backfill
@@ -223,7 +223,7 @@ impl Log {
         report
     }
 
-    /// The output of `f` over the whole history (DESIGN.md invariant 8), optionally only
+    /// The output of `f` over the whole history (docs/design.md invariant 8), optionally only
     /// of the changes after `after`.
     fn expected_after(&self, f: &dyn Function, after: Option<i64>) -> BTreeMap<String, ModelOutput> {
         let mut store = OutputStore::default();

@@ -1,4 +1,4 @@
-//! Attached functions on PostgreSQL (DESIGN.md section 5; the rules are in `outputs.rs`,
+//! Attached functions on PostgreSQL (docs/design.md section 7; the rules are in `outputs.rs`,
 //! shared with SQLite).
 //!
 //! **Locking.** The function row is the lock that orders a batch commit against a

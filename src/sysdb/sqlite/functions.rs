@@ -1,4 +1,4 @@
-//! Attached functions on SQLite (DESIGN.md section 5; the rules are in `outputs.rs`,
+//! Attached functions on SQLite (docs/design.md section 7; the rules are in `outputs.rs`,
 //! shared with PostgreSQL).
 //!
 //! Every write runs in a `BEGIN IMMEDIATE` transaction on the writer connection, i.e.
