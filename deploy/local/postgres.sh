@@ -20,6 +20,9 @@
 # Environment:
 #   SLUICE_PG_PORT       TCP port (default 55432, never clashes with a system cluster on 5432)
 #   SLUICE_PG_FSYNC      on|off (default on; `off` makes tests faster, data unsafe on crash)
+#   SLUICE_PG_DIR        base directory of the cluster (absolute; default $REPO/.local/postgres):
+#                        a second, independent cluster, e.g. for a test that stops its server
+#                        (with its own SLUICE_PG_PORT).
 #   SLUICE_PG_HOST_AUTH  pg_hba method for TCP connections (default scram-sha-256;
 #                        `trust` accepts any password) -- applied on every start.
 #
@@ -51,9 +54,19 @@ PG_USER=sluice
 PG_PASSWORD=sluice
 DATABASES=(sluice sluice_test)
 
-LOCAL_DIR="$REPO/.local"
-LINK_BASE="$LOCAL_DIR/postgres"
-REPO_HASH="$(printf '%s' "$REPO" | sha1sum | cut -c1-12)"
+if [ -n "${SLUICE_PG_DIR:-}" ]; then
+  case "$SLUICE_PG_DIR" in
+    /*) ;;
+    *) printf '[postgres.sh] ERROR: SLUICE_PG_DIR=%s must be an absolute path\n' "$SLUICE_PG_DIR" >&2; exit 1 ;;
+  esac
+  LINK_BASE="${SLUICE_PG_DIR%/}"
+  LOCAL_DIR="$(dirname "$LINK_BASE")"
+  REPO_HASH="$(printf '%s' "$LINK_BASE" | sha1sum | cut -c1-12)"
+else
+  LOCAL_DIR="$REPO/.local"
+  LINK_BASE="$LOCAL_DIR/postgres"
+  REPO_HASH="$(printf '%s' "$REPO" | sha1sum | cut -c1-12)"
+fi
 FALLBACK_BASE="/var/tmp/sluice-pg-$REPO_HASH"
 
 log() { printf '[postgres.sh] %s\n' "$*" >&2; }
@@ -347,7 +360,7 @@ cmd_status() {
 with_lock() {
   mkdir -p "$LOCAL_DIR"
   if command -v flock >/dev/null; then
-    exec 9>"$LOCAL_DIR/postgres.lock"
+    exec 9>"$LINK_BASE.lock"
     flock -w 120 9 || die "timed out waiting for $LOCAL_DIR/postgres.lock (another postgres.sh still running?)"
   fi
 }
