@@ -329,9 +329,29 @@ impl Drop for Replica {
     }
 }
 
-/// A free local port (bound, then released for a replica).
+/// A free local port for a replica to listen on (bound, then released).
+///
+/// Chosen at random below the kernel's ephemeral range (32768 and up), so that the
+/// outgoing connections of this and other test processes (Kafka clients open many)
+/// cannot take it between its release and the replica's bind; never the same port twice
+/// in one test process; never a port of the local services.
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port()
+    use std::sync::Mutex;
+    static GIVEN: Mutex<Vec<u16>> = Mutex::new(Vec::new());
+    // Ports of local services that may be down for a moment (a broker being restarted).
+    const SERVICES: [u16; 7] = [29092, 29093, 29094, 29192, 29193, 19090, 19092];
+    let mut given = GIVEN.lock().unwrap_or_else(|e| e.into_inner());
+    for _ in 0..10_000 {
+        let port = 20_000 + (uuid::Uuid::new_v4().as_u128() % 12_000) as u16;
+        if given.contains(&port) || SERVICES.contains(&port) {
+            continue;
+        }
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            given.push(port);
+            return port;
+        }
+    }
+    panic!("no free port in 20000-31999");
 }
 
 /// `GET path` over a raw HTTP/1.1 connection: `(status, content type, body)`, or `None`
@@ -391,7 +411,9 @@ pub fn assert_records_match_model(env: &Env, log: &[sluice::record::LogRecord]) 
     let rows: serde_json::Value = serde_json::from_str(&env.run(&["offsets", "show", "--format", "json"])).expect("offsets json");
     let partitions = rows.as_array().expect("offset rows").len() as i32;
     assert!(partitions > 0, "the log topic has partitions");
-    let messages = consume_all(&env.log_topic(), partitions, Duration::from_secs(180));
+    // The brokers the test's commands use (an `extra` SLUICE_BROKERS overrides the default).
+    let bootstrap = env.extra.iter().rev().find(|(k, _)| k == "SLUICE_BROKERS").map_or_else(brokers, |(_, v)| v.clone());
+    let messages = consume_all_from(&bootstrap, &env.log_topic(), partitions, Duration::from_secs(180));
     let mut first_offset: BTreeMap<i32, i64> = BTreeMap::new();
     // Per collection: the decoded messages of its home partition, in offset order.
     let mut in_kafka: BTreeMap<String, Vec<(i64, LogRecord)>> = BTreeMap::new();
@@ -509,10 +531,15 @@ pub struct ConsumedMsg {
 /// when called (everything produced before), with a plain consumer (no group offsets).
 /// Panics if that takes longer than `timeout`.
 pub fn consume_all(topic: &str, partitions: i32, timeout: Duration) -> Vec<ConsumedMsg> {
+    consume_all_from(&brokers(), topic, partitions, timeout)
+}
+
+/// [`consume_all`] from the given bootstrap servers.
+pub fn consume_all_from(bootstrap: &str, topic: &str, partitions: i32, timeout: Duration) -> Vec<ConsumedMsg> {
     use rdkafka::message::{Headers, Message};
     use rdkafka::{Offset, TopicPartitionList};
     let consumer: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", brokers())
+        .set("bootstrap.servers", bootstrap)
         .set("group.id", format!("it-reader-{}", suffix()))
         .set("enable.auto.commit", "false")
         .create()
