@@ -35,8 +35,26 @@ fn attach(env: &Env, collection: &str, function: &str, output: &str) -> Value {
     serde_json::from_str(env.run(&["functions", "attach", collection, "--function", function, "--output", output]).trim()).unwrap()
 }
 
+/// A read-only command, run again while opening the SQLite sysdb hits the replica's
+/// write lock (opening takes it briefly; a long backfill chunk can hold it past the
+/// busy timeout on a loaded machine).
+fn run_read(env: &Env, args: &[&str]) -> String {
+    for _ in 0..10 {
+        let out = env.cmd().args(args).output().expect("spawn sluice");
+        let err = String::from_utf8_lossy(&out.stderr);
+        if out.status.success() {
+            return String::from_utf8_lossy(&out.stdout).into_owned();
+        }
+        if !err.contains("database is locked") {
+            panic!("sluice {args:?} failed: {}\nstderr: {err}", out.status);
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    panic!("sluice {args:?}: the sysdb stayed locked");
+}
+
 fn functions(env: &Env) -> Vec<Value> {
-    serde_json::from_str::<Value>(&env.run(&["functions", "list", "--format", "json"])).unwrap().as_array().unwrap().clone()
+    serde_json::from_str::<Value>(&run_read(env, &["functions", "list", "--format", "json"])).unwrap().as_array().unwrap().clone()
 }
 
 fn function(env: &Env, id: &str) -> Value {
@@ -155,7 +173,7 @@ fn big_attach(env: Env) {
     // live records applied during its backfill.
     let sample = |env: &Env| {
         let before = functions(env);
-        let rows: Value = serde_json::from_str(&env.run(&["offsets", "show", "--format", "json"])).unwrap();
+        let rows: Value = serde_json::from_str(&run_read(env, &["offsets", "show", "--format", "json"])).unwrap();
         let applied: i64 = rows.as_array().unwrap().iter().map(|r| r["sysdb_next_offset"].as_i64().unwrap_or(0)).sum();
         (before, applied, functions(env))
     };
