@@ -39,7 +39,7 @@ fn attach(env: &Env, collection: &str, function: &str, output: &str) -> Value {
 /// write lock (opening takes it briefly; a long backfill chunk can hold it past the
 /// busy timeout on a loaded machine).
 fn run_read(env: &Env, args: &[&str]) -> String {
-    for _ in 0..10 {
+    for _ in 0..30 {
         let out = env.cmd().args(args).output().expect("spawn sluice");
         let err = String::from_utf8_lossy(&out.stderr);
         if out.status.success() {
@@ -103,7 +103,7 @@ fn assert_outputs(env: &Env, log: &[LogRecord], collection: &str, function: &str
 
 
 fn max_lag(env: &Env) -> i64 {
-    let v: Value = serde_json::from_str(&env.run(&["offsets", "show", "--format", "json"])).unwrap();
+    let v: Value = serde_json::from_str(&run_read(env, &["offsets", "show", "--format", "json"])).unwrap();
     v.as_array().unwrap().iter().map(|r| r["lag"].as_i64().unwrap_or(0)).max().unwrap_or(0)
 }
 
