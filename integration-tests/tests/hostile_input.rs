@@ -247,7 +247,7 @@ fn sqlite_hostile_records_go_to_the_dlq_with_exact_kinds_and_memory_stays_bounde
             assert!(seen.insert(name, kind).is_none(), "{name} is in the DLQ twice");
             continue;
         }
-        assert_eq!(payload, source, "the DLQ payload is the message at its source {partition}/{offset}: {h:?}");
+        assert!(payload == source, "the DLQ payload ({} bytes) is not the message at its source {partition}/{offset} ({} bytes): {h:?}", payload.len(), source.len());
         let Some((name, kind)) = expected.get(payload) else {
             panic!("unexpected DLQ record ({} bytes, headers {h:?})", payload.len());
         };

@@ -272,7 +272,13 @@ fn poison(env: Env) {
         let offset: i64 = h.get("sluice.source.offset").and_then(|p| p.parse().ok()).unwrap_or_else(|| panic!("source offset: {h:?}"));
         assert!(h.get("sluice.error.message").is_some_and(|m| !m.is_empty()), "{h:?}");
         // The DLQ message carries the source message's bytes.
-        assert_eq!(payload.as_ref(), log.get(&(partition, offset)), "payload of the DLQ entry for {partition}/{offset}: {h:?}");
+        let source = log.get(&(partition, offset));
+        assert!(
+            payload.as_ref() == source,
+            "the DLQ payload ({:?} bytes) is not the message at its source {partition}/{offset} ({:?} bytes): {h:?}",
+            payload.as_ref().map(Vec::len),
+            source.map(Vec::len)
+        );
         let k = h.get("sluice.error.kind").cloned().unwrap_or_default();
         // Garbage and truncated Avro are both decode errors, each with its own kind.
         let class = match k.as_str() {
