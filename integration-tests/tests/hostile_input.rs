@@ -23,7 +23,6 @@ use std::time::{Duration, Instant};
 
 use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
 use rdkafka::ClientConfig;
-use serde_json::Value;
 use sluice::record::codec::{decode, encode};
 use sluice::record::{LogRecord, MetaValue, Metadata, Operation};
 use sluice::workload::{generate, WorkloadSpec};
