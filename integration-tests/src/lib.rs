@@ -244,16 +244,23 @@ impl Env {
         Replica { child, log }
     }
 
-    /// Poll `sluice offsets show` until every partition's lag is 0 and the sysdb positions
-    /// reach the high watermarks, or panic after `timeout`.
+    /// Poll `sluice offsets show` until every partition has a sysdb position equal to its
+    /// high watermark (lag 0), or panic after `timeout`.
     pub fn wait_caught_up(&self, timeout: Duration) -> serde_json::Value {
         let deadline = Instant::now() + timeout;
         loop {
             let out = self.cmd().args(["offsets", "show", "--format", "json"]).output().expect("offsets show");
             if out.status.success() {
                 let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("offsets json");
+                // Every partition has a sysdb position (a replica took it) equal to the
+                // high watermark: an empty partition nobody processed also reads lag 0.
                 let done = v.as_array().map(|rows| {
-                    rows.iter().all(|r| r["lag"].as_i64() == Some(0) && (r["high_watermark"].as_i64() == Some(0) || r["sysdb_next_offset"].as_i64() == r["high_watermark"].as_i64()))
+                    !rows.is_empty()
+                        && rows.iter().all(|r| {
+                            r["lag"].as_i64() == Some(0)
+                                && r["sysdb_next_offset"].as_i64().is_some()
+                                && r["sysdb_next_offset"].as_i64() == r["high_watermark"].as_i64()
+                        })
                 });
                 if done == Some(true) {
                     return v;
@@ -322,9 +329,29 @@ impl Drop for Replica {
     }
 }
 
-/// A free local port (bound, then released for a replica).
+/// A free local port for a replica to listen on (bound, then released).
+///
+/// Chosen at random below the kernel's ephemeral range (32768 and up), so that the
+/// outgoing connections of this and other test processes (Kafka clients open many)
+/// cannot take it between its release and the replica's bind; never the same port twice
+/// in one test process; never a port of the local services.
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port()
+    use std::sync::Mutex;
+    static GIVEN: Mutex<Vec<u16>> = Mutex::new(Vec::new());
+    // Ports of local services that may be down for a moment (a broker being restarted).
+    const SERVICES: [u16; 7] = [29092, 29093, 29094, 29192, 29193, 19090, 19092];
+    let mut given = GIVEN.lock().unwrap_or_else(|e| e.into_inner());
+    for _ in 0..10_000 {
+        let port = 20_000 + (uuid::Uuid::new_v4().as_u128() % 12_000) as u16;
+        if given.contains(&port) || SERVICES.contains(&port) {
+            continue;
+        }
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            given.push(port);
+            return port;
+        }
+    }
+    panic!("no free port in 20000-31999");
 }
 
 /// `GET path` over a raw HTTP/1.1 connection: `(status, content type, body)`, or `None`
@@ -362,16 +389,131 @@ pub fn jsonl_lines(records: &[sluice::record::LogRecord]) -> Vec<String> {
     records.iter().map(|r| sluice::cli::jsonl::log_record_to_json(r).to_string()).collect()
 }
 
-/// Every collection of the reference model of `log` (in produce order) has exactly the
-/// model's records in the sysdb, as `sluice records` prints them.
+/// The sysdb holds exactly what the reference model of the real log says.
+///
+/// `log` lists the records the test expects to be applied, in produce order. The log
+/// topic is read back (every partition, from its start) and each record of `log` is
+/// matched, per collection and in order, to the message that carries it on the
+/// collection's home partition, so the model is fed the real Kafka offsets. Messages the
+/// test does not list (bad input sent to the DLQ, a copy on the wrong partition) are taken
+/// as not applied; BACKFILL_FN markers always count. Records of `log` that are no longer
+/// in the topic are allowed only where retention moved the partition's start above 0;
+/// they are taken as preceding it.
+///
+/// Then, per collection: the records as `sluice records` prints them, the record count
+/// and `log_position` (the last applied offset) equal the model, and the sysdb holds
+/// exactly the model's collections plus the output collections of the attached functions.
 pub fn assert_records_match_model(env: &Env, log: &[sluice::record::LogRecord]) {
     use sluice::cli::jsonl::record_to_json;
-    let indexed: Vec<(i64, sluice::record::LogRecord)> = log.iter().cloned().enumerate().map(|(i, r)| (i as i64, r)).collect();
-    for (cid, cm) in &sluice::materialize::model::reference(&indexed).collections {
+    use sluice::record::{partitioner::partition_for, LogRecord, Operation};
+    use std::collections::{BTreeMap, BTreeSet};
+
+    let rows: serde_json::Value = serde_json::from_str(&env.run(&["offsets", "show", "--format", "json"])).expect("offsets json");
+    let partitions = rows.as_array().expect("offset rows").len() as i32;
+    assert!(partitions > 0, "the log topic has partitions");
+    // The brokers the test's commands use (an `extra` SLUICE_BROKERS overrides the default).
+    let bootstrap = env.extra.iter().rev().find(|(k, _)| k == "SLUICE_BROKERS").map_or_else(brokers, |(_, v)| v.clone());
+    let messages = consume_all_from(&bootstrap, &env.log_topic(), partitions, Duration::from_secs(180));
+    let mut first_offset: BTreeMap<i32, i64> = BTreeMap::new();
+    // Per collection: the decoded messages of its home partition, in offset order.
+    let mut in_kafka: BTreeMap<String, Vec<(i64, LogRecord)>> = BTreeMap::new();
+    for m in &messages {
+        first_offset.entry(m.partition).or_insert(m.offset);
+        let decoded = sluice::record::codec::decode(&m.payload).ok().or_else(|| {
+            // Confluent framing: magic byte 0 and a 4-byte schema id.
+            (m.payload.len() > 5 && m.payload[0] == 0).then(|| sluice::record::codec::decode(&m.payload[5..]).ok()).flatten()
+        });
+        let Some(rec) = decoded else { continue };
+        if partition_for(rec.collection_id.as_bytes(), partitions as u32) as i32 != m.partition {
+            continue;
+        }
+        in_kafka.entry(rec.collection_id.clone()).or_default().push((m.offset, rec));
+    }
+    for v in in_kafka.values_mut() {
+        v.sort_by_key(|(o, _)| *o);
+    }
+    let mut expected_log: BTreeMap<String, Vec<LogRecord>> = BTreeMap::new();
+    for r in log {
+        expected_log.entry(r.collection_id.clone()).or_default().push(r.clone());
+    }
+    // Match from the end (a truncated log misses a prefix), markers always included.
+    let mut model_log: Vec<(i64, LogRecord)> = Vec::new();
+    // Collections whose last expected record is no longer in the topic: position unknown.
+    let mut position_before: BTreeMap<String, i64> = BTreeMap::new();
+    let cids: BTreeSet<String> = expected_log.keys().chain(in_kafka.keys()).cloned().collect();
+    for cid in &cids {
+        let home = partition_for(cid.as_bytes(), partitions as u32) as i32;
+        let kafka = in_kafka.get(cid).map(Vec::as_slice).unwrap_or_default();
+        let wanted = expected_log.get(cid).map(Vec::as_slice).unwrap_or_default();
+        let mut matched: Vec<(i64, LogRecord)> = Vec::new();
+        let mut k = kafka.len();
+        let mut w = wanted.len();
+        while k > 0 {
+            k -= 1;
+            let (o, r) = &kafka[k];
+            if r.operation == Operation::BackfillFn {
+                matched.push((*o, r.clone()));
+            } else if w > 0 && wanted[w - 1] == *r {
+                w -= 1;
+                matched.push((*o, r.clone()));
+            }
+        }
+        if w > 0 {
+            let start = first_offset.get(&home).copied().unwrap_or(0);
+            assert!(
+                start > 0,
+                "{w} records of {cid} (the first: {:?}) are not in partition {home} of {} in produce order",
+                wanted[0],
+                env.log_topic()
+            );
+            // Gone with retention: they preceded the partition's first offset.
+            for (i, r) in wanted[..w].iter().enumerate().rev() {
+                matched.push((start - w as i64 + i as i64, r.clone()));
+            }
+            if matched.iter().all(|(o, _)| *o < start) {
+                position_before.insert(cid.clone(), start);
+            }
+        }
+        matched.reverse();
+        model_log.extend(matched);
+    }
+    let model = sluice::materialize::model::reference(&model_log);
+    let mut expected_positions: BTreeMap<&str, i64> = BTreeMap::new();
+    for (o, r) in &model_log {
+        if !model.collections[&r.collection_id].rejected.contains(o) {
+            let p = expected_positions.entry(r.collection_id.as_str()).or_insert(-1);
+            *p = (*p).max(*o);
+        }
+    }
+
+    let listed: serde_json::Value = serde_json::from_str(&env.run(&["collections", "list", "--format", "json"])).expect("collections json");
+    let in_sysdb: BTreeMap<String, (i64, i64)> = listed
+        .as_array()
+        .expect("collections array")
+        .iter()
+        .map(|c| {
+            let id = c["id"].as_str().expect("collection id").to_string();
+            (id, (c["log_position"].as_i64().expect("log_position"), c["records"].as_i64().expect("records")))
+        })
+        .collect();
+    let functions: serde_json::Value = serde_json::from_str(&env.run(&["functions", "list", "--format", "json"])).expect("functions json");
+    let outputs: BTreeSet<String> =
+        functions.as_array().expect("functions array").iter().filter_map(|f| f["output"].as_str().map(str::to_string)).collect();
+    let expected_ids: BTreeSet<String> = expected_positions.keys().map(|c| c.to_string()).collect();
+    let actual_ids: BTreeSet<String> = in_sysdb.keys().filter(|c| !outputs.contains(*c)).cloned().collect();
+    assert_eq!(actual_ids, expected_ids, "the collections in the sysdb (besides function outputs {outputs:?})");
+
+    for (cid, cm) in &model.collections {
         let expected: Vec<serde_json::Value> = cm.records.values().map(record_to_json).collect();
         let actual: Vec<serde_json::Value> =
             env.run(&["records", cid, "--format", "jsonl"]).lines().map(|l| serde_json::from_str(l).expect("record JSON")).collect();
         assert_eq!(actual, expected, "records of {cid}");
+        let Some(&(position, count)) = in_sysdb.get(cid) else { continue };
+        assert_eq!(count, cm.records.len() as i64, "record count of {cid}");
+        match position_before.get(cid) {
+            Some(start) => assert!(position < *start, "log_position of {cid}: {position}, its records all precede offset {start}"),
+            None => assert_eq!(position, expected_positions[cid.as_str()], "log_position of {cid}"),
+        }
     }
 }
 
@@ -389,10 +531,15 @@ pub struct ConsumedMsg {
 /// when called (everything produced before), with a plain consumer (no group offsets).
 /// Panics if that takes longer than `timeout`.
 pub fn consume_all(topic: &str, partitions: i32, timeout: Duration) -> Vec<ConsumedMsg> {
+    consume_all_from(&brokers(), topic, partitions, timeout)
+}
+
+/// [`consume_all`] from the given bootstrap servers.
+pub fn consume_all_from(bootstrap: &str, topic: &str, partitions: i32, timeout: Duration) -> Vec<ConsumedMsg> {
     use rdkafka::message::{Headers, Message};
     use rdkafka::{Offset, TopicPartitionList};
     let consumer: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", brokers())
+        .set("bootstrap.servers", bootstrap)
         .set("group.id", format!("it-reader-{}", suffix()))
         .set("enable.auto.commit", "false")
         .create()

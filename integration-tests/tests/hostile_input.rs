@@ -23,13 +23,10 @@ use std::time::{Duration, Instant};
 
 use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
 use rdkafka::ClientConfig;
-use serde_json::Value;
-use sluice::cli::jsonl::record_to_json;
-use sluice::materialize::model::reference;
 use sluice::record::codec::{decode, encode};
 use sluice::record::{LogRecord, MetaValue, Metadata, Operation};
 use sluice::workload::{generate, WorkloadSpec};
-use sluice_integration_tests::{brokers, repo_root, require_kafka, Env};
+use sluice_integration_tests::{assert_records_match_model, brokers, repo_root, require_kafka, Env};
 
 /// Peak resident set size allowed for the replica, in MB.
 const RSS_BOUND_MB: u64 = 400;
@@ -224,28 +221,32 @@ fn sqlite_hostile_records_go_to_the_dlq_with_exact_kinds_and_memory_stays_bounde
     let peak_kb = peak_rss_kb(pid);
     eprintln!("replica peak RSS (VmHWM): {} MB", peak_kb / 1024);
 
-    // Every good record is materialized as the reference model says.
-    let log: Vec<(i64, LogRecord)> = good.iter().cloned().enumerate().map(|(i, r)| (i as i64, r)).collect();
-    let model = reference(&log);
-    for (cid, cm) in &model.collections {
-        let want: Vec<Value> = cm.records.values().map(record_to_json).collect();
-        let got: Vec<Value> = env.run(&["records", cid, "--format", "jsonl"]).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
-        assert_eq!(got, want, "records of {cid}");
-    }
+    // Every good record is materialized as the reference model says (at its Kafka offset).
+    assert_records_match_model(&env, &good);
 
-    // Every nasty record is in the DLQ, exactly once, with the expected kind.
+    // Every nasty record is in the DLQ, exactly once, with the expected kind, and names
+    // the partition and offset where it really is in the log.
+    let log: BTreeMap<(i32, i64), Vec<u8>> = sluice_integration_tests::consume_all(&topic, partitions, Duration::from_secs(60))
+        .into_iter()
+        .map(|m| ((m.partition, m.offset), m.payload))
+        .collect();
     let dlq = read_all(&env.dlq_topic(), partitions);
     let mut seen: BTreeMap<&str, &str> = BTreeMap::new();
     let oversized: BTreeMap<&str, &str> =
         corpus.iter().filter(|(_, p, _)| p.len() > 1_000_000).map(|(n, _, k)| (*k, *n)).collect();
     for (payload, h) in &dlq {
+        let partition: i32 = h.get("sluice.source.partition").and_then(|p| p.parse().ok()).unwrap_or_else(|| panic!("source partition: {h:?}"));
+        let offset: i64 = h.get("sluice.source.offset").and_then(|p| p.parse().ok()).unwrap_or_else(|| panic!("source offset: {h:?}"));
+        let source = log.get(&(partition, offset)).unwrap_or_else(|| panic!("{partition}/{offset} is not in the log: {h:?}"));
         if h.get("sluice.payload.omitted").map(String::as_str) == Some("too_large") {
             assert!(payload.is_empty(), "an omitted payload is empty");
             let kind = h.get("sluice.error.kind").map(String::as_str).unwrap_or_default();
             let name = oversized.get(kind).unwrap_or_else(|| panic!("payload omitted for an unexpected kind {kind}: {h:?}"));
+            assert_eq!(expected.get(source).map(|(n, _)| n), Some(name), "the omitted DLQ payload's source {partition}/{offset} is the {name} record");
             assert!(seen.insert(name, kind).is_none(), "{name} is in the DLQ twice");
             continue;
         }
+        assert!(payload == source, "the DLQ payload ({} bytes) is not the message at its source {partition}/{offset} ({} bytes): {h:?}", payload.len(), source.len());
         let Some((name, kind)) = expected.get(payload) else {
             panic!("unexpected DLQ record ({} bytes, headers {h:?})", payload.len());
         };

@@ -5,11 +5,9 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use serde_json::Value;
-use sluice::cli::jsonl::record_to_json;
-use sluice::materialize::model::reference;
 use sluice::record::LogRecord;
 use sluice::workload::{generate, WorkloadSpec};
-use sluice_integration_tests::{jsonl_lines, require_kafka, require_postgres, Env};
+use sluice_integration_tests::{assert_records_match_model, jsonl_lines, require_kafka, require_postgres, Env, Replica};
 
 const WAIT: Duration = Duration::from_secs(120);
 
@@ -27,26 +25,21 @@ fn workload(records: usize, seed: u64, prefix: &str) -> Vec<LogRecord> {
 }
 
 
-/// Every collection's records in the sysdb equal the reference model of everything
-/// produced, in produce order (per-partition order is the produce order).
+/// Every collection's records, record count and `log_position` in the sysdb equal the
+/// reference model of everything produced, fed the real Kafka offsets, and no other
+/// collection exists.
 fn assert_matches_model(env: &Env, produced: &[LogRecord]) {
-    let log: Vec<(i64, LogRecord)> = produced.iter().cloned().enumerate().map(|(i, r)| (i as i64, r)).collect();
-    let model = reference(&log);
-    let listed: Value = serde_json::from_str(&env.run(&["collections", "list", "--format", "json"])).unwrap();
-    let counts: BTreeMap<String, i64> = listed
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|c| (c["id"].as_str().unwrap().to_string(), c["records"].as_i64().unwrap()))
-        .collect();
-    for (cid, cm) in &model.collections {
-        let expected: Vec<Value> = cm.records.values().map(record_to_json).collect();
-        let out = env.run(&["records", cid, "--format", "jsonl"]);
-        let actual: Vec<Value> = out.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
-        assert_eq!(actual.len(), expected.len(), "record count of {cid}");
-        assert_eq!(actual, expected, "records of {cid}");
-        assert_eq!(counts.get(cid).copied(), Some(cm.records.len() as i64), "record_count of {cid}");
-    }
+    assert_records_match_model(env, produced);
+}
+
+/// The replica stopped at the named fail point (its own stderr line), not elsewhere.
+fn assert_fail_point_reached(r: &Replica, name: &str) {
+    let log = r.log_text();
+    assert!(log.contains(&format!("sluice: fail point {name} reached")), "the replica did not stop at the fail point {name}:\n{log}");
+}
+
+fn positions(env: &Env) -> Vec<Value> {
+    serde_json::from_str::<Value>(&env.run(&["offsets", "show", "--format", "json"])).unwrap().as_array().unwrap().clone()
 }
 
 fn init(env: &Env, partitions: u32) {
@@ -61,13 +54,31 @@ fn crash_after_sysdb_commit_then_restart(env: Env) {
     let mut r = env.spawn_replica("crash", &[("SLUICE_FAILPOINT", "after_sysdb_commit:2")]);
     let status = r.wait_exit(WAIT).expect("replica reaches the fail point");
     assert!(!status.success(), "the fail point aborts the process");
+    assert_fail_point_reached(&r, "after_sysdb_commit");
     let before: Value = serde_json::from_str(&env.run(&["offsets", "show", "--format", "json"])).unwrap();
     let sysdb_sum: i64 = before.as_array().unwrap().iter().map(|r| r["sysdb_next_offset"].as_i64().unwrap_or(0)).sum();
     let group_sum: i64 = before.as_array().unwrap().iter().map(|r| r["group_offset"].as_i64().unwrap_or(0)).sum();
     assert!(group_sum < sysdb_sum, "the group offset lags the sysdb after the crash ({group_sum} vs {sysdb_sum})");
 
-    let _r2 = env.spawn_replica("restart", &[]);
+    let r2 = env.spawn_replica("restart", &[]);
     let offsets = env.wait_caught_up(WAIT);
+    // The restarted replica started every partition that had a sysdb position there, not
+    // at the lagging group offset: the committed batch is not applied a second time.
+    let starts: BTreeMap<i64, String> = r2
+        .log_text()
+        .lines()
+        .filter(|l| l.contains("partition starts"))
+        .filter_map(|l| {
+            let field = |k: &str| l.split_once(&format!(" {k}="))?.1.split_whitespace().next().map(str::to_string);
+            Some((field("partition")?.parse().ok()?, format!("{}/{}", field("offset")?, field("source")?)))
+        })
+        .collect();
+    for row in before.as_array().unwrap() {
+        if let Some(pos) = row["sysdb_next_offset"].as_i64() {
+            let p = row["partition"].as_i64().unwrap();
+            assert_eq!(starts.get(&p), Some(&format!("{pos}/Sysdb")), "partition {p} restarts at its sysdb position (group offset {}):\n{}", row["group_offset"], r2.log_text());
+        }
+    }
     assert_matches_model(&env, &produced);
     // The group offset catches up to the sysdb position.
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
@@ -86,7 +97,13 @@ fn crash_before_sysdb_commit_then_restart(env: Env) {
     let produced = workload(2_000, 11, &env.prefix);
     env.produce(&jsonl_lines(&produced));
     let mut r = env.spawn_replica("crash", &[("SLUICE_FAILPOINT", "before_sysdb_commit:1")]);
-    assert!(r.wait_exit(WAIT).is_some(), "replica reaches the fail point");
+    let status = r.wait_exit(WAIT).expect("replica reaches the fail point");
+    assert!(!status.success(), "the fail point aborts the process");
+    assert_fail_point_reached(&r, "before_sysdb_commit");
+    // The aborted batch was the first commit: nothing reached the sysdb.
+    let after_crash = positions(&env);
+    let committed: i64 = after_crash.iter().map(|p| p["sysdb_next_offset"].as_i64().unwrap_or(0)).sum();
+    assert_eq!(committed, 0, "no batch committed before the abort: {after_crash:?}");
     let _r2 = env.spawn_replica("restart", &[]);
     env.wait_caught_up(WAIT);
     assert_matches_model(&env, &produced);

@@ -223,16 +223,17 @@ fn poison(env: Env) {
     let valid = encode(&good[0]);
     let mut wrong_dim = good.iter().find(|r| r.collection_id == c0 && r.embedding.is_some()).unwrap().clone();
     wrong_dim.embedding = Some(vec![1.0; 5]);
-    let mut expected_kinds: BTreeMap<String, usize> = BTreeMap::new();
-    let mut expect = |k: &str| *expected_kinds.entry(k.to_string()).or_default() += 1;
-    send(&c0, None, b"\xff\xfe garbage that is not avro");
-    expect("undecodable");
+    // Each poison message: its payload, the partition it lands on, its DLQ kind class.
+    let mut poisons: Vec<(Vec<u8>, i32, &str)> = Vec::new();
+    let garbage = b"\xff\xfe garbage that is not avro".to_vec();
+    send(&c0, None, &garbage);
+    poisons.push((garbage, home, "undecodable"));
     send(&c0, None, &valid[..valid.len() / 2]);
-    expect("undecodable");
+    poisons.push((valid[..valid.len() / 2].to_vec(), home, "undecodable"));
     send(&c0, None, &encode(&wrong_dim));
-    expect("dimension_mismatch");
+    poisons.push((encode(&wrong_dim), home, "dimension_mismatch"));
     send(&c0, Some((home + 1) % 3), &valid);
-    expect("misrouted");
+    poisons.push((valid.clone(), (home + 1) % 3, "misrouted"));
     prod.flush(Duration::from_secs(10)).unwrap();
     env.produce(&jsonl_lines(&good[200..]));
 
@@ -245,7 +246,7 @@ fn poison(env: Env) {
     let strict = env.with_processor("unknown_collections = \"reject\"");
     let stranger = LogRecord::data(format!("{}-stranger", env.prefix), "x", Operation::Upsert);
     send(&stranger.collection_id, None, &encode(&stranger));
-    expect("unknown_collection");
+    poisons.push((encode(&stranger), partition_for(stranger.collection_id.as_bytes(), 3) as i32, "unknown_collection"));
     let more = workload(100, 6, &env.prefix, 6);
     prod.flush(Duration::from_secs(10)).unwrap();
     strict.produce(&jsonl_lines(&more));
@@ -255,22 +256,38 @@ fn poison(env: Env) {
     let all: Vec<LogRecord> = good.iter().chain(&more).cloned().collect();
     assert_records_match_model(&env, &all);
 
+    // Where each poison message really is in the log: (partition, offset) -> kind class.
+    let log: BTreeMap<(i32, i64), Vec<u8>> = read_all(&topic, 3).into_iter().map(|(p, o, payload, _)| ((p, o), payload.unwrap_or_default())).collect();
+    let mut expected: BTreeMap<(i32, i64), String> = BTreeMap::new();
+    for (payload, partition, class) in &poisons {
+        let at: Vec<(i32, i64)> = log.iter().filter(|((p, _), v)| p == partition && *v == payload).map(|(k, _)| *k).collect();
+        assert_eq!(at.len(), 1, "the {class} message is once in partition {partition} of the log: {at:?}");
+        expected.insert(at[0], class.to_string());
+    }
     let dlq = read_all(&env.dlq_topic(), 3);
-    let mut kinds: BTreeMap<String, usize> = BTreeMap::new();
-    for (_, _, _, h) in &dlq {
+    let mut actual: BTreeMap<(i32, i64), String> = BTreeMap::new();
+    for (_, _, payload, h) in &dlq {
         assert_eq!(h.get("sluice.source.topic"), Some(&topic), "{h:?}");
-        assert!(h.get("sluice.source.partition").is_some_and(|p| p.parse::<i32>().is_ok()), "{h:?}");
-        assert!(h.get("sluice.source.offset").is_some_and(|p| p.parse::<i64>().is_ok()), "{h:?}");
+        let partition: i32 = h.get("sluice.source.partition").and_then(|p| p.parse().ok()).unwrap_or_else(|| panic!("source partition: {h:?}"));
+        let offset: i64 = h.get("sluice.source.offset").and_then(|p| p.parse().ok()).unwrap_or_else(|| panic!("source offset: {h:?}"));
         assert!(h.get("sluice.error.message").is_some_and(|m| !m.is_empty()), "{h:?}");
+        // The DLQ message carries the source message's bytes.
+        let source = log.get(&(partition, offset));
+        assert!(
+            payload.as_ref() == source,
+            "the DLQ payload ({:?} bytes) is not the message at its source {partition}/{offset} ({:?} bytes): {h:?}",
+            payload.as_ref().map(Vec::len),
+            source.map(Vec::len)
+        );
         let k = h.get("sluice.error.kind").cloned().unwrap_or_default();
         // Garbage and truncated Avro are both decode errors, each with its own kind.
         let class = match k.as_str() {
             "dimension_mismatch" | "misrouted" | "unknown_collection" => k.clone(),
             _ => "undecodable".into(),
         };
-        *kinds.entry(class).or_default() += 1;
+        assert!(actual.insert((partition, offset), class).is_none(), "{partition}/{offset} is in the DLQ twice");
     }
-    assert_eq!(kinds, expected_kinds, "DLQ by kind: {dlq:?}");
+    assert_eq!(actual, expected, "DLQ entries by source partition/offset and kind");
 }
 
 // ---------------------------------------------------------------------------------------

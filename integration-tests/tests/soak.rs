@@ -23,11 +23,11 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use sluice::cli::jsonl::{log_record_to_json, record_to_json};
-use sluice::materialize::model::{reference, reference_outputs};
+use sluice::materialize::model::reference_outputs;
 use sluice::record::partitioner::partition_for;
 use sluice::record::{LogRecord, Record};
 use sluice::workload::{generate, WorkloadSpec};
-use sluice_integration_tests::{free_port, http_get, require_kafka, Env, Replica};
+use sluice_integration_tests::{assert_records_match_model, free_port, http_get, require_kafka, Env, Replica};
 
 /// How long an assignment must have been held before a sample counts as taken with it
 /// (a newly assigned partition's prefetch queue and processor state fill first).
@@ -42,8 +42,22 @@ fn proc_status(pid: u32, field: &str) -> Option<u64> {
     s.lines().find(|l| l.starts_with(field))?.split_whitespace().nth(1)?.parse().ok()
 }
 
-fn fds(pid: u32) -> usize {
-    std::fs::read_dir(format!("/proc/{pid}/fd")).map(|d| d.count()).unwrap_or(0)
+fn fds(pid: u32) -> Option<usize> {
+    std::fs::read_dir(format!("/proc/{pid}/fd")).ok().map(|d| d.count())
+}
+
+/// The long-lived replica must still run: a dead one reads as no growth at all.
+fn assert_alive(r: &mut Replica, t: f64) {
+    if let Some(status) = r.child.try_wait().expect("try_wait") {
+        panic!("the long-lived replica exited ({status}) at t={t:.0} s; its log:\n{}", r.log_text());
+    }
+}
+
+/// One resource sample of the running replica; every value must be there and non-zero.
+fn measure(pid: u32, t: f64) -> (u64, u64, u64, usize, u64) {
+    let field = |f: &str| proc_status(pid, f).filter(|v| *v > 0).unwrap_or_else(|| panic!("{f} of the long-lived replica (pid {pid}) at t={t:.0} s is missing or 0"));
+    let fds = fds(pid).filter(|n| *n > 0).unwrap_or_else(|| panic!("no open descriptors listed for pid {pid} at t={t:.0} s"));
+    (field("VmRSS:"), field("RssAnon:"), proc_status(pid, "RssFile:").unwrap_or_else(|| panic!("RssFile of pid {pid} at t={t:.0} s")), fds, field("Threads:"))
 }
 
 /// The partitions the replica holds, as a bit set: one
@@ -196,7 +210,7 @@ fn soak_two_replicas_with_kills_and_a_function_attached_midway() {
     let mut long_env: Vec<(&str, &str)> = replica_env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
     let victim_env = long_env.clone();
     long_env.push(("SLUICE_HTTP", &http));
-    let long_lived: Replica = env.spawn_replica("long-lived", &long_env);
+    let mut long_lived: Replica = env.spawn_replica("long-lived", &long_env);
     let pid = long_lived.child.id();
     let mut victim = env.spawn_replica("victim-0", &victim_env);
     // The function goes on a collection of a partition the long-lived replica holds, so
@@ -272,21 +286,16 @@ fn soak_two_replicas_with_kills_and_a_function_attached_midway() {
             victim = env.spawn_replica(&format!("victim-{kills}"), &victim_env);
             last_kill = Instant::now();
         }
-        let held = partitions_held(long_port);
         let t = started.elapsed().as_secs_f64();
+        assert_alive(&mut long_lived, t);
+        let held = partitions_held(long_port);
+        assert!(held.is_some(), "the long-lived replica's /metrics did not answer at t={t:.0} s");
+        let (rss, anon, file, fds, threads) = measure(pid, t);
+        assert_alive(&mut long_lived, t);
         if samples.last().is_some_and(|p| p.held != held) {
             held_since = t;
         }
-        samples.push(Sample {
-            t,
-            held,
-            held_for: t - held_since,
-            rss: proc_status(pid, "VmRSS:").unwrap_or(0),
-            anon: proc_status(pid, "RssAnon:").unwrap_or(0),
-            file: proc_status(pid, "RssFile:").unwrap_or(0),
-            fds: fds(pid),
-            threads: proc_status(pid, "Threads:").unwrap_or(0),
-        });
+        samples.push(Sample { t, held, held_for: t - held_since, rss, anon, file, fds, threads });
         if let Some(rest) = Duration::from_secs(1).checked_sub(tick.elapsed()) {
             std::thread::sleep(rest);
         }
@@ -310,13 +319,10 @@ fn soak_two_replicas_with_kills_and_a_function_attached_midway() {
             std::thread::sleep(Duration::from_millis(500));
         }
     }
+    assert_alive(&mut long_lived, started.elapsed().as_secs_f64());
     // Exactness.
+    assert_records_match_model(&env, &produced);
     let log: Vec<(i64, LogRecord)> = produced.iter().cloned().enumerate().map(|(i, r)| (i as i64, r)).collect();
-    for (cid, cm) in &reference(&log).collections {
-        let expected: Vec<Value> = cm.records.values().map(record_to_json).collect();
-        let actual: Vec<Value> = env.run(&["records", cid]).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
-        assert_eq!(actual, expected, "records of {cid}");
-    }
     let model = reference_outputs(&log, &target_collection, "statistics");
     let expected: Vec<Value> = model
         .iter()
@@ -387,5 +393,6 @@ fn soak_two_replicas_with_kills_and_a_function_attached_midway() {
     );
     assert!(last.fds <= warm.fds + 8, "file descriptors leak: {} -> {}", warm.fds, last.fds);
     assert!(last.threads <= warm.threads + 4, "threads leak: {} -> {}", warm.threads, last.threads);
+    assert_alive(&mut long_lived, started.elapsed().as_secs_f64());
     drop(long_lived);
 }

@@ -11,10 +11,10 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use sluice::cli::jsonl::record_to_json;
-use sluice::materialize::model::{reference, reference_outputs};
+use sluice::materialize::model::reference_outputs;
 use sluice::record::{LogRecord, Record};
 use sluice::workload::{generate, WorkloadSpec};
-use sluice_integration_tests::{jsonl_lines, free_port, http_get, metric_samples, repo_root, require_kafka, require_postgres, Env, Replica};
+use sluice_integration_tests::{assert_records_match_model, jsonl_lines, free_port, http_get, metric_samples, repo_root, require_kafka, require_postgres, Env, Replica};
 
 const WAIT: Duration = Duration::from_secs(180);
 
@@ -28,25 +28,27 @@ fn readyz(port: u16) -> Option<(u16, String)> {
     http_get(port, "/readyz").map(|(s, _, b)| (s, b))
 }
 
-/// Every partition's group offset gauge is at or below its sysdb gauge.
+/// Every partition's group offset gauge is at or below its sysdb gauge. /metrics must
+/// answer (also while the sysdb is down) and show the partitions' sysdb positions.
 fn group_never_ahead(port: u16) {
-    let Some((200, _, body)) = http_get(port, "/metrics") else { return };
+    let Some((200, _, body)) = http_get(port, "/metrics") else {
+        panic!("/metrics on port {port} did not answer 200: {:?}", http_get(port, "/metrics").map(|(s, _, _)| s))
+    };
     let m = metric_samples(&body);
+    assert!(
+        m.keys().any(|k| k.starts_with("sluice_partition_sysdb_next_offset{")),
+        "no sluice_partition_sysdb_next_offset series on /metrics:\n{body}"
+    );
     for (k, group) in m.iter().filter(|(k, _)| k.starts_with("sluice_partition_group_offset{")) {
         let sysdb_key = k.replace("sluice_partition_group_offset", "sluice_partition_sysdb_next_offset");
-        if let Some(sysdb) = m.get(&sysdb_key) {
-            assert!(group <= sysdb, "group offset {group} ahead of the sysdb {sysdb} ({k})");
-        }
+        let sysdb = m.get(&sysdb_key).unwrap_or_else(|| panic!("{k} has no {sysdb_key} beside it"));
+        assert!(group <= sysdb, "group offset {group} ahead of the sysdb {sysdb} ({k})");
     }
 }
 
 fn assert_exact(env: &Env, log: &[LogRecord], function_output: Option<(&str, &str)>) {
+    assert_records_match_model(env, log);
     let indexed: Vec<(i64, LogRecord)> = log.iter().cloned().enumerate().map(|(i, r)| (i as i64, r)).collect();
-    for (cid, cm) in &reference(&indexed).collections {
-        let expected: Vec<Value> = cm.records.values().map(record_to_json).collect();
-        let actual: Vec<Value> = env.run(&["records", cid]).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
-        assert_eq!(actual, expected, "records of {cid}");
-    }
     if let Some((collection, output)) = function_output {
         let model = reference_outputs(&indexed, collection, "statistics");
         let expected: Vec<Value> = model
@@ -97,6 +99,11 @@ fn wait_ready(port: u16) {
     }
 }
 
+fn function_status(env: &Env, id: &str) -> Value {
+    let fl: Value = serde_json::from_str(&env.run(&["functions", "list", "--format", "json"])).unwrap();
+    fl.as_array().unwrap().iter().find(|f| f["id"] == id).cloned().unwrap_or_else(|| panic!("function {id} not listed: {fl}"))
+}
+
 fn pg(cmd: &str) {
     let st = Command::new(repo_root().join("deploy/local/postgres.sh")).arg(cmd).status().unwrap();
     assert!(st.success(), "postgres.sh {cmd}");
@@ -109,20 +116,41 @@ fn postgres_restart_during_processing_and_backfill(env: Env) {
     env.produce(&jsonl_lines(&base));
     let port = free_port();
     let p = port.to_string();
-    let r: Replica = env.spawn_replica("r1", &[("SLUICE_HTTP", &format!("127.0.0.1:{p}"))]);
+    // The backfill stalls before its 3rd chunk commit for STALL: PostgreSQL goes down
+    // while the function is surely `backfilling` (only a chunk commit can end it).
+    const STALL: Duration = Duration::from_secs(12);
+    let stall_ms = STALL.as_millis().to_string();
+    let r: Replica = env.spawn_replica(
+        "r1",
+        &[
+            ("SLUICE_HTTP", &format!("127.0.0.1:{p}")),
+            ("SLUICE_FAILPOINT", "sleep_before_backfill_chunk_commit:3"),
+            ("SLUICE_FAILPOINT_SLEEP_MS", &stall_ms),
+        ],
+    );
     env.wait_caught_up(WAIT);
     let c = base[0].collection_id.clone();
     let attached: Value = serde_json::from_str(env.run(&["functions", "attach", &c, "--function", "statistics", "--output", "stats"]).trim()).unwrap();
+    let id = attached["function_id"].as_str().unwrap().to_string();
     let live = produce_during(&env, 10, || {
-        std::thread::sleep(Duration::from_millis(800));
+        let deadline = Instant::now() + WAIT;
+        while !r.log_text().contains("fail point sleep_before_backfill_chunk_commit reached") {
+            assert!(Instant::now() < deadline, "the backfill never reached its 3rd chunk commit:\n{}", r.log_text());
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let stalled_at = Instant::now();
+        let f = function_status(&env, &id);
+        assert_eq!(f["status"], "backfilling", "the function is backfilling when PostgreSQL stops: {f}");
         pg("stop");
+        assert!(stalled_at.elapsed() < STALL, "PostgreSQL stopped {:?} after the stall began: the chunk may have committed", stalled_at.elapsed());
+        assert!(!r.log_text().contains("fail point sleep_before_backfill_chunk_commit: awake"), "the stalled chunk woke before the database stopped");
         wait_not_ready(port, "sysdb unavailable");
         std::thread::sleep(Duration::from_secs(3));
         pg("start");
         wait_ready(port);
     });
     env.wait_caught_up(WAIT);
-    let id = attached["function_id"].as_str().unwrap();
+    let id = id.as_str();
     let deadline = Instant::now() + WAIT;
     loop {
         let fl: Value = serde_json::from_str(&env.run(&["functions", "list", "--format", "json"])).unwrap();

@@ -145,13 +145,20 @@ async fn concurrent_first_opens_migrate_once_and_a_newer_schema_is_refused() {
 async fn wrong_password_is_refused_without_echoing_it() {
     let url = url();
     let Some(_probe) = open(&url).await else { return };
-    // The local cluster may trust loopback connections (any password works); only check
-    // that whatever comes back never contains the password.
+    // The local cluster asks TCP clients for their password (`deploy/local/postgres.sh`
+    // configures scram-sha-256 and upgrades older trusting clusters on `start`).
     let bad = url.replacen("sluice:sluice@", "sluice:not-the-password-42@", 1);
-    if let Err(e) = Sysdb::open(&bad).await {
-        let text = format!("{e} {e:?}");
-        assert!(!text.contains("not-the-password-42"), "{text}");
-    }
+    assert_ne!(bad, url, "the test URL carries the password sluice:sluice");
+    let e = match Sysdb::open(&bad).await {
+        Ok(_) => panic!(
+            "PostgreSQL at {} accepted a wrong password: it trusts TCP connections. Run `deploy/local/postgres.sh start` to switch the local cluster to password authentication",
+            sluice::sysdb::redact_url(&url)
+        ),
+        Err(e) => e,
+    };
+    let text = format!("{e} {e:?}");
+    assert!(text.contains("password authentication failed"), "the error names the refused password: {text}");
+    assert!(!text.contains("not-the-password-42"), "{text}");
 }
 
 /// `cargo test --release -p sluice-integration-tests --test sysdb_postgres -- --ignored --nocapture`
