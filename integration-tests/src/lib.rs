@@ -542,6 +542,9 @@ pub fn consume_all_from(bootstrap: &str, topic: &str, partitions: i32, timeout: 
         .set("bootstrap.servers", bootstrap)
         .set("group.id", format!("it-reader-{}", suffix()))
         .set("enable.auto.commit", "false")
+        // Like the processor: committed transactions only. Transaction markers and aborted
+        // records are never delivered; the consumer's position steps over them.
+        .set("isolation.level", "read_committed")
         .create()
         .expect("consumer");
     let mut highs = std::collections::BTreeMap::new();
@@ -576,7 +579,17 @@ pub fn consume_all_from(bootstrap: &str, topic: &str, partitions: i32, timeout: 
                 });
             }
             Some(Err(e)) => panic!("consumer error: {e}"),
-            None => {}
+            None => {
+                // Nothing delivered: the position may have passed transaction markers.
+                if let Ok(positions) = consumer.position() {
+                    for e in positions.elements() {
+                        if let Offset::Offset(o) = e.offset() {
+                            let n = next.entry(e.partition()).or_insert(0);
+                            *n = (*n).max(o);
+                        }
+                    }
+                }
+            }
         }
     }
     out
