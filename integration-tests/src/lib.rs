@@ -548,14 +548,16 @@ pub fn consume_all_from(bootstrap: &str, topic: &str, partitions: i32, timeout: 
         .create()
         .expect("consumer");
     let mut highs = std::collections::BTreeMap::new();
+    // Records below the log start are gone (retention, DeleteRecords): reading starts there.
+    let mut next = std::collections::BTreeMap::new();
     let mut tpl = TopicPartitionList::new();
     for p in 0..partitions {
-        let (_, high) = consumer.fetch_watermarks(topic, p, Duration::from_secs(10)).expect("watermarks");
+        let (low, high) = consumer.fetch_watermarks(topic, p, Duration::from_secs(10)).expect("watermarks");
         highs.insert(p, high);
+        next.insert(p, low);
         tpl.add_partition_offset(topic, p, Offset::Beginning).expect("tpl");
     }
     consumer.assign(&tpl).expect("assign");
-    let mut next: std::collections::BTreeMap<i32, i64> = (0..partitions).map(|p| (p, 0)).collect();
     let mut out = Vec::new();
     let deadline = Instant::now() + timeout;
     while next.iter().any(|(p, n)| *n < highs[p]) {
