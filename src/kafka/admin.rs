@@ -87,11 +87,15 @@ impl MetadataClient {
         }
     }
 
-    /// `(low, high)` watermarks of a partition.
+    /// `(low, high)` watermarks of a partition. This client is never polled, so its view
+    /// of partition leaders is refreshed only on request: after a leader moved (a broker
+    /// died) the query fails with "unknown partition" until the metadata is read again,
+    /// which a failure here does before the caller's retry.
     pub fn watermarks(&self, topic: &str, partition: i32) -> Result<(i64, i64), KafkaError> {
-        self.consumer
-            .fetch_watermarks(topic, partition, self.timeout)
-            .map_err(|e| broker_err(format!("watermarks of {topic}/{partition}"), e))
+        self.consumer.fetch_watermarks(topic, partition, self.timeout).map_err(|e| {
+            let _ = self.consumer.fetch_metadata(Some(topic), self.timeout);
+            broker_err(format!("watermarks of {topic}/{partition}"), e)
+        })
     }
 
     /// Committed group offsets (next to read) of the given partitions; absent = none.
