@@ -38,6 +38,16 @@
 //!   aggregate outputs (`OutputDelta::Count`).
 //! * `tombstones(collection_id, id, last_offset)` — versioned removals of map outputs
 //!   while a backfill runs (dropped when it finishes).
+//!
+//! Step 3, attach rules and lost markers:
+//! * `outbox.published_offset` — the log offset where the marker was last published
+//!   (NULL while pending, and for rows sent before this step); the outbox relay compares
+//!   it with the partition's `next_offset` to find markers that were passed without
+//!   effect.
+//! * a partial unique index: at most one non-`detached` function writes an output
+//!   collection, whatever its input.
+//! * a partial index on `functions` of those still `awaiting_marker` (the relay's gauge
+//!   and lost-marker scan read only those).
 
 use super::SysdbError;
 
@@ -180,6 +190,15 @@ CREATE TABLE tombstones (
 ) WITHOUT ROWID;
 "#,
     },
+    Migration {
+        version: 3,
+        description: "outbox/functions: published marker offsets, one live writer per output",
+        sql: r#"
+ALTER TABLE outbox ADD COLUMN published_offset INTEGER NULL;
+CREATE UNIQUE INDEX functions_one_live_writer_per_output ON functions (output_collection) WHERE status <> 'detached';
+CREATE INDEX functions_awaiting_marker ON functions (created_at_ms) WHERE status = 'awaiting_marker';
+"#,
+    },
 ];
 
 /// PostgreSQL steps.
@@ -309,6 +328,15 @@ CREATE TABLE tombstones (
     last_offset   BIGINT NOT NULL,
     PRIMARY KEY (collection_id, id)
 );
+"#,
+    },
+    Migration {
+        version: 3,
+        description: "outbox/functions: published marker offsets, one live writer per output",
+        sql: r#"
+ALTER TABLE outbox ADD COLUMN published_offset BIGINT NULL;
+CREATE UNIQUE INDEX functions_one_live_writer_per_output ON functions (output_collection) WHERE status <> 'detached';
+CREATE INDEX functions_awaiting_marker ON functions (created_at_ms) WHERE status = 'awaiting_marker';
 "#,
     },
 ];
