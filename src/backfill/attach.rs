@@ -81,7 +81,7 @@ pub fn refusal(conflict: &AttachConflict, collection: &str, function: &str, outp
             f.id
         ),
         AttachConflict::OutputLeftBy(f) => format!(
-            "output collection {output:?} still holds the records of detached {} (it was detached without --drop-output); \
+            "output collection {output:?} still holds the records of {}, detached without --drop-output; \
              run `sluice functions detach {} --drop-output` to drop them, then attach again, or choose another --output name",
             describe(f),
             f.id
