@@ -11,7 +11,7 @@ use sluice::cli::jsonl::record_to_json;
 use sluice::materialize::model::reference_outputs;
 use sluice::record::{LogRecord, Record};
 use sluice::workload::{generate, WorkloadSpec};
-use sluice_integration_tests::{jsonl_lines, require_kafka, require_postgres, Env};
+use sluice_integration_tests::{free_port, http_get, jsonl_lines, metric_samples, require_kafka, require_postgres, Env};
 
 const WAIT: Duration = Duration::from_secs(120);
 
@@ -90,6 +90,34 @@ fn assert_outputs(env: &Env, log: &[LogRecord], collection: &str, function: &str
     assert_eq!(actual, expected, "{function} output {output} differs from the reference");
 }
 
+/// `POST path` with a JSON body: `(status, JSON body)`, or `None` while nothing listens.
+fn http_post(port: u16, path: &str, body: &str) -> Option<(u16, Value)> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(30))).ok()?;
+    let head = format!("POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n", body.len());
+    s.write_all(head.as_bytes()).ok()?;
+    s.write_all(body.as_bytes()).ok()?;
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).ok()?;
+    let text = String::from_utf8(raw).ok()?;
+    let (head, body) = text.split_once("\r\n\r\n")?;
+    Some((head.split(' ').nth(1)?.parse().ok()?, serde_json::from_str(body).unwrap_or(Value::Null)))
+}
+
+/// Wait until one series on a replica's `/metrics` satisfies `ok`.
+fn wait_metric(port: u16, series: &str, ok: impl Fn(f64) -> bool, timeout: Duration) {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let got = http_get(port, "/metrics").and_then(|(_, _, body)| metric_samples(&body).get(series).copied());
+        if got.is_some_and(&ok) {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{series} is {got:?}, never as expected");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
 fn partition0(env: &Env) -> Value {
     let v: Value = serde_json::from_str(&env.run(&["offsets", "show", "--format", "json"])).unwrap();
     v.as_array().unwrap().iter().find(|r| r["partition"] == 0).cloned().expect("partition 0 in offsets show")
@@ -126,7 +154,8 @@ fn refusals(env: Env) {
     let data = workload(400, 31, &env.prefix, 2, 60);
     let c1 = data[0].collection_id.clone();
     let c2 = data.iter().map(|r| &r.collection_id).find(|c| **c != c1).expect("two collections").clone();
-    let _r = env.spawn_replica("r1", &[]);
+    let port = free_port();
+    let _r = env.spawn_replica("r1", &[("SLUICE_HTTP", &format!("127.0.0.1:{port}"))]);
     env.produce(&jsonl_lines(&data));
     env.wait_caught_up(WAIT);
 
@@ -139,6 +168,19 @@ fn refusals(env: Env) {
     // The output is written by a live function: another function, or another input.
     refused(&env, &c1, "statistics", "count", &[&id, "\"count\"", "already written by", "--drop-output"]);
     refused(&env, &c2, "record_counter", "count", &[&id, "\"count\"", "already written by", "--output"]);
+    // The admin API refuses the same way: 400 with the message.
+    let body = serde_json::json!({"collection": c2, "function": "record_counter", "output": "count"}).to_string();
+    let deadline = Instant::now() + WAIT;
+    let (status, err) = loop {
+        if let Some(answer) = http_post(port, "/api/v1/functions", &body) {
+            break answer;
+        }
+        assert!(Instant::now() < deadline, "the admin API never answered");
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert_eq!((status, err["error"].as_str()), (400, Some("bad_request")), "{err}");
+    let message = err["message"].as_str().unwrap_or_default();
+    assert!(message.contains(&id) && message.contains("already written by"), "{message}");
     // A data collection as output.
     refused(&env, &c1, "record_counter", &c2, &[&format!("{c2:?}"), "holds data", "--output"]);
     // A function's output as input (it would never see live changes: refused).
@@ -178,9 +220,10 @@ fn refusals(env: Env) {
 }
 
 // A marker written while no replica ran, then skipped by `offsets reset` to the high
-// watermark: the function is left awaiting a marker that no replica will read. The relay
-// of the next replica sees the partition past the marker's offset, publishes it again,
-// and the function ends ready with exact outputs.
+// watermark: the function is left awaiting a marker that no replica will read. A relay
+// sees the partition past the marker's offset and publishes it again (once), the gauge
+// shows the function waiting, and a replica then starts it from the republished marker:
+// ready, with exact outputs.
 both_backends!(a_marker_passed_by_an_offsets_reset_is_republished, lost_marker);
 fn lost_marker(env: Env) {
     env.run(&["init", "--partitions", "1"]);
@@ -201,12 +244,23 @@ fn lost_marker(env: Env) {
     env.run(&["offsets", "reset", "--partition", "0", "--to", &high.to_string(), "--reason", "skip past the marker"]);
     assert_eq!(function(&env, &id)["status"], "awaiting_marker");
 
-    let r2 = env.spawn_replica("r2", &[]);
+    // A replica that only runs the outbox relay: it republishes the lost marker once,
+    // and reports the function awaiting it (no processor reads the partition).
+    let port = free_port();
+    let mut relay = env.spawn_replica_with("relay", &["--roles", "relay"], &[("SLUICE_HTTP", &format!("127.0.0.1:{port}"))]);
+    wait_metric(port, "sluice_markers_republished_total", |v| v == 1.0, WAIT);
+    wait_metric(port, "sluice_functions_awaiting_marker_oldest_seconds", |v| v >= 1.0, WAIT);
+    let relay_log = relay.log_text();
+    assert_eq!(relay_log.matches("outbox relay republished a lost marker").count(), 1, "one republish:\n{relay_log}");
+    relay.terminate(Duration::from_secs(30)).expect("the relay replica stops");
+    assert_eq!(function(&env, &id)["status"], "awaiting_marker");
+
+    let port = free_port();
+    let r2 = env.spawn_replica("r2", &[("SLUICE_HTTP", &format!("127.0.0.1:{port}"))]);
     let f = wait_status(&env, &id, "ready", WAIT);
-    let log = r2.log_text();
-    assert!(log.contains("outbox relay republished a lost marker"), "the relay never republished the marker:\n{log}");
-    assert!(f["marker_offset"].as_i64().unwrap() >= high, "the backfill started at the skipped marker (offset {}), not at the republished one: {f}", next);
+    assert!(f["marker_offset"].as_i64().unwrap() >= high, "the backfill started at the skipped marker (offset {next}), not at the republished one: {f}");
     assert_outputs(&env, &data, &c, "statistics", "stats");
+    wait_metric(port, "sluice_functions_awaiting_marker_oldest_seconds", |v| v == 0.0, WAIT);
 
     // Live changes after the republished marker keep the output exact.
     let more = workload(200, 42, &env.prefix, 2, 120);
@@ -215,5 +269,5 @@ fn lost_marker(env: Env) {
     let all: Vec<LogRecord> = data.iter().chain(&more).cloned().collect();
     assert_outputs(&env, &all, &c, "statistics", "stats");
     let log = r2.log_text();
-    assert_eq!(log.matches("outbox relay republished a lost marker").count(), 1, "republished more than once:\n{log}");
+    assert!(!log.contains("outbox relay republished a lost marker"), "the marker was republished again:\n{log}");
 }
