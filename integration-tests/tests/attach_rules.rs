@@ -271,3 +271,31 @@ fn lost_marker(env: Env) {
     let log = r2.log_text();
     assert!(!log.contains("outbox relay republished a lost marker"), "the marker was republished again:\n{log}");
 }
+
+// A lost marker of a collection that is still not registered, under "reject": republishing
+// it would only dead-letter it again, so the relay leaves it (and says so); the gauge shows
+// the function waiting.
+both_backends!(a_lost_marker_of_an_unregistered_collection_under_reject_is_left, lost_under_reject);
+fn lost_under_reject(env: Env) {
+    env.run(&["init", "--partitions", "1"]);
+    let env = env.with_sections("[backfill]\nrelay_interval_ms = 300\n");
+    let c = format!("{}-unregistered", env.prefix);
+    // Attached while the policy was "register": allowed, the marker is published.
+    let attached = attach(&env, &c, "record_counter", "count");
+    assert_eq!(attached["marker"], "published");
+    let id = attached["function_id"].as_str().unwrap().to_string();
+    env.run(&["offsets", "reset", "--partition", "0", "--to", "1", "--reason", "skip past the marker"]);
+
+    let strict = env.with_processor("unknown_collections = \"reject\"\n");
+    let port = free_port();
+    let relay = strict.spawn_replica_with("relay", &["--roles", "relay"], &[("SLUICE_HTTP", &format!("127.0.0.1:{port}"))]);
+    wait_metric(port, "sluice_functions_awaiting_marker_oldest_seconds", |v| v >= 1.0, WAIT);
+    let deadline = Instant::now() + WAIT;
+    while !relay.log_text().contains("lost marker not republished") {
+        assert!(Instant::now() < deadline, "the relay never said why it left the marker:\n{}", relay.log_text());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    wait_metric(port, "sluice_markers_republished_total", |v| v == 0.0, WAIT);
+    assert!(!relay.log_text().contains("republished a lost marker"));
+    assert_eq!(function(&env, &id)["status"], "awaiting_marker");
+}

@@ -245,6 +245,9 @@ pub async fn relay_once(config: &Config, sysdb: &Sysdb, producer: &Producer, met
     Ok(n)
 }
 
+/// The relay checks every `relay_interval_ms`: say it once a minute, not every pass.
+static NOT_REPUBLISHED_LOG: crate::ratelimit::RateLimiter = crate::ratelimit::RateLimiter::new(Duration::from_secs(60), 1);
+
 /// Publish again the markers the processor passed without starting their function.
 async fn republish_lost(config: &Config, sysdb: &Sysdb, producer: &Producer, metrics: Option<&crate::metrics::Metrics>) -> Result<usize, SysdbError> {
     let mut n = 0;
@@ -252,8 +255,10 @@ async fn republish_lost(config: &Config, sysdb: &Sysdb, producer: &Producer, met
         // Under "reject" a marker of an unregistered collection is dead-lettered again:
         // republishing it would loop. Leave it (the awaiting-marker alert shows it).
         if config.processor.unknown_collections == UnknownCollections::Reject && sysdb.collection(&row.collection_id).await?.is_none() {
-            warn!(function = %row.function_id, collection = %row.collection_id,
-                "lost marker not republished: the collection is not registered and processor.unknown_collections = \"reject\"; detach the function or register the collection");
+            if let crate::ratelimit::Verdict::Log { suppressed } = NOT_REPUBLISHED_LOG.check("unregistered") {
+                warn!(function = %row.function_id, collection = %row.collection_id, suppressed,
+                    "lost marker not republished: the collection is not registered and processor.unknown_collections = \"reject\"; detach the function or register the collection");
+            }
             continue;
         }
         match publish_marker(config, producer, &row).await {
