@@ -245,6 +245,9 @@ pub struct Metrics {
     /// `sluice_collection_records_processed_total{collection}`: only filled when
     /// `[metrics] per_collection = true` (one series per collection: cardinality).
     per_collection: Option<Family<CollectionLabel, Counter>>,
+    /// Lost markers: see `backfill::attach::relay_once`.
+    markers_republished: Counter,
+    awaiting_marker_oldest: Gauge<f64, std::sync::atomic::AtomicU64>,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, PartialOrd, Ord, EncodeLabelSet)]
@@ -315,6 +318,8 @@ impl Metrics {
             backfill_duration: Histogram::new(BACKFILL_BUCKETS),
             markers_published: Family::default(),
             per_collection: per_collection.then(Family::default),
+            markers_republished: Counter::default(),
+            awaiting_marker_oldest: Gauge::default(),
         };
         if let Some(f) = &m.per_collection {
             r.register("collection_records_processed", "Data records applied, per collection (enabled by [metrics] per_collection)", f.clone());
@@ -323,6 +328,17 @@ impl Metrics {
         r.register("records_backfilled", "Records of collections as of their marker that backfills have applied to functions", m.records_backfilled.clone());
         r.register_with_unit("backfill_duration", "Duration of a whole backfill, from its start in this replica to the function being ready", Unit::Seconds, m.backfill_duration.clone());
         r.register("markers_published", "BACKFILL_FN markers published by attach or the outbox relay, by result (ok, failed)", m.markers_published.clone());
+        r.register(
+            "markers_republished",
+            "Lost BACKFILL_FN markers published again by the outbox relay (the partition moved past a marker while its function still awaited it)",
+            m.markers_republished.clone(),
+        );
+        r.register_with_unit(
+            "functions_awaiting_marker_oldest",
+            "Age of the oldest function still awaiting its BACKFILL_FN marker (0 when none), refreshed by the outbox relay",
+            Unit::Seconds,
+            m.awaiting_marker_oldest.clone(),
+        );
         r.register("records_processed", "Data records applied to the sysdb, by operation", m.records_processed.clone());
         r.register("records_ignored", "Records that had no effect (e.g. ADD of an existing id), by reason", m.records_ignored.clone());
         r.register("dlq_records", "Records sent to the dead-letter topic, by reason (error kind)", m.dlq_records.clone());
@@ -467,6 +483,18 @@ impl Metrics {
         for t in produced_ms.into_iter().flatten().filter(|t| *t > 0) {
             self.end_to_end_latency.observe((committed_ms - t).max(0) as f64 / 1000.0);
         }
+    }
+
+    // ---- lost markers ---------------------------------------------------------------
+
+    /// A lost marker was published again.
+    pub fn marker_republished(&self) {
+        self.markers_republished.inc();
+    }
+
+    /// Age in seconds of the oldest function awaiting its marker (0 when none).
+    pub fn set_awaiting_marker_oldest(&self, seconds: f64) {
+        self.awaiting_marker_oldest.set(seconds);
     }
 
     // ---- partitions ---------------------------------------------------------------

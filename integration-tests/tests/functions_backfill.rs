@@ -290,6 +290,7 @@ fn retried_attach(env: Env) {
         partition: coll.partition,
         request_id: row.request_id.clone(),
         created_at_ms: 0,
+        published_offset: None,
     });
     let prod: ThreadedProducer<DefaultProducerContext> = ClientConfig::new().set("bootstrap.servers", brokers()).create().unwrap();
     prod.send(BaseRecord::to(&env.log_topic()).key(&c).partition(coll.partition).payload(&encode(&marker))).map_err(|(e, _)| e).unwrap();

@@ -215,7 +215,7 @@ impl From<AttachError> for HttpError {
     fn from(e: AttachError) -> Self {
         match e {
             AttachError::Sysdb(e) => e.into(),
-            AttachError::Function(_) | AttachError::Invalid(_) => HttpError::bad_request(e.to_string()),
+            AttachError::Function(_) | AttachError::Invalid(_) | AttachError::Refused(_) => HttpError::bad_request(e.to_string()),
             AttachError::NotInitialised(_) => HttpError::new(ErrorCode::Unavailable, e.to_string()),
         }
     }

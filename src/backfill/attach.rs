@@ -5,6 +5,19 @@
 //! partition. If publishing fails, the marker stays in the outbox and the relay in
 //! `sluice process` republishes it until acknowledged; a duplicate marker is harmless
 //! (its request id is no longer pending when the processor sees it again).
+//!
+//! Attach rules (checked in the attach transaction, see [`refusal`] for the messages):
+//! an output is written by one live function only, is never a data collection, never a
+//! function's input, and a function never reads another function's output (outputs are
+//! written in the sysdb, not through the log, so it would never see their live changes).
+//! Under `processor.unknown_collections = "reject"` attaching to an unregistered
+//! collection is refused: its marker would be dead-lettered.
+//!
+//! Lost markers: a marker the processor passed without starting its function (dead-
+//! lettered, skipped in a data-loss gap, passed by `offsets reset`) leaves the function
+//! `awaiting_marker` forever. The relay finds those by the offset where each marker was
+//! published and publishes them again ([`relay_once`]); it also exports the age of the
+//! oldest function still awaiting its marker.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -13,14 +26,14 @@ use serde::Serialize;
 use thiserror::Error;
 use tracing::{info, warn};
 
-use crate::config::Config;
+use crate::config::{Config, UnknownCollections};
 use crate::functions::{build, FunctionError};
 use crate::kafka::producer::{Outgoing, Producer};
 use crate::kafka::KafkaError;
 use crate::record::framing::{frame, Framing};
 use crate::record::partitioner::partition_for;
 use crate::record::{codec, BackfillRef, LogRecord, Operation};
-use crate::sysdb::{AttachOutcome, FunctionRow, NewFunction, OutboxRow, Sysdb, SysdbError};
+use crate::sysdb::{AttachConflict, AttachOutcome, FunctionRow, NewFunction, OutboxRow, Sysdb, SysdbError};
 
 #[derive(Debug, Error)]
 pub enum AttachError {
@@ -32,6 +45,60 @@ pub enum AttachError {
     NotInitialised(String),
     #[error("invalid attach request: {0}")]
     Invalid(String),
+    /// The attach breaks a rule; the message names what is in the way and the fix.
+    #[error("attach refused: {0}")]
+    Refused(String),
+}
+
+fn describe(f: &FunctionRow) -> String {
+    format!("function {} ({} on {:?} -> {:?}, {})", f.id, f.function, f.collection_id, f.output_collection, f.status.as_str())
+}
+
+/// The message of a refused attach of `function` on `collection` writing `output`.
+pub fn refusal(conflict: &AttachConflict, collection: &str, function: &str, output: &str) -> String {
+    match conflict {
+        AttachConflict::OutputIsData { output } => format!(
+            "output collection {output:?} already exists and holds data from the log (no function writes it); \
+             a function only writes a new collection of its own: choose another --output name"
+        ),
+        AttachConflict::OutputWrittenBy(f) if f.collection_id == collection && f.function != function => format!(
+            "output collection {output:?} is already written by {}; to replace it, run `sluice functions detach {} --drop-output` \
+             and attach again, or choose another --output name",
+            describe(f),
+            f.id
+        ),
+        AttachConflict::OutputWrittenBy(f) if f.collection_id == collection => format!(
+            "output collection {output:?} is already written by {} with other parameters ({:?}); to change them, run \
+             `sluice functions detach {} --drop-output` and attach again, or choose another --output name",
+            describe(f),
+            f.params,
+            f.id
+        ),
+        AttachConflict::OutputWrittenBy(f) => format!(
+            "output collection {output:?} is already written by {}; each output has one writer: choose another --output name \
+             (or detach that function first: `sluice functions detach {} --drop-output`)",
+            describe(f),
+            f.id
+        ),
+        AttachConflict::OutputLeftBy(f) => format!(
+            "output collection {output:?} still holds the records of {}, detached without --drop-output; \
+             run `sluice functions detach {} --drop-output` to drop them, then attach again, or choose another --output name",
+            describe(f),
+            f.id
+        ),
+        AttachConflict::InputIsOutputOf(f) => format!(
+            "collection {collection:?} is the output of {}; a function cannot take another function's output as its input \
+             (outputs are written in the sysdb, not through the log, so it would never see their live changes): \
+             attach {function} to {:?} instead",
+            describe(f),
+            f.collection_id
+        ),
+        AttachConflict::OutputIsInputOf(f) => format!(
+            "output collection {output:?} is the input of {}; a function's output cannot be another function's input: \
+             choose another --output name",
+            describe(f)
+        ),
+    }
 }
 
 /// What attach reports (`sluice functions attach` prints it as JSON).
@@ -51,14 +118,15 @@ pub fn marker_record(row: &OutboxRow) -> LogRecord {
 }
 
 /// Publish one outbox row's marker to its collection's partition and wait for the ack.
-pub async fn publish_marker(config: &Config, producer: &Producer, row: &OutboxRow) -> Result<(), KafkaError> {
+/// Returns the log offset the marker was written at.
+pub async fn publish_marker(config: &Config, producer: &Producer, row: &OutboxRow) -> Result<i64, KafkaError> {
     let datum = codec::encode(&marker_record(row));
     let payload = match config.kafka.framing {
         Framing::Plain => datum,
         f => frame(f, config.kafka.confluent_schema_id, &datum),
     };
     let topic = config.kafka.log_topic();
-    producer
+    let delivered = producer
         .send(Outgoing {
             topic: &topic,
             partition: Some(row.partition),
@@ -67,7 +135,7 @@ pub async fn publish_marker(config: &Config, producer: &Producer, row: &OutboxRo
             headers: &[],
         })
         .await?;
-    Ok(())
+    Ok(delivered.offset)
 }
 
 /// Attach `function` to `collection`, writing `output`.
@@ -90,6 +158,14 @@ pub async fn attach(
     let topic = config.kafka.log_topic();
     let partition = match sysdb.collection(collection).await? {
         Some(row) => row.partition,
+        None if config.processor.unknown_collections == UnknownCollections::Reject => {
+            return Err(AttachError::Refused(format!(
+                "collection {collection:?} is not registered and processor.unknown_collections = \"reject\": its BACKFILL_FN marker \
+                 would go to the dead-letter topic and the function would never start; attach to a registered collection, or \
+                 register {collection:?} first (replicas register a collection on its first record while \
+                 processor.unknown_collections = \"register\")"
+            )))
+        }
         None => {
             let n = sysdb.topic_partitions(&topic).await?.ok_or_else(|| AttachError::NotInitialised(topic.clone()))?;
             partition_for(collection.as_bytes(), n as u32) as i32
@@ -109,10 +185,11 @@ pub async fn attach(
             info!(function = %row.id, "function already attached; nothing published");
             Ok(Attached { function_id: row.id, status: row.status.as_str().into(), marker: "existing".into() })
         }
+        AttachOutcome::Refused(conflict) => Err(AttachError::Refused(refusal(&conflict, collection, function, output))),
         AttachOutcome::Created(row, outbox) => {
             let marker = match publish_marker(config, producer, &outbox).await {
-                Ok(()) => {
-                    sysdb.mark_outbox_sent(outbox.id).await?;
+                Ok(offset) => {
+                    sysdb.mark_outbox_sent(outbox.id, Some(offset)).await?;
                     "published"
                 }
                 Err(e) => {
@@ -125,18 +202,24 @@ pub async fn attach(
     }
 }
 
-/// One pass of the outbox relay: publish every pending marker, mark the acknowledged
-/// ones sent. Returns how many were published.
+/// How many outbox rows (pending, then lost) one relay pass handles at most.
+const RELAY_BATCH: usize = 100;
+
+/// One pass of the outbox relay: publish every pending marker and mark the acknowledged
+/// ones sent (with the offset they were written at); then publish again every lost
+/// marker (see [`Sysdb::lost_markers`]); then refresh the awaiting-marker gauge. Returns
+/// how many markers were published.
 pub async fn relay_once(config: &Config, sysdb: &Sysdb, producer: &Producer, metrics: Option<&crate::metrics::Metrics>) -> Result<usize, SysdbError> {
     let mut n = 0;
-    for row in sysdb.outbox_pending(100).await? {
+    let mut broker_ok = true;
+    for row in sysdb.outbox_pending(RELAY_BATCH).await? {
         match publish_marker(config, producer, &row).await {
-            Ok(()) => {
+            Ok(offset) => {
                 // Published but not yet marked sent: a crash here republishes the marker
                 // (the processor ignores a duplicate).
                 crate::failpoint::hit("after_relay_publish");
-                sysdb.mark_outbox_sent(row.id).await?;
-                info!(function = %row.function_id, partition = row.partition, "outbox relay published a pending marker");
+                sysdb.mark_outbox_sent(row.id, Some(offset)).await?;
+                info!(function = %row.function_id, partition = row.partition, offset, "outbox relay published a pending marker");
                 n += 1;
                 if let Some(m) = metrics {
                     m.marker_published(true);
@@ -144,6 +227,55 @@ pub async fn relay_once(config: &Config, sysdb: &Sysdb, producer: &Producer, met
             }
             Err(e) => {
                 warn!(%e, function = %row.function_id, "outbox relay could not publish a marker; will retry");
+                if let Some(m) = metrics {
+                    m.marker_published(false);
+                }
+                broker_ok = false;
+                break;
+            }
+        }
+    }
+    if broker_ok {
+        n += republish_lost(config, sysdb, producer, metrics).await?;
+    }
+    if let Some(m) = metrics {
+        let oldest = sysdb.oldest_awaiting_marker_ms().await?;
+        m.set_awaiting_marker_oldest(oldest.map_or(0.0, |t| (crate::sysdb::now_ms() - t).max(0) as f64 / 1000.0));
+    }
+    Ok(n)
+}
+
+/// The relay checks every `relay_interval_ms`: say it once a minute, not every pass.
+static NOT_REPUBLISHED_LOG: crate::ratelimit::RateLimiter = crate::ratelimit::RateLimiter::new(Duration::from_secs(60), 1);
+
+/// Publish again the markers the processor passed without starting their function.
+async fn republish_lost(config: &Config, sysdb: &Sysdb, producer: &Producer, metrics: Option<&crate::metrics::Metrics>) -> Result<usize, SysdbError> {
+    let mut n = 0;
+    for row in sysdb.lost_markers(&config.kafka.log_topic(), RELAY_BATCH).await? {
+        // Under "reject" a marker of an unregistered collection is dead-lettered again:
+        // republishing it would loop. Leave it (the awaiting-marker alert shows it).
+        if config.processor.unknown_collections == UnknownCollections::Reject && sysdb.collection(&row.collection_id).await?.is_none() {
+            if let crate::ratelimit::Verdict::Log { suppressed } = NOT_REPUBLISHED_LOG.check("unregistered") {
+                warn!(function = %row.function_id, collection = %row.collection_id, suppressed,
+                    "lost marker not republished: the collection is not registered and processor.unknown_collections = \"reject\"; detach the function or register the collection");
+            }
+            continue;
+        }
+        match publish_marker(config, producer, &row).await {
+            Ok(offset) => {
+                sysdb.mark_marker_republished(row.id, offset).await?;
+                warn!(
+                    function = %row.function_id, partition = row.partition, lost_at = ?row.published_offset, offset,
+                    "outbox relay republished a lost marker (the partition moved past it while the function was awaiting it)"
+                );
+                n += 1;
+                if let Some(m) = metrics {
+                    m.marker_published(true);
+                    m.marker_republished();
+                }
+            }
+            Err(e) => {
+                warn!(%e, function = %row.function_id, "outbox relay could not republish a lost marker; will retry");
                 if let Some(m) = metrics {
                     m.marker_published(false);
                 }

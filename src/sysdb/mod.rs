@@ -216,6 +216,8 @@ pub struct OutboxRow {
     pub partition: i32,
     pub request_id: String,
     pub created_at_ms: i64,
+    /// Log offset where the marker was last published (`None` while pending).
+    pub published_offset: Option<i64>,
 }
 
 /// Result of attaching.
@@ -223,9 +225,28 @@ pub struct OutboxRow {
 pub enum AttachOutcome {
     /// New function row and its outbox row, committed together.
     Created(FunctionRow, OutboxRow),
-    /// A function with the same (collection, output) that is not detached already exists:
-    /// nothing was written.
+    /// The same function (name and parameters) is already attached, not detached, to the
+    /// same (collection, output): nothing was written.
     Existing(FunctionRow),
+    /// The attach breaks a rule: nothing was written.
+    Refused(AttachConflict),
+}
+
+/// Why an attach was refused. Each names the function (or collection) in the way.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AttachConflict {
+    /// The output name is a collection of data records that no function writes.
+    OutputIsData { output: String },
+    /// A non-detached function already writes the output: a different input, or the same
+    /// input with another function or other parameters.
+    OutputWrittenBy(FunctionRow),
+    /// The output still holds records that this detached function wrote (detached
+    /// without dropping its output).
+    OutputLeftBy(FunctionRow),
+    /// The input collection is the output of this non-detached function.
+    InputIsOutputOf(FunctionRow),
+    /// The output collection is the input of this non-detached function.
+    OutputIsInputOf(FunctionRow),
 }
 
 /// Result of one backfill step.
@@ -405,7 +426,11 @@ impl Sysdb {
     /// Attach a function: in ONE transaction, insert the function (`awaiting_marker`,
     /// `request_id` from `new`), register the output collection on `new.partition` if
     /// missing, and insert the outbox row; or return the existing non-detached function
-    /// with the same (collection, output).
+    /// with the same (collection, function, parameters, output); or refuse
+    /// ([`AttachConflict`]) when the output is taken (another live writer, a data
+    /// collection, records left by a detached function), or when the input is a live
+    /// function's output or the output a live function's input. An output left empty by
+    /// a detached function is reused (its stale tombstones are cleared).
     pub async fn attach_function(&self, new: &NewFunction) -> Result<AttachOutcome> {
         dispatch!(self, s => s.attach_function(new).await)
     }
@@ -432,8 +457,30 @@ impl Sysdb {
         dispatch!(self, s => s.outbox_pending(limit).await)
     }
 
-    pub async fn mark_outbox_sent(&self, id: i64) -> Result<()> {
-        dispatch!(self, s => s.mark_outbox_sent(id).await)
+    /// Mark a pending outbox row sent, published at log offset `published_offset` (the
+    /// delivery report's; `None` if unknown). A row already sent is left as it is.
+    pub async fn mark_outbox_sent(&self, id: i64, published_offset: Option<i64>) -> Result<()> {
+        dispatch!(self, s => s.mark_outbox_sent(id, published_offset).await)
+    }
+
+    /// Lost markers: sent outbox rows of functions still `awaiting_marker` (with the
+    /// row's request id) whose partition of `topic` has a sysdb `next_offset` past the
+    /// offset where the marker was published — the processor passed the marker without
+    /// starting the function (dead-lettered, skipped in a data-loss gap, or passed by an
+    /// operator reset). Read in one statement (one snapshot), so a marker that a batch
+    /// accepted is never reported. Oldest first, at most `limit`.
+    pub async fn lost_markers(&self, topic: &str, limit: usize) -> Result<Vec<OutboxRow>> {
+        dispatch!(self, s => s.lost_markers(topic, limit).await)
+    }
+
+    /// Record that a lost marker was published again, at `published_offset`.
+    pub async fn mark_marker_republished(&self, id: i64, published_offset: i64) -> Result<()> {
+        dispatch!(self, s => s.mark_marker_republished(id, published_offset).await)
+    }
+
+    /// `created_at_ms` of the oldest function still `awaiting_marker`, if any.
+    pub async fn oldest_awaiting_marker_ms(&self) -> Result<Option<i64>> {
+        dispatch!(self, s => s.oldest_awaiting_marker_ms().await)
     }
 
     /// One backfill chunk of `function_id`, in one transaction that holds the function

@@ -42,6 +42,16 @@
 //! Step 3, visible halts: `partitions.halted_reason` (text, NULL = running) and
 //! `partitions.halted_at_ms` (when the current halt began), so an operator sees from
 //! the sysdb alone which partition stopped and why.
+//!
+//! Step 4, attach rules and lost markers:
+//! * `outbox.published_offset` — the log offset where the marker was last published
+//!   (NULL while pending, and for rows sent before this step); the outbox relay compares
+//!   it with the partition's `next_offset` to find markers that were passed without
+//!   effect.
+//! * a partial unique index: at most one non-`detached` function writes an output
+//!   collection, whatever its input.
+//! * a partial index on `functions` of those still `awaiting_marker` (the relay's gauge
+//!   and lost-marker scan read only those).
 
 use super::SysdbError;
 
@@ -192,6 +202,15 @@ ALTER TABLE partitions ADD COLUMN halted_reason TEXT NULL;
 ALTER TABLE partitions ADD COLUMN halted_at_ms INTEGER NULL;
 "#,
     },
+    Migration {
+        version: 4,
+        description: "outbox/functions: published marker offsets, one live writer per output",
+        sql: r#"
+ALTER TABLE outbox ADD COLUMN published_offset INTEGER NULL;
+CREATE UNIQUE INDEX functions_one_live_writer_per_output ON functions (output_collection) WHERE status <> 'detached';
+CREATE INDEX functions_awaiting_marker ON functions (created_at_ms) WHERE status = 'awaiting_marker';
+"#,
+    },
 ];
 
 /// PostgreSQL steps.
@@ -328,6 +347,15 @@ CREATE TABLE tombstones (
         description: "partition halts: halted_reason, halted_at_ms",
         sql: r#"
 ALTER TABLE partitions ADD COLUMN halted_reason TEXT NULL, ADD COLUMN halted_at_ms BIGINT NULL;
+"#,
+    },
+    Migration {
+        version: 4,
+        description: "outbox/functions: published marker offsets, one live writer per output",
+        sql: r#"
+ALTER TABLE outbox ADD COLUMN published_offset BIGINT NULL;
+CREATE UNIQUE INDEX functions_one_live_writer_per_output ON functions (output_collection) WHERE status <> 'detached';
+CREATE INDEX functions_awaiting_marker ON functions (created_at_ms) WHERE status = 'awaiting_marker';
 "#,
     },
 ];

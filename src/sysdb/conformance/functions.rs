@@ -17,11 +17,13 @@ use crate::functions::{ChangeRef, Function, FunctionStatus, OutputDelta};
 use crate::materialize::model::ModelOutput;
 use crate::positions::PositionDelta;
 use crate::record::{MetaValue, Metadata, Record};
-use crate::sysdb::{AttachOutcome, BatchCommit, CollectionUpdate, CommitReport, FunctionBatch, FunctionChange, FunctionRow, NewFunction, StepResult, Sysdb};
+use crate::sysdb::{AttachConflict, AttachOutcome, BatchCommit, OutboxRow, CollectionUpdate, CommitReport, FunctionBatch, FunctionChange, FunctionRow, NewFunction, StepResult, Sysdb};
 
 /// Every check below, in sequence.
 pub async fn run_all(db: &Sysdb) {
     attach_is_idempotent_and_fills_the_outbox(db).await;
+    attach_rules_refuse_taken_outputs_and_chains(db).await;
+    lost_markers_are_found_by_their_published_offset(db).await;
     markers_move_the_status_and_gate_the_changes(db).await;
     backfill_walks_in_chunks_with_a_cursor_cas(db).await;
     versioned_map_writes_never_go_back(db).await;
@@ -253,10 +255,10 @@ async fn attach(db: &Sysdb, log: &Log, function: &str, output: &str) -> Function
     match db.attach_function(&new).await.expect("attach_function") {
         AttachOutcome::Created(row, outbox) => {
             // Keep the shared outbox small: these markers are "published" by the test.
-            db.mark_outbox_sent(outbox.id).await.expect("mark_outbox_sent");
+            db.mark_outbox_sent(outbox.id, None).await.expect("mark_outbox_sent");
             row
         }
-        AttachOutcome::Existing(row) => panic!("fresh attach returned an existing function {row:?}"),
+        other => panic!("fresh attach of {function} -> {output}: {other:?}"),
     }
 }
 
@@ -355,8 +357,8 @@ pub async fn attach_is_idempotent_and_fills_the_outbox(db: &Sysdb) {
     assert_eq!(pending(db.outbox_pending(usize::MAX).await.expect("outbox")), [outbox.id], "one pending marker for the first function");
     let all = db.outbox_pending(usize::MAX).await.expect("outbox");
     assert!(all.windows(2).all(|w| w[0].id < w[1].id), "outbox_pending not oldest first");
-    db.mark_outbox_sent(outbox.id).await.expect("mark sent");
-    db.mark_outbox_sent(outbox.id).await.expect("mark sent twice is harmless");
+    db.mark_outbox_sent(outbox.id, None).await.expect("mark sent");
+    db.mark_outbox_sent(outbox.id, None).await.expect("mark sent twice is harmless");
     assert!(pending(db.outbox_pending(usize::MAX).await.expect("outbox")).is_empty(), "a sent marker is still pending");
 
     let listed = db.functions(Some(&log.collection)).await.expect("functions");
@@ -365,12 +367,148 @@ pub async fn attach_is_idempotent_and_fills_the_outbox(db: &Sysdb) {
     assert_eq!(db.function(&row.id).await.expect("function"), Some(row.clone()));
     assert_eq!(db.function("no-such-function").await.expect("function"), None);
 
-    // Detached, the output name is free again.
+    // Detached while its output is still empty: the output name is free again (the new
+    // function starts from the empty output).
     let before = db.detach_function(&row.id, false).await.expect("detach").expect("known");
     assert_eq!(before.status, FunctionStatus::AwaitingMarker, "detach returns the row as it was");
     assert_eq!(function(db, &row.id).await.status, FunctionStatus::Detached);
     let again = attach(db, &log, "test_counter", &out1).await;
     assert_ne!(again.id, row.id);
+}
+
+fn new_function(collection: &str, partition: i32, function: &str, output: &str) -> NewFunction {
+    NewFunction {
+        id: unique("fn"),
+        collection_id: collection.into(),
+        partition,
+        function: function.into(),
+        output_collection: output.into(),
+        params: BTreeMap::new(),
+        request_id: unique("req"),
+    }
+}
+
+fn created(outcome: AttachOutcome) -> (FunctionRow, OutboxRow) {
+    match outcome {
+        AttachOutcome::Created(row, outbox) => (row, outbox),
+        other => panic!("expected a new function, got {other:?}"),
+    }
+}
+
+/// The conflict of a refused attach; nothing of it may be stored.
+async fn refused(db: &Sysdb, new: &NewFunction, what: &str) -> AttachConflict {
+    let pending_before = db.outbox_pending(usize::MAX).await.expect("outbox").len();
+    let conflict = match db.attach_function(new).await.expect("attach_function") {
+        AttachOutcome::Refused(c) => c,
+        other => panic!("{what}: expected a refusal, got {other:?}"),
+    };
+    assert_eq!(db.function(&new.id).await.expect("function"), None, "{what}: a refused attach stored its function");
+    assert_eq!(db.outbox_pending(usize::MAX).await.expect("outbox").len(), pending_before, "{what}: a refused attach queued a marker");
+    conflict
+}
+
+/// Outputs have one live writer and are never data collections nor function inputs; a
+/// function never reads another's output; an output left with records by a detached
+/// function is refused until dropped, and reused once dropped.
+pub async fn attach_rules_refuse_taken_outputs_and_chains(db: &Sysdb) {
+    let mut log = Log::new(db, 1).await;
+    log.commit(db, &[put("a", "red"), put("b", "blue")], &[]).await;
+    let mut other = Log::new(db, 1).await;
+    other.commit(db, &[put("x", "red")], &[]).await;
+    let out = unique("out");
+    let f = attach(db, &log, "test_counter", &out).await;
+
+    // The same (collection, function, parameters, output): the existing function.
+    match db.attach_function(&new_function(&log.collection, 1, "test_counter", &out)).await.expect("attach again") {
+        AttachOutcome::Existing(e) => assert_eq!(e.id, f.id),
+        o => panic!("same attach again: {o:?}"),
+    }
+    // Another function, other parameters, another input: the output is taken.
+    for (new, what) in [
+        (new_function(&log.collection, 1, "test_map", &out), "another function on the same output"),
+        (NewFunction { params: BTreeMap::from([("k".to_string(), "v".to_string())]), ..new_function(&log.collection, 1, "test_counter", &out) }, "other parameters"),
+        (new_function(&other.collection, 1, "test_counter", &out), "another input writing the same output"),
+    ] {
+        assert_eq!(refused(db, &new, what).await, AttachConflict::OutputWrittenBy(function(db, &f.id).await), "{what}");
+    }
+    // A data collection as output.
+    let c = refused(db, &new_function(&log.collection, 1, "test_counter", &other.collection), "data collection as output").await;
+    assert_eq!(c, AttachConflict::OutputIsData { output: other.collection.clone() });
+    assert_eq!(db.collection(&other.collection).await.expect("collection").expect("still there").record_count, 1);
+    // A function's output as input.
+    let c = refused(db, &new_function(&out, 1, "test_counter", &unique("out")), "a function's output as input").await;
+    assert_eq!(c, AttachConflict::InputIsOutputOf(function(db, &f.id).await));
+    // A function's input (not yet a registered collection) as output.
+    let unregistered = unique("fn-coll");
+    let (h, _) = created(db.attach_function(&new_function(&unregistered, 1, "test_counter", &unique("out"))).await.expect("attach"));
+    let c = refused(db, &new_function(&log.collection, 1, "test_counter", &unregistered), "a function's input as output").await;
+    assert_eq!(c, AttachConflict::OutputIsInputOf(function(db, &h.id).await));
+    db.detach_function(&h.id, true).await.expect("detach").expect("known");
+
+    // f writes records, then is detached without dropping them: refused, naming f.
+    log.commit(db, &[marker(&f), put("c", "green")], &[(&f.id, &TestCounter)]).await;
+    backfill_all(db, &f.id, &TestCounter, 10).await;
+    assert!(!output(db, &out).await.is_empty());
+    db.detach_function(&f.id, false).await.expect("detach").expect("known");
+    let c = refused(db, &new_function(&log.collection, 1, "test_counter", &out), "an output left by a detached function").await;
+    assert_eq!(c, AttachConflict::OutputLeftBy(function(db, &f.id).await));
+    // Dropped: the name is free, the new function starts from nothing.
+    db.detach_function(&f.id, true).await.expect("detach").expect("known");
+    let again = attach(db, &log, "test_counter", &out).await;
+    assert!(output(db, &out).await.is_empty());
+    log.commit(db, &[marker(&again), put("d", "red")], &[(&again.id, &TestCounter)]).await;
+    backfill_all(db, &again.id, &TestCounter, 10).await;
+    assert_output(db, &again, &log.expected(&TestCounter), "re-attached after --drop-output").await;
+}
+
+/// A sent marker is lost when its function still awaits it and the partition's
+/// `next_offset` is past the offset it was published at; accepted, pending, detached and
+/// not-yet-reached markers are not.
+pub async fn lost_markers_are_found_by_their_published_offset(db: &Sysdb) {
+    let mut log = Log::new(db, 3).await;
+    log.commit(db, &[put("a", "red"), put("b", "blue")], &[]).await; // next_offset 2
+    let topic = log.topic.clone();
+    let lost = || async {
+        let rows = db.lost_markers(&topic, usize::MAX).await.expect("lost_markers");
+        rows.into_iter().map(|o| (o.function_id, o.published_offset)).collect::<Vec<_>>()
+    };
+    let (f, fo) = created(db.attach_function(&new_function(&log.collection, 3, "test_counter", &unique("out"))).await.expect("attach"));
+    let (g, go) = created(db.attach_function(&new_function(&log.collection, 3, "test_counter", &unique("out"))).await.expect("attach"));
+    let (h, ho) = created(db.attach_function(&new_function(&log.collection, 3, "test_counter", &unique("out"))).await.expect("attach"));
+    assert_eq!(fo.published_offset, None);
+    let oldest = db.oldest_awaiting_marker_ms().await.expect("oldest").expect("functions are awaiting");
+    assert!(oldest <= f.created_at_ms, "oldest awaiting {oldest} is younger than {}", f.created_at_ms);
+    assert!(lost().await.is_empty(), "pending markers are not lost");
+    db.mark_outbox_sent(fo.id, Some(2)).await.expect("sent");
+    db.mark_outbox_sent(fo.id, Some(99)).await.expect("sent twice keeps the first offset");
+    db.mark_outbox_sent(go.id, Some(3)).await.expect("sent");
+    db.mark_outbox_sent(ho.id, Some(2)).await.expect("sent");
+    db.detach_function(&h.id, false).await.expect("detach").expect("known");
+    assert!(lost().await.is_empty(), "no marker passed yet");
+
+    // The batch [2, 3) passes f's marker without it (dead-lettered): f's marker is lost.
+    log.commit(db, &[put("c", "red")], &[]).await;
+    assert_eq!(lost().await, [(f.id.clone(), Some(2))]);
+    assert!(db.lost_markers(&unique("fn-topic"), usize::MAX).await.expect("lost").is_empty(), "another topic");
+    assert_eq!(db.lost_markers(&log.topic, 0).await.expect("lost").len(), 0, "the limit");
+
+    // Published again at 5: not lost until the partition passes 5; accepted then.
+    db.mark_marker_republished(fo.id, 5).await.expect("republished");
+    assert!(lost().await.is_empty(), "a republished marker not yet reached");
+    let fns: &[(&str, &dyn Function)] = &[(&f.id, &TestCounter), (&g.id, &TestCounter)];
+    let report = log.commit(db, &[marker(&g), put("d", "red"), marker(&f)], fns).await;
+    let accepted: BTreeSet<(String, i64)> = report.markers_accepted.into_iter().collect();
+    assert_eq!(accepted, BTreeSet::from([(g.id.clone(), 3), (f.id.clone(), 5)]));
+    assert!(lost().await.is_empty(), "accepted markers are not lost");
+
+    // An operator reset past a marker.
+    let (k, ko) = created(db.attach_function(&new_function(&log.collection, 3, "test_counter", &unique("out"))).await.expect("attach"));
+    db.mark_outbox_sent(ko.id, Some(6)).await.expect("sent");
+    assert!(lost().await.is_empty(), "next_offset 6 has not passed the marker at 6");
+    db.reset_position(&log.topic, 3, 50, "conformance", "skip ahead").await.expect("reset");
+    assert_eq!(lost().await, [(k.id.clone(), Some(6))]);
+    db.detach_function(&k.id, false).await.expect("detach").expect("known");
+    assert!(lost().await.is_empty(), "a detached function's marker is not lost");
 }
 
 pub async fn markers_move_the_status_and_gate_the_changes(db: &Sysdb) {
@@ -571,13 +709,18 @@ pub async fn detach_stops_everything_and_can_drop_the_output(db: &Sysdb) {
     assert!(output(db, &g.output_collection).await.is_empty(), "drop_output kept output records");
     assert!(db.collection(&f.output_collection).await.expect("collection").is_some(), "detach without drop_output dropped the output");
     assert_eq!(db.detach_function("no-such-function", true).await.expect("detach"), None);
-    // f's output is written again by a new function: detaching f once more with
-    // drop_output must not delete it.
-    let f2 = attach(db, &log, "test_counter", &f.output_collection).await;
-    db.detach_function(&f.id, true).await.expect("detach again").expect("known function");
-    assert!(db.collection(&f2.output_collection).await.expect("collection").is_some(), "dropped the output of a live function");
-    db.detach_function(&f2.id, true).await.expect("detach").expect("known function");
-    assert_eq!(db.collection(&f2.output_collection).await.expect("collection"), None);
+    // f's output still holds its records: attaching there again is refused, naming f.
+    let c = refused(db, &new_function(&log.collection, 0, "test_counter", &f.output_collection), "output kept by a detach").await;
+    assert_eq!(c, AttachConflict::OutputLeftBy(function(db, &f.id).await));
+    // An output left empty is written again by a new function: detaching the old one
+    // once more with drop_output must not delete it.
+    let e = attach(db, &log, "test_counter", &unique("out")).await;
+    db.detach_function(&e.id, false).await.expect("detach").expect("known function");
+    let e2 = attach(db, &log, "test_counter", &e.output_collection).await;
+    db.detach_function(&e.id, true).await.expect("detach again").expect("known function");
+    assert!(db.collection(&e2.output_collection).await.expect("collection").is_some(), "dropped the output of a live function");
+    db.detach_function(&e2.id, true).await.expect("detach").expect("known function");
+    assert_eq!(db.collection(&e2.output_collection).await.expect("collection"), None);
     // A batch still naming the detached functions changes nothing.
     log.commit(db, &[put("e", "blue")], fns).await;
     assert!(output(db, &g.output_collection).await.is_empty());
@@ -809,7 +952,7 @@ pub async fn concurrent_attaches_create_one_function(a: &Sysdb, b: &Sysdb) {
         assert_eq!(existing, created.0, "the loser must see the winner's function");
         let pending: Vec<_> = a.outbox_pending(usize::MAX).await.expect("outbox").into_iter().filter(|o| o.collection_id == collection).collect();
         assert_eq!(pending, std::slice::from_ref(&created.1), "one marker per attached function");
-        a.mark_outbox_sent(created.1.id).await.expect("mark sent");
+        a.mark_outbox_sent(created.1.id, None).await.expect("mark sent");
         assert_eq!(a.functions(Some(&collection)).await.expect("functions").len(), 1);
     }
 }

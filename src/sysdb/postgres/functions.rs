@@ -36,7 +36,7 @@ use crate::functions::{Function, FunctionStatus};
 use crate::record::Record;
 use crate::sysdb::codec::{encode_embedding, encode_metadata, encode_params};
 use crate::sysdb::outputs::{self, FunctionState, MapWrite, OutputPlan, RawFunction, FUNCTION_COLUMNS};
-use crate::sysdb::{now_ms, AttachOutcome, BatchCommit, CommitReport, FunctionRow, NewFunction, OutboxRow, Result, StepResult, SysdbError};
+use crate::sysdb::{now_ms, AttachConflict, AttachOutcome, BatchCommit, CommitReport, FunctionRow, NewFunction, OutboxRow, Result, StepResult, SysdbError};
 
 /// An error inside a transaction: the database's (kept whole, so that the caller can tell
 /// a deadlock or serialization failure and retry) or ours.
@@ -86,8 +86,30 @@ fn raw_function(r: &Row) -> RawFunction {
 }
 
 fn outbox_row(r: &Row) -> OutboxRow {
-    OutboxRow { id: r.get(0), function_id: r.get(1), collection_id: r.get(2), partition: r.get(3), request_id: r.get(4), created_at_ms: r.get(5) }
+    OutboxRow {
+        id: r.get(0),
+        function_id: r.get(1),
+        collection_id: r.get(2),
+        partition: r.get(3),
+        request_id: r.get(4),
+        created_at_ms: r.get(5),
+        published_offset: r.get(6),
+    }
 }
+
+/// Key of the advisory lock that serializes attaches (any value, fixed): the attach rules
+/// read several rows (writers and readers of both collections), which a unique index
+/// alone cannot guard against two attaches racing on READ COMMITTED.
+const ATTACH_LOCK_KEY: i64 = 0x5c1c_e0a7_7ac4;
+
+/// Sent markers of functions still waiting for them, whose partition moved past them.
+const LOST_MARKERS: &str = "SELECT o.id, o.function_id, o.collection_id, o.partition, o.request_id, o.created_at_ms, o.published_offset
+     FROM functions f
+     JOIN outbox o ON o.function_id = f.id AND o.request_id = f.request_id
+     JOIN partitions p ON p.topic = $1 AND p.partition = o.partition
+     WHERE f.status = 'awaiting_marker' AND o.sent_at_ms IS NOT NULL AND o.published_offset IS NOT NULL
+       AND p.next_offset > o.published_offset
+     ORDER BY o.id LIMIT $2";
 
 const LOCK_FUNCTIONS: &str =
     "SELECT id, status, request_id, marker_offset, output_collection FROM functions WHERE id = ANY($1::text[]) ORDER BY id FOR SHARE";
@@ -368,33 +390,69 @@ async fn backfill_once(client: &mut deadpool_postgres::Object, function_id: &str
     Ok(StepResult::Applied { processed, cursor, finished })
 }
 
-/// Insert the function unless a live one has the same (collection, output); `None` when
-/// the conflicting row went away before it could be read (retry).
+/// A live function (not detached) found by `sql` with one text parameter.
+async fn live_function(tx: &Transaction<'_>, sql: &str, key: &str) -> Result<Option<FunctionRow>, TxError> {
+    let row = tx
+        .query_opt(&format!("SELECT {FUNCTION_COLUMNS} FROM functions WHERE {sql} AND status <> 'detached' ORDER BY created_at_ms DESC, id LIMIT 1"), &[&key])
+        .await?;
+    Ok(row.map(|r| raw_function(&r).decode(BACKEND)).transpose()?)
+}
+
+/// The attach rules (see [`crate::sysdb::Sysdb::attach_function`]), inside the attach
+/// transaction and under the attach lock: `Some` outcome when nothing is to be inserted.
+/// An output that a detached function left empty is reused; its stale tombstones are
+/// deleted here.
+async fn attach_rules(tx: &Transaction<'_>, new: &NewFunction) -> Result<Option<AttachOutcome>, TxError> {
+    if let Some(writer) = live_function(tx, "output_collection = $1", &new.output_collection).await? {
+        let same = writer.collection_id == new.collection_id && writer.function == new.function && writer.params == new.params;
+        return Ok(Some(if same { AttachOutcome::Existing(writer) } else { AttachOutcome::Refused(AttachConflict::OutputWrittenBy(writer)) }));
+    }
+    if let Some(f) = live_function(tx, "output_collection = $1", &new.collection_id).await? {
+        return Ok(Some(AttachOutcome::Refused(AttachConflict::InputIsOutputOf(f))));
+    }
+    if let Some(f) = live_function(tx, "collection_id = $1", &new.output_collection).await? {
+        return Ok(Some(AttachOutcome::Refused(AttachConflict::OutputIsInputOf(f))));
+    }
+    let exists: bool = tx.query_one("SELECT EXISTS (SELECT 1 FROM collections WHERE id = $1)", &[&new.output_collection]).await?.get(0);
+    if !exists {
+        return Ok(None);
+    }
+    let left_by = tx
+        .query_opt(&format!("SELECT {FUNCTION_COLUMNS} FROM functions WHERE output_collection = $1 ORDER BY created_at_ms DESC, id LIMIT 1"), &[&new.output_collection])
+        .await?
+        .map(|r| raw_function(&r).decode(BACKEND))
+        .transpose()?;
+    let has_records: bool = tx.query_one("SELECT EXISTS (SELECT 1 FROM records WHERE collection_id = $1)", &[&new.output_collection]).await?.get(0);
+    match left_by {
+        None => Ok(Some(AttachOutcome::Refused(AttachConflict::OutputIsData { output: new.output_collection.clone() }))),
+        Some(f) if has_records => Ok(Some(AttachOutcome::Refused(AttachConflict::OutputLeftBy(f)))),
+        Some(_) => {
+            tx.execute("DELETE FROM tombstones WHERE collection_id = $1", &[&new.output_collection]).await?;
+            Ok(None)
+        }
+    }
+}
+
+/// Insert the function unless the attach rules say otherwise; `None` when the insert met
+/// a conflicting row that the rules did not see (retry).
 async fn attach_once(tx: &Transaction<'_>, new: &NewFunction, now: i64) -> Result<Option<AttachOutcome>, TxError> {
+    tx.execute("SELECT pg_advisory_xact_lock($1)", &[&ATTACH_LOCK_KEY]).await?;
+    if let Some(outcome) = attach_rules(tx, new).await? {
+        return Ok(Some(outcome));
+    }
     let inserted = tx
         .query_opt(
             &format!(
                 "INSERT INTO functions ({FUNCTION_COLUMNS})
                  SELECT $1, $2, $3, $4, $5, 'awaiting_marker', $6, NULL, NULL, 0, NULL, s.at, s.at
                  FROM (SELECT GREATEST($7::int8, COALESCE(MAX(created_at_ms) + 1, $7::int8)) AS at FROM functions) s
-                 ON CONFLICT (collection_id, output_collection) WHERE status <> 'detached' DO NOTHING
+                 ON CONFLICT DO NOTHING
                  RETURNING {FUNCTION_COLUMNS}"
             ),
             &[&new.id, &new.collection_id, &new.function, &new.output_collection, &encode_params(&new.params), &new.request_id, &now],
         )
         .await?;
-    let Some(inserted) = inserted else {
-        let existing = tx
-            .query_opt(
-                &format!("SELECT {FUNCTION_COLUMNS} FROM functions WHERE collection_id = $1 AND output_collection = $2 AND status <> 'detached'"),
-                &[&new.collection_id, &new.output_collection],
-            )
-            .await?;
-        return Ok(match existing {
-            Some(r) => Some(AttachOutcome::Existing(raw_function(&r).decode(BACKEND)?)),
-            None => None,
-        });
-    };
+    let Some(inserted) = inserted else { return Ok(None) };
     let row = raw_function(&inserted).decode(BACKEND)?;
     tx.execute(
         "INSERT INTO collections (id, partition, dimension, log_position, record_count, created_at_ms) VALUES ($1, $2, NULL, -1, 0, $3)
@@ -417,6 +475,7 @@ async fn attach_once(tx: &Transaction<'_>, new: &NewFunction, now: i64) -> Resul
         partition: new.partition,
         request_id: new.request_id.clone(),
         created_at_ms: now,
+        published_offset: None,
     };
     Ok(Some(AttachOutcome::Created(row, outbox)))
 }
@@ -424,13 +483,14 @@ async fn attach_once(tx: &Transaction<'_>, new: &NewFunction, now: i64) -> Resul
 impl PostgresSysdb {
     pub async fn attach_function(&self, new: &NewFunction) -> Result<AttachOutcome> {
         let mut client = self.client().await?;
-        // A conflicting function detached between our insert and our read: try again.
+        // The insert met a row the rules did not see (a detach or attach that did not
+        // take the attach lock): try again.
         for _ in 0..5 {
             let tx = client.transaction().await?;
             if let Some(outcome) = attach_once(&tx, new, now_ms()).await? {
                 match outcome {
                     AttachOutcome::Created(..) => tx.commit().await?,
-                    AttachOutcome::Existing(_) => tx.rollback().await?,
+                    AttachOutcome::Existing(_) | AttachOutcome::Refused(_) => tx.rollback().await?,
                 }
                 return Ok(outcome);
             }
@@ -497,17 +557,37 @@ impl PostgresSysdb {
         let client = self.client().await?;
         let stmt = client
             .prepare_cached(
-                "SELECT id, function_id, collection_id, partition, request_id, created_at_ms FROM outbox
+                "SELECT id, function_id, collection_id, partition, request_id, created_at_ms, published_offset FROM outbox
                  WHERE sent_at_ms IS NULL ORDER BY id LIMIT $1",
             )
             .await?;
         Ok(client.query(&stmt, &[&limit]).await?.iter().map(outbox_row).collect())
     }
 
-    pub async fn mark_outbox_sent(&self, id: i64) -> Result<()> {
+    pub async fn mark_outbox_sent(&self, id: i64, published_offset: Option<i64>) -> Result<()> {
         let client = self.client().await?;
-        client.execute("UPDATE outbox SET sent_at_ms = $2 WHERE id = $1 AND sent_at_ms IS NULL", &[&id, &now_ms()]).await?;
+        client
+            .execute("UPDATE outbox SET sent_at_ms = $2, published_offset = $3 WHERE id = $1 AND sent_at_ms IS NULL", &[&id, &now_ms(), &published_offset])
+            .await?;
         Ok(())
+    }
+
+    pub async fn lost_markers(&self, topic: &str, limit: usize) -> Result<Vec<OutboxRow>> {
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let client = self.client().await?;
+        let stmt = client.prepare_cached(LOST_MARKERS).await?;
+        Ok(client.query(&stmt, &[&topic, &limit]).await?.iter().map(outbox_row).collect())
+    }
+
+    pub async fn mark_marker_republished(&self, id: i64, published_offset: i64) -> Result<()> {
+        let client = self.client().await?;
+        client.execute("UPDATE outbox SET sent_at_ms = $2, published_offset = $3 WHERE id = $1", &[&id, &now_ms(), &published_offset]).await?;
+        Ok(())
+    }
+
+    pub async fn oldest_awaiting_marker_ms(&self) -> Result<Option<i64>> {
+        let client = self.client().await?;
+        Ok(client.query_one("SELECT MIN(created_at_ms) FROM functions WHERE status = 'awaiting_marker'", &[]).await?.get(0))
     }
 
     /// Deadlocks and serialization failures (not expected: see the module doc) are

@@ -16,7 +16,7 @@ use crate::functions::{Function, FunctionStatus};
 use crate::record::Record;
 use crate::sysdb::codec::{encode_embedding, encode_metadata, encode_params};
 use crate::sysdb::outputs::{self, FunctionState, MapWrite, OutputPlan, RawFunction, FUNCTION_COLUMNS};
-use crate::sysdb::{now_ms, AttachOutcome, BatchCommit, CommitReport, FunctionRow, NewFunction, OutboxRow, Result, StepResult};
+use crate::sysdb::{now_ms, AttachConflict, AttachOutcome, BatchCommit, CommitReport, FunctionRow, NewFunction, OutboxRow, Result, StepResult};
 
 fn raw_function(r: &rusqlite::Row<'_>) -> rusqlite::Result<RawFunction> {
     Ok(RawFunction {
@@ -59,7 +59,61 @@ fn outbox_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<OutboxRow> {
         partition: r.get(3)?,
         request_id: r.get(4)?,
         created_at_ms: r.get(5)?,
+        published_offset: r.get(6)?,
     })
+}
+
+/// Sent markers of functions still waiting for them, whose partition moved past them.
+const LOST_MARKERS: &str = "SELECT o.id, o.function_id, o.collection_id, o.partition, o.request_id, o.created_at_ms, o.published_offset
+     FROM functions f
+     JOIN outbox o ON o.function_id = f.id AND o.request_id = f.request_id
+     JOIN partitions p ON p.topic = ?1 AND p.partition = o.partition
+     WHERE f.status = 'awaiting_marker' AND o.sent_at_ms IS NOT NULL AND o.published_offset IS NOT NULL
+       AND p.next_offset > o.published_offset
+     ORDER BY o.id LIMIT ?2";
+
+/// A live function (not detached) found by `sql` with one text parameter.
+fn live_function(tx: &Connection, sql: &str, key: &str) -> Result<Option<FunctionRow>> {
+    let raw = tx.prepare_cached(&format!("SELECT {FUNCTION_COLUMNS} FROM functions WHERE {sql} AND status <> 'detached' ORDER BY created_at_ms DESC, id LIMIT 1"))?
+        .query_row([key], raw_function)
+        .optional()?;
+    raw.map(|r| r.decode(BACKEND)).transpose()
+}
+
+/// The attach rules (see [`crate::sysdb::Sysdb::attach_function`]), inside the attach
+/// transaction: `Some` outcome when nothing is to be inserted. An output that a detached
+/// function left empty is reused; its stale tombstones are deleted here.
+fn attach_rules(tx: &Connection, new: &NewFunction) -> Result<Option<AttachOutcome>> {
+    if let Some(writer) = live_function(tx, "output_collection = ?1", &new.output_collection)? {
+        let same = writer.collection_id == new.collection_id && writer.function == new.function && writer.params == new.params;
+        return Ok(Some(if same { AttachOutcome::Existing(writer) } else { AttachOutcome::Refused(AttachConflict::OutputWrittenBy(writer)) }));
+    }
+    if let Some(f) = live_function(tx, "output_collection = ?1", &new.collection_id)? {
+        return Ok(Some(AttachOutcome::Refused(AttachConflict::InputIsOutputOf(f))));
+    }
+    if let Some(f) = live_function(tx, "collection_id = ?1", &new.output_collection)? {
+        return Ok(Some(AttachOutcome::Refused(AttachConflict::OutputIsInputOf(f))));
+    }
+    let exists: bool = tx.prepare_cached("SELECT EXISTS (SELECT 1 FROM collections WHERE id = ?1)")?.query_row([&new.output_collection], |r| r.get(0))?;
+    if !exists {
+        return Ok(None);
+    }
+    let left_by = tx
+        .prepare_cached(&format!("SELECT {FUNCTION_COLUMNS} FROM functions WHERE output_collection = ?1 ORDER BY created_at_ms DESC, id LIMIT 1"))?
+        .query_row([&new.output_collection], raw_function)
+        .optional()?
+        .map(|r| r.decode(BACKEND))
+        .transpose()?;
+    let has_records: bool =
+        tx.prepare_cached("SELECT EXISTS (SELECT 1 FROM records WHERE collection_id = ?1)")?.query_row([&new.output_collection], |r| r.get(0))?;
+    match left_by {
+        None => Ok(Some(AttachOutcome::Refused(AttachConflict::OutputIsData { output: new.output_collection.clone() }))),
+        Some(f) if has_records => Ok(Some(AttachOutcome::Refused(AttachConflict::OutputLeftBy(f)))),
+        Some(_) => {
+            tx.prepare_cached("DELETE FROM tombstones WHERE collection_id = ?1")?.execute([&new.output_collection])?;
+            Ok(None)
+        }
+    }
 }
 
 /// The function batches of a commit, inside its transaction (after the CAS and the
@@ -289,14 +343,8 @@ impl SqliteSysdb {
         let new = new.clone();
         self.write(move |c| {
             let tx = c.transaction_with_behavior(TransactionBehavior::Immediate)?;
-            let existing = tx
-                .prepare_cached(&format!(
-                    "SELECT {FUNCTION_COLUMNS} FROM functions WHERE collection_id = ?1 AND output_collection = ?2 AND status <> 'detached'"
-                ))?
-                .query_row(params![new.collection_id, new.output_collection], raw_function)
-                .optional()?;
-            if let Some(raw) = existing {
-                return Ok(AttachOutcome::Existing(raw.decode(BACKEND)?));
+            if let Some(refusal) = attach_rules(&tx, &new)? {
+                return Ok(refusal);
             }
             let now = creation_stamp(&tx)?;
             tx.prepare_cached(&format!(
@@ -323,6 +371,7 @@ impl SqliteSysdb {
                 partition: new.partition,
                 request_id: new.request_id,
                 created_at_ms: now,
+                published_offset: None,
             };
             Ok(AttachOutcome::Created(row, outbox))
         })
@@ -386,7 +435,7 @@ impl SqliteSysdb {
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
         self.read(move |c| {
             let mut stmt = c.prepare_cached(
-                "SELECT id, function_id, collection_id, partition, request_id, created_at_ms FROM outbox
+                "SELECT id, function_id, collection_id, partition, request_id, created_at_ms, published_offset FROM outbox
                  WHERE sent_at_ms IS NULL ORDER BY id LIMIT ?1",
             )?;
             let rows = stmt.query_map([limit], outbox_row)?.collect::<rusqlite::Result<Vec<_>>>()?;
@@ -395,12 +444,36 @@ impl SqliteSysdb {
         .await
     }
 
-    pub async fn mark_outbox_sent(&self, id: i64) -> Result<()> {
+    pub async fn mark_outbox_sent(&self, id: i64, published_offset: Option<i64>) -> Result<()> {
         self.write(move |c| {
-            c.prepare_cached("UPDATE outbox SET sent_at_ms = ?2 WHERE id = ?1 AND sent_at_ms IS NULL")?.execute(params![id, now_ms()])?;
+            c.prepare_cached("UPDATE outbox SET sent_at_ms = ?2, published_offset = ?3 WHERE id = ?1 AND sent_at_ms IS NULL")?
+                .execute(params![id, now_ms(), published_offset])?;
             Ok(())
         })
         .await
+    }
+
+    pub async fn lost_markers(&self, topic: &str, limit: usize) -> Result<Vec<OutboxRow>> {
+        let (topic, limit) = (topic.to_string(), i64::try_from(limit).unwrap_or(i64::MAX));
+        self.read(move |c| {
+            let mut stmt = c.prepare_cached(LOST_MARKERS)?;
+            let rows = stmt.query_map(params![topic, limit], outbox_row)?.collect::<rusqlite::Result<Vec<_>>>()?;
+            Ok(rows)
+        })
+        .await
+    }
+
+    pub async fn mark_marker_republished(&self, id: i64, published_offset: i64) -> Result<()> {
+        self.write(move |c| {
+            c.prepare_cached("UPDATE outbox SET sent_at_ms = ?2, published_offset = ?3 WHERE id = ?1")?.execute(params![id, now_ms(), published_offset])?;
+            Ok(())
+        })
+        .await
+    }
+
+    pub async fn oldest_awaiting_marker_ms(&self) -> Result<Option<i64>> {
+        self.read(|c| Ok(c.prepare_cached("SELECT MIN(created_at_ms) FROM functions WHERE status = 'awaiting_marker'")?.query_row([], |r| r.get(0))?))
+            .await
     }
 
     /// The transaction runs on the blocking pool, but `f` is borrowed (not `'static`):
