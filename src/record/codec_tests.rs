@@ -634,7 +634,7 @@ fn encoding_pool() -> Vec<Vec<u8>> {
     use proptest::strategy::ValueTree;
     use proptest::test_runner::{Config, TestRunner};
 
-    let mut runner = TestRunner::new(Config::default());
+    let mut runner = TestRunner::new_with_rng(Config::default(), proptest::test_runner::TestRng::deterministic_rng(proptest::test_runner::RngAlgorithm::ChaCha));
     let strategy = log_record();
     let mut pool: Vec<Vec<u8>> = Vec::new();
     for _ in 0..512 {
