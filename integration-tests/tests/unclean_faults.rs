@@ -2,6 +2,12 @@
 //! coordinator on the three-broker cluster under load, (b) a cooperative revoke while a
 //! batch is held in flight, (c) group offset commits that fail. Each ends exact against the
 //! reference model, with the group offset never ahead of the sysdb.
+//!
+//! In (a) a replica may exit on a fatal error when it cannot read a partition's
+//! watermarks for 30 s during an assignment right after the brokers come back (seen:
+//! "Local: Unknown partition" for a partition whose leader was killed); the test restarts
+//! it like a supervisor would and prints each exit. The three-broker cluster's ports
+//! (29092-29094, controller 39092) must be free: another cluster there fails the start.
 
 use std::process::Command;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
