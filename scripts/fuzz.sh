@@ -9,6 +9,10 @@
 #   decode_log_record   bytes -> record::codec::decode (+ encode/decode round trip, validate)
 #   jsonl_line          bytes -> UTF-8 -> cli::jsonl::parse_line (the `sluice produce` input)
 #   http_records_body   bytes -> api::ingest::parse_body + parse_items (POST .../records)
+#   decode_differential bytes -> codec::decode vs apache-avro's generic decode of
+#                       schemas/log_record.avsc: the same record or both an error (two
+#                       known apache-avro leniencies are counted in the log, not failures;
+#                       see the target's header)
 #
 # Needs the nightly toolchain and cargo-fuzz (installed here when missing). The crate is
 # built once with `cargo +nightly fuzz build -s none`: optimized, with debug assertions
@@ -16,7 +20,8 @@
 # cargo-fuzz also compiles the C dependencies with -fsanitize=address, and the bundled
 # librdkafka's configure then fails its link checks against that zstd. (The code under
 # test is safe Rust except one `set_len`, guarded by a debug assertion.) Each run starts
-# from the checked-in seeds (fuzz/seeds/<target>, valid encodings written by
+# from the checked-in seeds (fuzz/seeds/<target>; decode_differential uses
+# decode_log_record's), valid encodings written by
 # fuzz/examples/gen_seeds.rs) plus the corpus grown by earlier runs (fuzz/corpus/<target>,
 # git-ignored). A crash, a panic, a timeout (> 10 s per input), one allocation over 256 MB
 # or an RSS over 2 GB is a failure: the reproducer is written to fuzz/artifacts/<target>/
@@ -29,7 +34,7 @@ SECS="${1:-60}"
 [[ "$SECS" =~ ^[0-9]+$ && "$SECS" -gt 0 ]] || { echo "usage: $0 [SECONDS_PER_TARGET]" >&2; exit 2; }
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 FUZZ="$ROOT/fuzz"
-read -r -a TARGETS <<<"${FUZZ_TARGETS:-decode_log_record jsonl_line http_records_body}"
+read -r -a TARGETS <<<"${FUZZ_TARGETS:-decode_log_record jsonl_line http_records_body decode_differential}"
 
 if ! rustup toolchain list | grep -q '^nightly'; then
     echo "fuzz.sh: installing the nightly toolchain" >&2
@@ -59,7 +64,10 @@ for t in "${TARGETS[@]}"; do
     log="$FUZZ/artifacts/$t.log"
     echo "== $t: ${SECS}s (log: $log)"
     set +e
-    cargo +nightly fuzz run -s none "$t" "$FUZZ/corpus/$t" "$FUZZ/seeds/$t" -- \
+    # The differential target starts from the decoder's seeds (valid encodings).
+    seeds="$FUZZ/seeds/$t"
+    [[ "$t" == decode_differential ]] && seeds="$FUZZ/seeds/decode_log_record"
+    cargo +nightly fuzz run -s none "$t" "$FUZZ/corpus/$t" "$seeds" -- \
         -max_total_time="$SECS" -timeout=10 -rss_limit_mb=2048 -malloc_limit_mb=256 \
         -max_len=16384 -print_final_stats=1 >"$log" 2>&1
     rc=$?

@@ -12,8 +12,13 @@ deploy/local/kafka-auth.sh start # SASL_SSL/SCRAM broker on 29192 (integration-t
 deploy/local/postgres.sh start
 deploy/local/python-env.sh >/dev/null
 cargo build --locked --bin sluice
+# Bounded sizes of the long randomized unit tests (defaults in the tests): the backfill
+# protocol simulation (SLUICE_SIM_INTERLEAVINGS, 4,000; 20,000 for the full run), the
+# decoder on arbitrary input (SLUICE_DECODER_INPUTS, 100,000; scripts/fuzz-decoder-1m.sh
+# runs a million) and the decoder against apache-avro (SLUICE_DECODER_DIFF_INPUTS, 20,000).
 cargo test --locked --workspace --no-fail-fast
 integration-tests/scripts/kafka-scripts.sh
-# Hostile input: each fuzz target for a stated time (SLUICE_FUZZ_SECONDS, default 20 here;
+# Hostile input: each fuzz target (including the decoder-vs-apache-avro differential
+# target) for a stated time (SLUICE_FUZZ_SECONDS, default 20 here;
 # scripts/fuzz.sh alone defaults to 60).
 scripts/fuzz.sh "${SLUICE_FUZZ_SECONDS:-20}"

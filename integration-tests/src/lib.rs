@@ -3,6 +3,7 @@
 //! A missing service FAILS the test with the command that starts it. Only outside CI,
 //! `SLUICE_SKIP_INTEGRATION=1` turns that into an announced skip.
 
+pub mod faults;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};

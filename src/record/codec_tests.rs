@@ -615,18 +615,26 @@ impl Rng {
 #[test]
 #[ignore = "one million inputs (~2 s in a dev build): run scripts/fuzz-decoder-1m.sh"]
 fn decoder_survives_one_million_arbitrary_inputs() {
+    decoder_survives_arbitrary_inputs(1_000_000);
+}
+
+/// The same inputs in every test run, bounded: `SLUICE_DECODER_INPUTS` (default 100,000,
+/// a fraction of a second in a debug build).
+#[test]
+fn decoder_survives_a_bounded_number_of_arbitrary_inputs() {
+    let n = match std::env::var("SLUICE_DECODER_INPUTS") {
+        Ok(v) => v.trim().parse().unwrap_or_else(|_| panic!("SLUICE_DECODER_INPUTS={v:?} is not a count")),
+        Err(_) => 100_000,
+    };
+    decoder_survives_arbitrary_inputs(n);
+}
+
+/// A pool of valid encodings from the property-test strategy, to mutate.
+fn encoding_pool() -> Vec<Vec<u8>> {
     use proptest::strategy::ValueTree;
     use proptest::test_runner::{Config, TestRunner};
 
-    const INPUTS: usize = 1_000_000;
-    let seed = std::env::var("SLUICE_FUZZ_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(0x5eed_u64);
-    let mut rng = Rng(seed | 1);
-
-    // A pool of valid encodings from the property-test strategy, to mutate.
-    let mut runner = TestRunner::new(Config::default());
+    let mut runner = TestRunner::new_with_rng(Config::default(), proptest::test_runner::TestRng::deterministic_rng(proptest::test_runner::RngAlgorithm::ChaCha));
     let strategy = log_record();
     let mut pool: Vec<Vec<u8>> = Vec::new();
     for _ in 0..512 {
@@ -634,40 +642,61 @@ fn decoder_survives_one_million_arbitrary_inputs() {
         pool.push(encode(&r));
     }
     pool.push(encode(&sample()));
+    pool
+}
+
+fn fuzz_seed() -> u64 {
+    std::env::var("SLUICE_FUZZ_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0x5eed_u64)
+}
+
+/// The `n`-th input: arbitrary bytes, a valid encoding with 1-4 random edits, or a
+/// truncated valid encoding.
+fn next_input(n: usize, rng: &mut Rng, pool: &[Vec<u8>], input: &mut Vec<u8>) {
+    input.clear();
+    match n % 4 {
+        // Arbitrary bytes.
+        0 => {
+            let len = rng.below(256);
+            input.extend((0..len).map(|_| rng.next() as u8));
+        }
+        // A valid encoding with 1-4 random byte edits.
+        1 | 2 => {
+            input.extend_from_slice(&pool[rng.below(pool.len())]);
+            for _ in 0..1 + rng.below(4) {
+                let i = rng.below(input.len());
+                match rng.below(3) {
+                    0 if !input.is_empty() => input[i] = rng.next() as u8,
+                    1 => input.insert(i, rng.next() as u8),
+                    _ => {
+                        let tail = input.split_off(i);
+                        input.extend(long(rng.next() as i64));
+                        input.extend(tail);
+                    }
+                }
+            }
+        }
+        // A truncated valid encoding.
+        _ => {
+            let valid = &pool[rng.below(pool.len())];
+            input.extend_from_slice(&valid[..rng.below(valid.len())]);
+        }
+    }
+}
+
+/// `inputs` arbitrary, mutated and truncated inputs through `decode`: none may panic.
+fn decoder_survives_arbitrary_inputs(inputs: usize) {
+    let seed = fuzz_seed();
+    let mut rng = Rng(seed | 1);
+    let pool = encoding_pool();
 
     let started = std::time::Instant::now();
     let mut kinds: std::collections::BTreeMap<&'static str, usize> = Default::default();
     let mut input = Vec::new();
-    for n in 0..INPUTS {
-        input.clear();
-        match n % 4 {
-            // Arbitrary bytes.
-            0 => {
-                let len = rng.below(256);
-                input.extend((0..len).map(|_| rng.next() as u8));
-            }
-            // A valid encoding with 1-4 random byte edits.
-            1 | 2 => {
-                input.extend_from_slice(&pool[rng.below(pool.len())]);
-                for _ in 0..1 + rng.below(4) {
-                    let i = rng.below(input.len());
-                    match rng.below(3) {
-                        0 if !input.is_empty() => input[i] = rng.next() as u8,
-                        1 => input.insert(i, rng.next() as u8),
-                        _ => {
-                            let tail = input.split_off(i);
-                            input.extend(long(rng.next() as i64));
-                            input.extend(tail);
-                        }
-                    }
-                }
-            }
-            // A truncated valid encoding.
-            _ => {
-                let valid = &pool[rng.below(pool.len())];
-                input.extend_from_slice(&valid[..rng.below(valid.len())]);
-            }
-        }
+    for n in 0..inputs {
+        next_input(n, &mut rng, &pool, &mut input);
         let kind = match decode(&input) {
             Ok(_) => "ok",
             Err(e) => e.kind(),
@@ -680,5 +709,96 @@ fn decoder_survives_one_million_arbitrary_inputs() {
     for (kind, count) in &kinds {
         println!("  {kind:<28} {count}");
     }
-    assert_eq!(total, INPUTS);
+    assert_eq!(total, inputs);
+}
+
+/// Inputs the hand-written decoder refuses with `e` and apache-avro 0.21 accepts because of
+/// its own leniency, not a decoder bug (the hand-written decoder follows the Avro spec and
+/// the Java implementation here):
+/// - a string or bytes value cut short by the end of the input reads as null (its decoder
+///   maps `UnexpectedEof` to `Value::Null`), so a truncated datum decodes;
+/// - a 10-byte varint whose last byte carries bits beyond 64 wraps instead of failing.
+fn apache_avro_leniency(e: &DecodeError) -> Option<&'static str> {
+    match e {
+        DecodeError::Truncated { .. } | DecodeError::LengthOverflow { .. } => Some("it reads a string or bytes value cut short by the end of the input as null"),
+        DecodeError::VarintOverflow { .. } => Some("it wraps a 10-byte varint that overflows 64 bits"),
+        _ => None,
+    }
+}
+
+/// The hand-written decoder against apache-avro's generic decoder on the same arbitrary,
+/// mutated and truncated inputs (`SLUICE_DECODER_DIFF_INPUTS`, default 20,000): both decode
+/// to the same record (compared by canonical encoding) or both refuse. Prints every
+/// disagreement's input in hex before failing.
+///
+/// apache-avro 0.21 reserves a map block's declared entry count up front, checked only
+/// against its byte limit (512 MB by default), so a mutated count aborts the process
+/// asking for tens of GB. The limit is process-wide and set once, by the first decode, so
+/// the comparison runs in a child process that sets it to 64 KiB first: every input here
+/// is far shorter, so no length or count above it can be satisfied and both decoders
+/// must refuse such inputs anyway.
+#[test]
+fn decoder_agrees_with_apache_avro_on_arbitrary_inputs() {
+    const NAME: &str = "record::codec::tests::decoder_agrees_with_apache_avro_on_arbitrary_inputs";
+    if std::env::var_os("SLUICE_DECODER_DIFF_CHILD").is_none() {
+        let out = std::process::Command::new(std::env::current_exe().expect("test binary"))
+            .args([NAME, "--exact", "--nocapture", "--test-threads=1"])
+            .env("SLUICE_DECODER_DIFF_CHILD", "1")
+            .output()
+            .expect("spawn the test binary");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        println!("{stdout}");
+        assert!(out.status.success(), "child failed: {}\n{}", out.status, String::from_utf8_lossy(&out.stderr));
+        assert!(stdout.contains("disagreements") && stdout.contains("1 passed"), "the child ran the comparison:\n{stdout}");
+        return;
+    }
+    let cap = apache_avro::util::max_allocation_bytes(64 << 10);
+    assert_eq!(cap, 64 << 10, "the allocation limit was set before this test");
+    let inputs: usize = match std::env::var("SLUICE_DECODER_DIFF_INPUTS") {
+        Ok(v) => v.trim().parse().unwrap_or_else(|_| panic!("SLUICE_DECODER_DIFF_INPUTS={v:?} is not a count")),
+        Err(_) => 20_000,
+    };
+    let seed = fuzz_seed();
+    let mut rng = Rng(seed ^ 0xd1ff | 1);
+    let pool = encoding_pool();
+    let mut input = Vec::new();
+    let (mut both_ok, mut both_err) = (0usize, 0usize);
+    let mut lenient: std::collections::BTreeMap<&str, (usize, String)> = Default::default();
+    let mut disagreements = Vec::new();
+    for n in 0..inputs {
+        next_input(n, &mut rng, &pool, &mut input);
+        match (decode(&input), decode_generic(&input)) {
+            (Ok(a), Ok(b)) if encode(&a) == encode(&b) => both_ok += 1,
+            (Err(_), Err(_)) => both_err += 1,
+            (Err(e), Ok(_)) if apache_avro_leniency(&e).is_some() => {
+                let hex = input.iter().map(|b| format!("{b:02x}")).collect::<String>();
+                lenient.entry(apache_avro_leniency(&e).unwrap_or_default()).or_insert((0, format!("{hex} ({e})"))).0 += 1;
+            }
+            (fast, generic) => {
+                let class = format!(
+                    "hand-written {} / apache-avro {}",
+                    fast.as_ref().map_or_else(|e| e.kind(), |_| "ok"),
+                    generic.as_ref().map_or_else(|e| format!("{e}").split(':').take(2).collect::<Vec<_>>().join(":"), |_| "ok".into())
+                );
+                disagreements.push((class, format!(
+                    "input {}\n  hand-written: {fast:?}\n  apache-avro:  {generic:?}",
+                    input.iter().map(|b| format!("{b:02x}")).collect::<String>()
+                )));
+            }
+        }
+    }
+    println!("{inputs} inputs (seed {seed:#x}): {both_ok} decoded alike, {both_err} refused by both, {} disagreements", disagreements.len());
+    for (why, (count, first)) in &lenient {
+        println!("{count:>6} x refused here, accepted by apache-avro because {why}; first: {first}");
+    }
+    let mut classes: std::collections::BTreeMap<&str, (usize, &str)> = Default::default();
+    for (class, d) in &disagreements {
+        classes.entry(class).or_insert((0, d)).0 += 1;
+    }
+    for (class, (count, first)) in &classes {
+        println!("{count:>6} x {class}\n  first: {first}");
+    }
+    let disagreements: Vec<&String> = disagreements.iter().map(|(_, d)| d).collect();
+    assert!(disagreements.is_empty(), "{} disagreements, first: {}", disagreements.len(), disagreements[0]);
+    assert!(both_ok > inputs / 100 && both_err > inputs / 100, "the inputs reach both outcomes: {both_ok} ok, {both_err} errors");
 }

@@ -1,0 +1,177 @@
+//! Helpers of the fault tests (`tests/fault_points.rs`, `tests/unclean_faults.rs`): log
+//! waits, functions and their outputs against the reference model, the group-offset
+//! invariant, and the three-broker cluster with a guard that stops it.
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use sluice::cli::jsonl::record_to_json;
+use sluice::materialize::model::reference_outputs;
+use sluice::record::{LogRecord, Record};
+use sluice::workload::{generate, WorkloadSpec};
+
+use crate::{repo_root, Env, Replica};
+
+/// A deterministic workload of `records` over `collections` collections of `ids` ids each.
+pub fn workload(records: usize, seed: u64, prefix: &str, collections: usize, ids: usize) -> Vec<LogRecord> {
+    generate(&WorkloadSpec {
+        records,
+        collections,
+        dim: 4,
+        ids_per_collection: ids,
+        mix: [45, 20, 15, 20],
+        seed,
+        collection_prefix: format!("{prefix}-c"),
+    })
+    .collect()
+}
+
+/// Wait until `needle` is in the replica's log; panics with the log after `timeout`.
+pub fn wait_log(r: &Replica, needle: &str, timeout: Duration) {
+    let deadline = Instant::now() + timeout;
+    while !r.log_text().contains(needle) {
+        assert!(Instant::now() < deadline, "{needle:?} never appeared in {}:\n{}", r.log.display(), tail(&r.log_text()));
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// The last 60 lines of a log, for failure messages.
+pub fn tail(text: &str) -> String {
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(60)..].join("\n")
+}
+
+/// A replica that must abort at fail point `name`: waits for its exit (not a success) and
+/// for the fail point's line in its log.
+pub fn expect_abort_at(r: &mut Replica, name: &str, timeout: Duration) {
+    let status = r.wait_exit(timeout).unwrap_or_else(|| panic!("never reached fail point {name} within {timeout:?}:\n{}", tail(&r.log_text())));
+    assert!(!status.success(), "aborted at {name}, exit {status}");
+    let log = r.log_text();
+    assert!(log.contains(&format!("sluice: fail point {name} reached")), "the fail point's line is in the log:\n{}", tail(&log));
+}
+
+/// `sluice functions attach` (JSON answer).
+pub fn attach(env: &Env, collection: &str, function: &str, output: &str) -> Value {
+    serde_json::from_str(env.run(&["functions", "attach", collection, "--function", function, "--output", output]).trim()).expect("attach JSON")
+}
+
+/// One function as `sluice functions list` shows it.
+pub fn function(env: &Env, id: &str) -> Value {
+    let all: Value = serde_json::from_str(&env.run(&["functions", "list", "--format", "json"])).expect("functions JSON");
+    all.as_array().expect("array").iter().find(|f| f["id"] == id).cloned().unwrap_or_else(|| panic!("function {id} not listed"))
+}
+
+/// Wait until the function has `status`; returns it.
+pub fn wait_status(env: &Env, id: &str, status: &str, timeout: Duration) -> Value {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let f = function(env, id);
+        if f["status"] == status {
+            return f;
+        }
+        assert!(Instant::now() < deadline, "function {id} never became {status}: {f}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// The output collection equals the function over the whole `log` of `collection`.
+pub fn assert_outputs(env: &Env, log: &[LogRecord], collection: &str, function: &str, output: &str) {
+    let indexed: Vec<(i64, LogRecord)> = log.iter().cloned().enumerate().map(|(i, r)| (i as i64, r)).collect();
+    let unwritten_counter = |id: &str, total: Option<&sluice::record::MetaValue>| {
+        // A counter never written reads as 0 (see reference_outputs).
+        function == "record_counter" && id == "function_output" && total == Some(&sluice::record::MetaValue::Long(0))
+    };
+    let expected: Vec<Value> = reference_outputs(&indexed, collection, function)
+        .iter()
+        .filter(|(id, m)| !unwritten_counter(id, m.metadata.get("total_count")))
+        .map(|(id, m)| record_to_json(&Record { id: id.clone(), embedding: m.embedding.clone(), metadata: m.metadata.clone(), document: m.document.clone(), offset: 0 }))
+        .collect();
+    let out = env.cmd().args(["records", output, "--format", "jsonl"]).output().expect("sluice records");
+    let actual: Vec<Value> = if out.status.success() {
+        String::from_utf8_lossy(&out.stdout).lines().map(|l| serde_json::from_str(l).expect("record JSON")).collect()
+    } else {
+        Vec::new()
+    };
+    let actual: Vec<Value> = actual.into_iter().filter(|v| !(function == "record_counter" && v["metadata"]["total_count"] == 0)).collect();
+    assert!(!expected.is_empty(), "the model has outputs for {function} of {collection}");
+    assert_eq!(actual, expected, "{function} output {output}");
+}
+
+/// `sluice offsets show` rows.
+pub fn offsets(env: &Env) -> Vec<Value> {
+    serde_json::from_str::<Value>(&env.run(&["offsets", "show", "--format", "json"])).expect("offsets JSON").as_array().expect("array").clone()
+}
+
+/// No partition's group offset is ahead of its sysdb position; returns how many
+/// partitions have a group offset at all.
+pub fn assert_group_never_ahead(env: &Env) -> usize {
+    let rows = offsets(env);
+    let mut committed = 0;
+    for r in &rows {
+        if let (Some(g), Some(s)) = (r["group_offset"].as_i64(), r["sysdb_next_offset"].as_i64()) {
+            assert!(g <= s, "group offset ahead of the sysdb: {r}");
+            committed += 1;
+        }
+    }
+    committed
+}
+
+/// The three-broker local cluster (`deploy/local/kafka.sh --brokers 3`, client ports
+/// 29092-29094). Started by `start`; stopped when dropped, also when the test panics.
+pub struct Cluster3;
+
+/// Client ports of the three brokers (node-1..node-3).
+pub const CLUSTER3_PORTS: [u16; 3] = [29092, 29093, 29094];
+
+impl Cluster3 {
+    pub fn start() -> Cluster3 {
+        cluster3("start");
+        Cluster3
+    }
+
+    pub fn bootstrap() -> String {
+        CLUSTER3_PORTS.iter().map(|p| format!("127.0.0.1:{p}")).collect::<Vec<_>>().join(",")
+    }
+
+    /// Start whatever node is down again (idempotent).
+    pub fn restart_missing(&self) {
+        cluster3("start");
+    }
+
+    /// Pid of broker `id` (node-`id`), if running.
+    pub fn pid(id: i32) -> Option<String> {
+        let p = repo_root().join(format!(".local/kafka/run/brokers-3/node-{id}/pid"));
+        let pid = std::fs::read_to_string(p).ok()?.trim().to_string();
+        std::path::Path::new(&format!("/proc/{pid}")).exists().then_some(pid)
+    }
+
+    /// SIGKILL broker `id` (no controlled shutdown) and wait until it is gone.
+    pub fn kill9(&self, id: i32) {
+        let pid = Cluster3::pid(id).unwrap_or_else(|| panic!("broker {id} is not running"));
+        Command::new("kill").args(["-KILL", &pid]).status().expect("kill");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while std::path::Path::new(&format!("/proc/{pid}")).exists() {
+            assert!(Instant::now() < deadline, "broker {id} did not die");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for Cluster3 {
+    fn drop(&mut self) {
+        let _ = Command::new(repo_root().join("deploy/local/kafka.sh"))
+            .args(["stop", "--brokers", "3"])
+            .env("SLUICE_KAFKA_PORT", CLUSTER3_PORTS[0].to_string())
+            .status();
+    }
+}
+
+fn cluster3(cmd: &str) {
+    let out = Command::new(repo_root().join("deploy/local/kafka.sh"))
+        .args([cmd, "--brokers", "3"])
+        .env("SLUICE_KAFKA_PORT", CLUSTER3_PORTS[0].to_string())
+        .output()
+        .expect("kafka.sh");
+    assert!(out.status.success(), "kafka.sh {cmd} --brokers 3: {}", String::from_utf8_lossy(&out.stderr));
+}
