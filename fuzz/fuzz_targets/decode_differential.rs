@@ -12,6 +12,12 @@
 //!   `LengthOverflow`;
 //! - a 10-byte varint whose last byte carries bits beyond 64 wraps: the hand-written
 //!   error is `VarintOverflow`.
+//!
+//! Two more are Sluice's own strictness (the Java reader accepts them too): a repeated
+//! metadata key (`DuplicateMapKey`: which value wins would depend on the reader) and a
+//! block whose declared byte size disagrees with its items (`BadBlockSize`: a broken
+//! encoder). Such records go to the DLQ under their own kind instead of being applied
+//! with a value Sluice picked.
 #![no_main]
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -28,7 +34,14 @@ fn hex(data: &[u8]) -> String {
 static LENIENT: AtomicU64 = AtomicU64::new(0);
 
 fn apache_avro_leniency(e: &DecodeError) -> bool {
-    matches!(e, DecodeError::Truncated { .. } | DecodeError::LengthOverflow { .. } | DecodeError::VarintOverflow { .. })
+    matches!(
+        e,
+        DecodeError::Truncated { .. }
+            | DecodeError::LengthOverflow { .. }
+            | DecodeError::VarintOverflow { .. }
+            | DecodeError::DuplicateMapKey { .. }
+            | DecodeError::BadBlockSize { .. }
+    )
 }
 
 fuzz_target!(|data: &[u8]| {

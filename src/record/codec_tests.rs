@@ -722,6 +722,13 @@ fn apache_avro_leniency(e: &DecodeError) -> Option<&'static str> {
     match e {
         DecodeError::Truncated { .. } | DecodeError::LengthOverflow { .. } => Some("it reads a string or bytes value cut short by the end of the input as null"),
         DecodeError::VarintOverflow { .. } => Some("it wraps a 10-byte varint that overflows 64 bits"),
+        // Stricter by design, not leniencies of apache-avro's alone (the Java reader
+        // accepts both too): metadata whose key repeats is ambiguous (which value wins
+        // depends on the reader), and a block whose declared byte size disagrees with its
+        // items comes from a broken encoder. Both go to the DLQ with their own kind rather
+        // than have Sluice pick a value silently.
+        DecodeError::DuplicateMapKey { .. } => Some("it keeps the last value of a repeated map key (refused here: duplicate_map_key)"),
+        DecodeError::BadBlockSize { .. } => Some("it ignores a block byte size that disagrees with the block's items (refused here: bad_block_size)"),
         _ => None,
     }
 }
