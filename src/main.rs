@@ -43,8 +43,8 @@ fn main() -> std::process::ExitCode {
     let result = rt.block_on(async move {
         match cli.command {
             Cmd::Init { partitions, replication_factor } => commands::init(&config, partitions, replication_factor).await,
-            Cmd::Process { roles } => match commands::Roles::parse(&roles) {
-                Ok(roles) => commands::process(config, roles).await,
+            Cmd::Process { roles } => match sluice::replica::Roles::parse(&roles) {
+                Ok(roles) => sluice::replica::run(config, roles).await,
                 Err(e) => Err(e),
             },
             Cmd::Checksum => commands::checksum(&config).await,

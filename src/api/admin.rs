@@ -27,7 +27,6 @@ use crate::cli::jsonl::record_to_json;
 use crate::config::Config;
 use crate::kafka::producer::Producer;
 use crate::kafka::KafkaError;
-use crate::processor::client_settings;
 use crate::sysdb::{CollectionRow, FunctionRow, Sysdb, SysdbError};
 
 /// Largest request body (413 `payload_too_large` above).
@@ -58,7 +57,7 @@ impl Admin {
     /// The token is `config.http.admin_token` (already overridden by `SLUICE_ADMIN_TOKEN`).
     /// Creating the producer does not contact the broker.
     pub fn new(config: Config, sysdb: Arc<Sysdb>) -> Result<Admin, KafkaError> {
-        let producer = Producer::new(&client_settings(&config), &[("message.timeout.ms", DELIVERY_TIMEOUT_MS)])?;
+        let producer = Producer::new(&crate::kafka::ClientSettings::from_config(&config), &[("message.timeout.ms", DELIVERY_TIMEOUT_MS)])?;
         let token = AdminToken::new(config.http.admin_token());
         Ok(Admin { config, sysdb, producer, token })
     }

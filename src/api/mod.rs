@@ -16,7 +16,6 @@
 pub mod admin;
 pub mod auth;
 pub mod error;
-pub mod health;
 pub mod ingest;
 
 use std::net::SocketAddr;
@@ -35,7 +34,7 @@ use tokio::task::JoinHandle;
 use tracing::{info, warn};
 
 pub use admin::Admin;
-pub use health::Health;
+pub use crate::health::Health;
 
 use crate::metrics::{self, Metrics};
 

@@ -287,7 +287,7 @@ async fn republish_lost(config: &Config, sysdb: &Sysdb, producer: &Producer, met
 }
 
 /// The relay loop (a role of `sluice process`).
-pub async fn relay(config: Config, sysdb: std::sync::Arc<Sysdb>, producer: Producer, metrics: std::sync::Arc<crate::metrics::Metrics>, mut stop: tokio::sync::watch::Receiver<bool>) {
+pub async fn relay(config: Config, sysdb: std::sync::Arc<Sysdb>, producer: Producer, metrics: std::sync::Arc<crate::metrics::Metrics>, stop: tokio_util::sync::CancellationToken) {
     let every = Duration::from_millis(config.backfill.relay_interval_ms);
     loop {
         if let Err(e) = relay_once(&config, &sysdb, &producer, Some(&metrics)).await {
@@ -295,7 +295,7 @@ pub async fn relay(config: Config, sysdb: std::sync::Arc<Sysdb>, producer: Produ
         }
         tokio::select! {
             _ = tokio::time::sleep(every) => {}
-            _ = stop.changed() => return,
+            _ = stop.cancelled() => return,
         }
     }
 }

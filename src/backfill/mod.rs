@@ -14,7 +14,8 @@ use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use tokio::sync::{watch, Semaphore};
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use crate::config::Config;
@@ -34,22 +35,22 @@ pub struct Worker {
     metrics: Arc<Metrics>,
     running: Arc<Mutex<HashSet<String>>>,
     permits: Arc<Semaphore>,
-    stop: watch::Receiver<bool>,
+    stop: CancellationToken,
 }
 
 impl Worker {
-    pub fn new(config: Config, sysdb: Arc<Sysdb>, metrics: Arc<Metrics>, stop: watch::Receiver<bool>) -> Worker {
+    pub fn new(config: Config, sysdb: Arc<Sysdb>, metrics: Arc<Metrics>, stop: CancellationToken) -> Worker {
         let permits = Arc::new(Semaphore::new(config.backfill.concurrency));
         Worker { config, sysdb, metrics, running: Arc::default(), permits, stop }
     }
 
-    /// Consume tasks and scan the sysdb until `stop` flips.
+    /// Consume tasks and scan the sysdb until `stop` is cancelled.
     pub async fn run(self) -> anyhow::Result<()> {
-        let settings = crate::processor::client_settings(&self.config);
+        let settings = crate::kafka::ClientSettings::from_config(&self.config);
         let group = format!("{}.backfill", self.config.kafka.group);
         let (consumer, mut tasks) = TaskConsumer::start(&settings, &group, &self.config.kafka.backfill_topic())?;
         let mut scan = tokio::time::interval(Duration::from_millis(self.config.backfill.scan_interval_ms));
-        let mut stop = self.stop.clone();
+        let stop = self.stop.clone();
         info!(group = %group, "backfill worker started");
         loop {
             tokio::select! {
@@ -64,7 +65,7 @@ impl Worker {
                     None => break,
                 },
                 _ = scan.tick() => self.scan().await,
-                _ = stop.changed() => break,
+                _ = stop.cancelled() => break,
             }
         }
         tokio::task::spawn_blocking(move || consumer.shutdown(Duration::from_secs(5))).await?;
@@ -145,7 +146,7 @@ impl Worker {
         let chunk = self.config.backfill.chunk_size;
         let pause = Duration::from_millis(self.config.backfill.pause_ms);
         loop {
-            if *self.stop.borrow() {
+            if self.stop.is_cancelled() {
                 return;
             }
             crate::failpoint::hit("before_backfill_chunk_commit");

@@ -1,7 +1,6 @@
 //! Implementations of the subcommands.
 
 use std::io::{BufRead, Write};
-use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
 use serde_json::json;
@@ -12,7 +11,6 @@ use super::{CollectionsCmd, Format, OffsetsCmd};
 use crate::config::{redacted_librdkafka, Config};
 use crate::kafka::admin::{ensure_topic, MetadataClient, TopicOutcome};
 use crate::kafka::producer::{Outgoing, Producer};
-use crate::processor::client_settings;
 use crate::record::framing::{frame, Framing};
 use crate::record::validate::validate;
 use crate::record::{codec, partitioner::partition_for};
@@ -27,7 +25,7 @@ pub async fn open_sysdb(config: &Config) -> Result<Sysdb> {
 /// Fail fast (wrong credentials, untrusted certificate, broker down) before a command
 /// starts clients that would otherwise retry silently. See `kafka::preflight`.
 pub async fn preflight(config: &Config) -> Result<()> {
-    let settings = client_settings(config);
+    let settings = crate::kafka::ClientSettings::from_config(config);
     let timeout = settings.timeout().max(std::time::Duration::from_secs(1));
     tokio::task::spawn_blocking(move || crate::kafka::preflight::check_connection(&settings, timeout)).await??;
     Ok(())
@@ -35,7 +33,7 @@ pub async fn preflight(config: &Config) -> Result<()> {
 
 pub async fn init(config: &Config, partitions: Option<i32>, rf: Option<i32>) -> Result<()> {
     preflight(config).await?;
-    let settings = client_settings(config);
+    let settings = crate::kafka::ClientSettings::from_config(config);
     let partitions = partitions.unwrap_or(config.kafka.partitions);
     let rf = rf.unwrap_or(config.kafka.replication_factor);
     let log = config.kafka.log_topic();
@@ -64,7 +62,7 @@ pub async fn init(config: &Config, partitions: Option<i32>, rf: Option<i32>) -> 
 
 pub async fn produce(config: &Config, input: &str) -> Result<()> {
     preflight(config).await?;
-    let settings = client_settings(config);
+    let settings = crate::kafka::ClientSettings::from_config(config);
     let producer = Producer::new(&settings, &[])?;
     let topic = config.kafka.log_topic();
     let reader: Box<dyn BufRead> = if input == "-" {
@@ -221,7 +219,7 @@ pub async fn offset_rows(config: &Config, sysdb: &Sysdb) -> Result<Vec<OffsetRow
     let topic = config.kafka.log_topic();
     let states: std::collections::HashMap<i32, crate::sysdb::PartitionState> =
         sysdb.partition_states(&topic).await?.into_iter().map(|s| (s.partition, s)).collect();
-    let settings = client_settings(config);
+    let settings = crate::kafka::ClientSettings::from_config(config);
     let group = config.kafka.group.clone();
     let t = topic.clone();
     let (n, group_offsets, marks) = tokio::task::spawn_blocking(move || -> Result<_> {
@@ -278,7 +276,7 @@ pub async fn offsets(config: &Config, cmd: OffsetsCmd) -> Result<()> {
         }
         OffsetsCmd::Reconcile => {
             let positions: Vec<(i32, i64)> = sysdb.positions(&topic).await?.into_iter().collect();
-            let settings = client_settings(config);
+            let settings = crate::kafka::ClientSettings::from_config(config);
             let group = config.kafka.group.clone();
             let t = topic.clone();
             let n = positions.len();
@@ -409,98 +407,6 @@ pub fn workload(spec: &crate::workload::WorkloadSpec) -> Result<()> {
     Ok(())
 }
 
-/// Which parts of a replica run (`sluice process --roles`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Roles {
-    pub processor: bool,
-    pub backfill: bool,
-    pub relay: bool,
-}
-
-impl Roles {
-    pub const ALL: Roles = Roles { processor: true, backfill: true, relay: true };
-
-    /// Parse `processor,backfill,relay` (any subset, at least one).
-    pub fn parse(s: &str) -> Result<Roles> {
-        let mut r = Roles { processor: false, backfill: false, relay: false };
-        for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
-            match part {
-                "processor" => r.processor = true,
-                "backfill" => r.backfill = true,
-                "relay" => r.relay = true,
-                "all" => r = Roles::ALL,
-                other => bail!("unknown role {other:?}: roles are processor, backfill, relay (comma separated)"),
-            }
-        }
-        if r == (Roles { processor: false, backfill: false, relay: false }) {
-            bail!("--roles needs at least one of processor, backfill, relay");
-        }
-        Ok(r)
-    }
-}
-
-pub async fn process(config: Config, roles: Roles) -> Result<()> {
-    preflight(&config).await?;
-    let sysdb = Arc::new(open_sysdb(&config).await?);
-    let metrics = crate::metrics::Metrics::with_options(config.metrics.per_collection);
-    let health = crate::api::Health::new();
-    // The HTTP server starts before the processor joins the group (so /readyz says
-    // "starting") and stops after it has left (the last metrics stay scrapeable).
-    let server = if config.http.listen.is_empty() {
-        None
-    } else {
-        let admin = Arc::new(crate::api::Admin::new(config.clone(), sysdb.clone())?);
-        let state = crate::api::AppState { metrics: metrics.clone(), health: health.clone(), admin: Some(admin) };
-        Some(crate::api::Server::start(&config.http.listen, state).await?)
-    };
-    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let signal_tx = stop_tx.clone();
-    tokio::spawn(async move {
-        shutdown_signal().await;
-        let _ = signal_tx.send(true);
-    });
-    let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
-        while !*rx.borrow() {
-            if rx.changed().await.is_err() {
-                return;
-            }
-        }
-    };
-    let mut background = Vec::new();
-    if roles.backfill {
-        let worker = crate::backfill::Worker::new(config.clone(), sysdb.clone(), metrics.clone(), stop_rx.clone());
-        background.push(tokio::spawn(worker.run()));
-    }
-    if roles.relay {
-        let producer = Producer::new(&client_settings(&config), &[])?;
-        let relay = crate::backfill::attach::relay(config.clone(), sysdb.clone(), producer, metrics.clone(), stop_rx.clone());
-        background.push(tokio::spawn(async move {
-            relay.await;
-            Ok(())
-        }));
-    }
-    let result = if roles.processor {
-        crate::processor::run(config, sysdb, metrics, health, stopped(stop_rx.clone())).await
-    } else {
-        health.consumer_started();
-        health.assignment_completed();
-        stopped(stop_rx.clone()).await;
-        Ok(())
-    };
-    let _ = stop_tx.send(true);
-    for task in background {
-        match tokio::time::timeout(std::time::Duration::from_secs(15), task).await {
-            Ok(Ok(Err(e))) => tracing::warn!(error = %e, "background role stopped with an error"),
-            Ok(Err(e)) => tracing::warn!(error = %e, "background role panicked"),
-            _ => {}
-        }
-    }
-    if let Some(server) = server {
-        server.shutdown().await;
-    }
-    result
-}
-
 pub async fn functions(config: &Config, cmd: super::FunctionsCmd) -> Result<()> {
     use super::FunctionsCmd;
     let sysdb = open_sysdb(config).await?;
@@ -512,7 +418,7 @@ pub async fn functions(config: &Config, cmd: super::FunctionsCmd) -> Result<()> 
                 params.insert(k.to_string(), v.to_string());
             }
             // Publishing fails fast when the broker is down (the relay retries later).
-            let producer = Producer::new(&client_settings(config), &[("message.timeout.ms", "10000")])?;
+            let producer = Producer::new(&crate::kafka::ClientSettings::from_config(config), &[("message.timeout.ms", "10000")])?;
             let attached = crate::backfill::attach::attach(config, &sysdb, &producer, &collection, &function, &output, params).await?;
             println!("{}", serde_json::to_string(&attached)?);
         }
@@ -552,18 +458,6 @@ pub async fn functions(config: &Config, cmd: super::FunctionsCmd) -> Result<()> 
     Ok(())
 }
 
-async fn shutdown_signal() {
-    use tokio::signal::unix::{signal, SignalKind};
-    let mut term = match signal(SignalKind::terminate()) {
-        Ok(s) => s,
-        Err(_) => return std::future::pending().await,
-    };
-    tokio::select! {
-        _ = term.recv() => {}
-        _ = tokio::signal::ctrl_c() => {}
-    }
-}
-
 /// Keep `partition_for` reachable from the CLI for scripts (`sluice` prints nothing here).
 pub fn partition_of(collection: &str, partitions: u32) -> u32 {
     partition_for(collection.as_bytes(), partitions)
@@ -593,12 +487,5 @@ mod tests {
     fn partition_status_names_the_halt_reason() {
         assert_eq!(partition_status(None), "running");
         assert_eq!(partition_status(Some("record refused at offset 7")), "halted: record refused at offset 7");
-    }
-
-    #[test]
-    fn roles_parse() {
-        assert_eq!(Roles::parse("processor,relay").unwrap(), Roles { processor: true, backfill: false, relay: true });
-        assert!(Roles::parse("nope").is_err());
-        assert!(Roles::parse("").is_err());
     }
 }

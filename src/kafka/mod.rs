@@ -78,6 +78,15 @@ impl ClientSettings {
         ClientSettings { brokers: brokers.into(), librdkafka: BTreeMap::new(), request_timeout_ms: 10_000 }
     }
 
+    /// The settings every client of a replica or a command uses, from the configuration.
+    pub fn from_config(config: &crate::config::Config) -> Self {
+        ClientSettings {
+            brokers: config.kafka.brokers.clone(),
+            librdkafka: config.librdkafka.clone(),
+            request_timeout_ms: config.kafka.request_timeout_ms,
+        }
+    }
+
     pub(crate) fn client_config(&self) -> ClientConfig {
         let mut c = ClientConfig::new();
         for (k, v) in &self.librdkafka {

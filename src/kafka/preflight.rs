@@ -158,6 +158,15 @@ impl ProducerContext for Capture {
 /// Connect with `settings` and fetch the cluster metadata within `timeout`. On failure the
 /// error names the cause (authentication, untrusted certificate, TLS, protocol mismatch,
 /// unreachable) and the fix. Blocking: call it from `spawn_blocking` in async code.
+/// [`check_connection`] from async code, with the settings' request timeout (at least 1 s).
+pub async fn check(settings: &ClientSettings) -> Result<(), KafkaError> {
+    let settings = settings.clone();
+    let timeout = settings.timeout().max(Duration::from_secs(1));
+    tokio::task::spawn_blocking(move || check_connection(&settings, timeout))
+        .await
+        .map_err(|e| KafkaError::Config(format!("connection check task failed: {e}")))?
+}
+
 pub fn check_connection(settings: &ClientSettings, timeout: Duration) -> Result<(), KafkaError> {
     let mut c = settings.client_config();
     c.set("socket.connection.setup.timeout.ms", timeout.as_millis().clamp(1000, 300_000).to_string())

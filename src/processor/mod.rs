@@ -19,7 +19,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
-use crate::api::Health;
+use crate::health::Health;
 use crate::config::Config;
 use crate::kafka::admin::MetadataClient;
 use crate::kafka::consumer::{Command, ConsumerHandle, ConsumerSettings, Event, StartDecision};
@@ -35,15 +35,6 @@ const WORKER_INBOX: usize = 8;
 
 /// How often the partition gauges read the high watermarks and group offsets.
 const GAUGE_REFRESH: Duration = Duration::from_secs(5);
-
-/// Kafka client settings from the config.
-pub fn client_settings(config: &Config) -> ClientSettings {
-    ClientSettings {
-        brokers: config.kafka.brokers.clone(),
-        librdkafka: config.librdkafka.clone(),
-        request_timeout_ms: config.kafka.request_timeout_ms,
-    }
-}
 
 struct WorkerHandle {
     inbox: mpsc::Sender<WorkerMsg>,
@@ -61,6 +52,8 @@ struct WorkerHandle {
 struct Workers {
     map: HashMap<i32, WorkerHandle>,
     commander: crate::kafka::consumer::Commander,
+    /// The processor's token: each worker's is a child of it.
+    stop: CancellationToken,
 }
 
 impl Workers {
@@ -127,15 +120,16 @@ impl Workers {
     }
 }
 
-/// Run the processor until `shutdown` resolves (then leave the group and return Ok).
+/// Run the processor until `stop` is cancelled (then commit what is in flight within the
+/// shutdown timeout, leave the group and return Ok).
 pub async fn run(
     config: Config,
     sysdb: Arc<Sysdb>,
     metrics: Arc<Metrics>,
     health: Arc<Health>,
-    shutdown: impl std::future::Future<Output = ()>,
+    stop: CancellationToken,
 ) -> anyhow::Result<()> {
-    let settings = client_settings(&config);
+    let settings = ClientSettings::from_config(&config);
     let topic = config.kafka.log_topic();
     let topic_partitions = match sysdb.topic_partitions(&topic).await? {
         Some(n) => n,
@@ -180,8 +174,7 @@ pub async fn run(
     let refresh_now = Arc::new(Notify::new());
     let refresh = tokio::spawn(refresh_partition_gauges(shared.clone(), refresh_now.clone()));
 
-    let mut workers = Workers { map: HashMap::new(), commander: consumer.commander() };
-    tokio::pin!(shutdown);
+    let mut workers = Workers { map: HashMap::new(), commander: consumer.commander(), stop: stop.clone() };
     let mut stopping = false;
     let mut fatal: Option<String> = None;
     let shutdown_timeout = Duration::from_millis(config.processor.shutdown_timeout_ms);
@@ -194,7 +187,7 @@ pub async fn run(
                 workers.drain_backlogs();
                 continue;
             }
-            _ = &mut shutdown, if !stopping => {
+            _ = stop.cancelled(), if !stopping => {
                 info!("shutdown requested: committing in-flight batches and leaving the group");
                 health.stopping("shutdown requested");
                 stopping = true;
@@ -411,7 +404,7 @@ async fn assign(
         }
         shared.set_halted(info.partition, reason);
         let (tx, rx) = mpsc::channel(WORKER_INBOX);
-        let stop = CancellationToken::new();
+        let stop = workers.stop.child_token();
         let worker = Worker::new(info.partition, shared.clone(), s.offset, halted, stop.clone());
         let task = tokio::spawn(worker.run(rx));
         let handle = WorkerHandle { inbox: tx, backlog: VecDeque::new(), stop, task };

@@ -16,7 +16,7 @@ use tracing::{error, warn};
 
 use super::batch::{DlqEntry, Known};
 use super::functions;
-use crate::api::Health;
+use crate::health::Health;
 use crate::config::{Config, OnDataLoss};
 use crate::kafka::admin::MetadataClient;
 use crate::kafka::consumer::{Command, Commander};
