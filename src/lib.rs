@@ -12,6 +12,7 @@ pub mod failpoint;
 pub mod functions;
 pub mod processor;
 pub mod health;
+pub mod offsets;
 pub mod ratelimit;
 pub mod replica;
 pub mod retry;

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use sluice::cli::jsonl::record_to_json;
-use sluice::materialize::model::reference_outputs;
+use sluice::functions::model::reference_outputs;
 use sluice::record::{LogRecord, Record};
 use sluice::workload::{generate, WorkloadSpec};
 

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use sluice::cli::jsonl::record_to_json;
-use sluice::materialize::model::reference_outputs;
+use sluice::functions::model::reference_outputs;
 use sluice::record::{LogRecord, Record};
 use sluice::workload::{generate, WorkloadSpec};
 use sluice_integration_tests::{free_port, http_get, jsonl_lines, metric_samples, require_kafka, require_postgres, Env};

@@ -8,7 +8,7 @@ use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedPr
 use rdkafka::ClientConfig;
 use serde_json::Value;
 use sluice::cli::jsonl::record_to_json;
-use sluice::materialize::model::reference_outputs;
+use sluice::functions::model::reference_outputs;
 use sluice::record::codec::encode;
 use sluice::record::{LogRecord, Record};
 use sluice::workload::{generate, WorkloadSpec};

@@ -23,7 +23,7 @@ use rdkafka::ClientConfig;
 use serde_json::Value;
 use sluice::cli::jsonl::record_to_json;
 use sluice::functions::statistics;
-use sluice::materialize::model::reference_outputs;
+use sluice::functions::model::reference_outputs;
 use sluice::record::codec::encode;
 use sluice::record::{LogRecord, MetaValue, Metadata, Operation, Record};
 use sluice::sysdb::Sysdb;

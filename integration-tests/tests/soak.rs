@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use sluice::cli::jsonl::{log_record_to_json, record_to_json};
-use sluice::materialize::model::reference_outputs;
+use sluice::functions::model::reference_outputs;
 use sluice::record::partitioner::partition_for;
 use sluice::record::{LogRecord, Record};
 use sluice::workload::{generate, WorkloadSpec};

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use sluice::cli::jsonl::record_to_json;
-use sluice::materialize::model::reference_outputs;
+use sluice::functions::model::reference_outputs;
 use sluice::record::{LogRecord, Record};
 use sluice::workload::{generate, WorkloadSpec};
 use sluice_integration_tests::{assert_records_match_model, jsonl_lines, free_port, http_get, metric_samples, repo_root, require_kafka, require_postgres, Env, Replica};

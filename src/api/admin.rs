@@ -19,65 +19,15 @@ use axum::{middleware, Json, Router};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use super::auth::{require_token, AdminToken};
+use super::auth::require_token;
 use super::error::{ErrorCode, HttpError};
 use super::ingest;
+use super::error::MAX_BODY_BYTES;
+pub use super::state::{Admin, DEFAULT_PAGE, MAX_PAGE};
 use crate::backfill::attach::{attach, AttachError, FunctionView};
-use crate::cli::jsonl::record_to_json;
-use crate::config::Config;
-use crate::kafka::producer::Producer;
-use crate::kafka::KafkaError;
-use crate::sysdb::{CollectionRow, FunctionRow, Sysdb, SysdbError};
-
-/// Largest request body (413 `payload_too_large` above).
-pub const MAX_BODY_BYTES: usize = 16 << 20;
-/// Page size of `GET .../records` without `limit`.
-pub const DEFAULT_PAGE: usize = 100;
-/// Largest `limit` of `GET .../records`.
-pub const MAX_PAGE: usize = 1000;
-/// How long a produce (records, an attach's marker) may wait for the broker before the
-/// request fails with 503 (an attach's marker is then republished by the outbox relay).
-const DELIVERY_TIMEOUT_MS: &str = "15000";
-
-/// What the admin handlers share.
-pub struct Admin {
-    config: Config,
-    sysdb: Arc<Sysdb>,
-    producer: Producer,
-    token: AdminToken,
-}
-
-impl std::fmt::Debug for Admin {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Admin").field("sysdb", &self.sysdb.backend()).field("token", &self.token).finish_non_exhaustive()
-    }
-}
-
-impl Admin {
-    /// The token is `config.http.admin_token` (already overridden by `SLUICE_ADMIN_TOKEN`).
-    /// Creating the producer does not contact the broker.
-    pub fn new(config: Config, sysdb: Arc<Sysdb>) -> Result<Admin, KafkaError> {
-        let producer = Producer::new(&crate::kafka::ClientSettings::from_config(&config), &[("message.timeout.ms", DELIVERY_TIMEOUT_MS)])?;
-        let token = AdminToken::new(config.http.admin_token());
-        Ok(Admin { config, sysdb, producer, token })
-    }
-
-    pub fn config(&self) -> &Config {
-        &self.config
-    }
-
-    pub fn sysdb(&self) -> &Sysdb {
-        &self.sysdb
-    }
-
-    pub fn producer(&self) -> &Producer {
-        &self.producer
-    }
-
-    pub fn token_required(&self) -> bool {
-        self.token.is_required()
-    }
-}
+use crate::offsets::OffsetsError;
+use crate::record::jsonl::record_to_json;
+use crate::sysdb::{CollectionRow, FunctionRow};
 
 /// The `/api/v1` router (to be nested there).
 pub fn routes(admin: Arc<Admin>) -> Router {
@@ -252,14 +202,9 @@ async fn detach_function(
 
 /// `offsets show`: sysdb position, group offset and high watermark per partition.
 async fn offsets(State(admin): State<Arc<Admin>>) -> Result<Json<Value>, HttpError> {
-    let rows = crate::cli::commands::offset_rows(&admin.config, &admin.sysdb).await.map_err(|e| {
-        if let Some(e) = e.downcast_ref::<KafkaError>() {
-            HttpError::from_kafka(e)
-        } else if let Some(SysdbError::Unavailable { .. }) = e.downcast_ref::<SysdbError>() {
-            HttpError::new(ErrorCode::Unavailable, format!("{e:#}"))
-        } else {
-            HttpError::new(ErrorCode::Internal, format!("{e:#}"))
-        }
+    let rows = crate::offsets::offset_rows(&admin.config, &admin.sysdb).await.map_err(|e| match e {
+        OffsetsError::Kafka(e) => HttpError::from_kafka(&e),
+        OffsetsError::Sysdb(e) => HttpError::from(e),
     })?;
     Ok(Json(json!({"topic": admin.config.kafka.log_topic(), "partitions": rows})))
 }

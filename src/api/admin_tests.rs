@@ -12,6 +12,8 @@ use tower::ServiceExt;
 
 use super::*;
 use crate::api::{router, AppState, Health};
+use crate::config::Config;
+use crate::sysdb::Sysdb;
 use crate::config::Secret;
 use crate::metrics::Metrics;
 use crate::positions::PositionDelta;

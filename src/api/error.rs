@@ -13,6 +13,9 @@ use tracing::{debug, warn};
 use crate::kafka::KafkaError;
 use crate::sysdb::SysdbError;
 
+/// Largest request body (413 `payload_too_large` above).
+pub const MAX_BODY_BYTES: usize = 16 << 20;
+
 /// The stable `error` codes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ErrorCode {
@@ -162,7 +165,7 @@ impl From<QueryRejection> for HttpError {
 impl From<BytesRejection> for HttpError {
     fn from(e: BytesRejection) -> Self {
         if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
-            HttpError::new(ErrorCode::PayloadTooLarge, format!("the body is larger than {} bytes", super::admin::MAX_BODY_BYTES))
+            HttpError::new(ErrorCode::PayloadTooLarge, format!("the body is larger than {} bytes", MAX_BODY_BYTES))
         } else {
             HttpError::bad_request(e.body_text())
         }

@@ -27,9 +27,9 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::{json, Value};
 
-use super::admin::Admin;
+use super::state::Admin;
 use super::error::{ErrorCode, HttpError, ItemError};
-use crate::cli::jsonl;
+use crate::record::jsonl;
 use crate::config::{Config, UnknownCollections};
 use crate::kafka::producer::Outgoing;
 use crate::record::framing::{frame, Framing};

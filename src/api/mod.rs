@@ -14,6 +14,7 @@
 //! - `error.rs`: JSON errors with stable codes.
 
 pub mod admin;
+pub mod state;
 pub mod auth;
 pub mod error;
 pub mod ingest;

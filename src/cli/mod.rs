@@ -2,7 +2,8 @@
 //! a contract other tools and the tests depend on.
 
 pub mod commands;
-pub mod jsonl;
+/// JSON lines live with the record types; re-exported for the commands and tests.
+pub use crate::record::jsonl;
 
 use std::path::PathBuf;
 

@@ -19,7 +19,7 @@
 use std::collections::BTreeMap;
 
 use super::OutputDelta;
-use crate::materialize::model::ModelOutput;
+use crate::functions::model::ModelOutput;
 use crate::record::{MetaValue, Record};
 
 /// Version stored in counter records (counters are not versioned).

@@ -107,6 +107,7 @@ pub fn build(name: &str, params: &BTreeMap<String, String>) -> Result<Box<dyn Fu
 }
 
 pub mod apply;
+pub mod model;
 pub mod normalize;
 pub mod record_counter;
 pub mod registry;
@@ -116,3 +117,15 @@ pub mod statistics;
 mod proptests;
 #[cfg(test)]
 mod simulation;
+
+/// For functions without parameters: any parameter is an error naming it.
+pub fn no_params(function: &str, params: &BTreeMap<String, String>) -> Result<(), FunctionError> {
+    match params.keys().next() {
+        None => Ok(()),
+        Some(param) => Err(FunctionError::BadParam {
+            function: function.to_string(),
+            param: param.clone(),
+            message: format!("{function} takes no parameters"),
+        }),
+    }
+}

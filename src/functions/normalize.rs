@@ -17,7 +17,7 @@
 
 use std::collections::BTreeMap;
 
-use super::registry::no_params;
+use super::no_params;
 use super::{ChangeRef, Function, FunctionError, OutputDelta};
 use crate::record::Record;
 

@@ -12,7 +12,7 @@ use super::apply::{apply_deltas, OutputStore};
 use super::registry::{self, NAMES};
 use super::{record_counter, ChangeRef};
 use crate::materialize::fold_batch;
-use crate::materialize::model::{reference_outputs, ModelOutput};
+use crate::functions::model::{reference_outputs, ModelOutput};
 use crate::record::{LogRecord, MetaValue, Metadata, Operation, Record};
 
 /// The output as a reader sees it: an absent `record_counter` counter reads as 0

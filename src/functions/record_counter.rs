@@ -7,11 +7,11 @@
 //! records reads `total_count = 0`. An output that has never received a delta (nothing
 //! inserted since the marker and an empty collection as of the marker) is absent: a
 //! reader must treat an absent `function_output` as `total_count = 0`, which is what the
-//! reference model ([`crate::materialize::model::reference_outputs`]) states.
+//! reference model ([`crate::functions::model::reference_outputs`]) states.
 
 use std::collections::BTreeMap;
 
-use super::registry::no_params;
+use super::no_params;
 use super::{ChangeRef, Function, FunctionError, OutputDelta};
 use crate::record::Metadata;
 

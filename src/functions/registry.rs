@@ -34,17 +34,6 @@ pub fn build(name: &str, params: &BTreeMap<String, String>) -> Result<Box<dyn Fu
     }
 }
 
-/// For functions without parameters: any parameter is an error naming it.
-pub fn no_params(function: &str, params: &BTreeMap<String, String>) -> Result<(), FunctionError> {
-    match params.keys().next() {
-        None => Ok(()),
-        Some(param) => Err(FunctionError::BadParam {
-            function: function.to_string(),
-            param: param.clone(),
-            message: format!("{function} takes no parameters"),
-        }),
-    }
-}
 
 #[cfg(test)]
 mod tests {

@@ -36,7 +36,7 @@ use super::proptests::{embedding, meta_value, observed, KEYS};
 use super::registry::{self, NAMES};
 use super::{ChangeRef, Function, FunctionStatus};
 use crate::materialize::fold_batch;
-use crate::materialize::model::{reference_outputs, ModelOutput};
+use crate::functions::model::{reference_outputs, ModelOutput};
 use crate::record::{BackfillRef, LogRecord, Operation, Record};
 
 const COLLECTION: &str = "c";

@@ -43,7 +43,7 @@ use std::collections::BTreeMap;
 
 use sha2::{Digest, Sha256};
 
-use super::registry::no_params;
+use super::no_params;
 use super::{ChangeRef, Function, FunctionError, OutputDelta};
 use crate::record::{MetaValue, Metadata};
 

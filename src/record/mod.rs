@@ -6,6 +6,7 @@
 pub mod avro;
 pub mod codec;
 pub mod framing;
+pub mod jsonl;
 pub mod partitioner;
 pub mod validate;
 

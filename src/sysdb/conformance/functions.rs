@@ -14,7 +14,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use super::unique;
 use crate::functions::apply::{apply_deltas, OutputStore};
 use crate::functions::{ChangeRef, Function, FunctionStatus, OutputDelta};
-use crate::materialize::model::ModelOutput;
+use crate::functions::model::ModelOutput;
 use crate::positions::PositionDelta;
 use crate::record::{MetaValue, Metadata, Record};
 use crate::sysdb::{AttachConflict, AttachOutcome, BatchCommit, OutboxRow, CollectionUpdate, CommitReport, FunctionBatch, FunctionChange, FunctionRow, NewFunction, StepResult, Sysdb};

@@ -1,0 +1,58 @@
+//! What the admin API's handlers share: the [`Admin`] state (configuration, sysdb,
+//! producer, token) and the API's limits.
+
+use std::sync::Arc;
+
+use super::auth::AdminToken;
+use crate::config::Config;
+use crate::kafka::producer::Producer;
+use crate::kafka::KafkaError;
+use crate::sysdb::Sysdb;
+
+/// Page size of `GET .../records` without `limit`.
+pub const DEFAULT_PAGE: usize = 100;
+/// Largest `limit` of `GET .../records`.
+pub const MAX_PAGE: usize = 1000;
+/// How long a produce (records, an attach's marker) may wait for the broker before the
+/// request fails with 503 (an attach's marker is then republished by the outbox relay).
+const DELIVERY_TIMEOUT_MS: &str = "15000";
+
+/// What the admin handlers share.
+pub struct Admin {
+    pub(super) config: Config,
+    pub(super) sysdb: Arc<Sysdb>,
+    pub(super) producer: Producer,
+    pub(super) token: AdminToken,
+}
+
+impl std::fmt::Debug for Admin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Admin").field("sysdb", &self.sysdb.backend()).field("token", &self.token).finish_non_exhaustive()
+    }
+}
+
+impl Admin {
+    /// The token is `config.http.admin_token` (already overridden by `SLUICE_ADMIN_TOKEN`).
+    /// Creating the producer does not contact the broker.
+    pub fn new(config: Config, sysdb: Arc<Sysdb>) -> Result<Admin, KafkaError> {
+        let producer = Producer::new(&crate::kafka::ClientSettings::from_config(&config), &[("message.timeout.ms", DELIVERY_TIMEOUT_MS)])?;
+        let token = AdminToken::new(config.http.admin_token());
+        Ok(Admin { config, sysdb, producer, token })
+    }
+
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    pub fn sysdb(&self) -> &Sysdb {
+        &self.sysdb
+    }
+
+    pub fn producer(&self) -> &Producer {
+        &self.producer
+    }
+
+    pub fn token_required(&self) -> bool {
+        self.token.is_required()
+    }
+}
