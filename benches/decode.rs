@@ -25,10 +25,7 @@ fn record(dim: usize) -> LogRecord {
     );
     r.embedding = Some((0..dim).map(|i| ((i as f32) * 0.731).sin()).collect());
     r.metadata = Some(Metadata::from([
-        (
-            "source".to_string(),
-            MetaValue::String("crawler-eu-west".into()),
-        ),
+        ("source".to_string(), MetaValue::String("crawler-eu-west".into())),
         ("page".to_string(), MetaValue::Long(1234)),
         ("score".to_string(), MetaValue::Double(0.875)),
     ]));
@@ -44,9 +41,7 @@ fn criterion_benches(c: &mut Criterion) {
         // Both paths must decode the same record, or the comparison means nothing.
         assert_eq!(decode(&bytes).ok(), decode_generic(&bytes).ok());
         group.throughput(Throughput::Bytes(bytes.len() as u64));
-        group.bench_with_input(BenchmarkId::new("fast", dim), &bytes, |b, bytes| {
-            b.iter(|| decode(black_box(bytes)))
-        });
+        group.bench_with_input(BenchmarkId::new("fast", dim), &bytes, |b, bytes| b.iter(|| decode(black_box(bytes))));
         group.bench_with_input(BenchmarkId::new("generic", dim), &bytes, |b, bytes| {
             b.iter(|| decode_generic(black_box(bytes)))
         });
@@ -81,15 +76,7 @@ fn summary_table() {
     println!("decode summary (single thread, {budget:?} per cell; MB = 10^6 bytes of datum)");
     println!(
         "{:>5} {:>7} | {:>12} {:>10} {:>9} | {:>12} {:>10} {:>9} | {:>8}",
-        "dim",
-        "bytes",
-        "fast rec/s",
-        "fast MB/s",
-        "fast µs",
-        "generic rec/s",
-        "gen MB/s",
-        "gen µs",
-        "ratio"
+        "dim", "bytes", "fast rec/s", "fast MB/s", "fast µs", "generic rec/s", "gen MB/s", "gen µs", "ratio"
     );
     for dim in DIMS {
         let bytes = encode(&record(dim));

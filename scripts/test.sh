@@ -5,7 +5,13 @@
 # .local/prometheus/prometheus.log (paths printed).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+started=$(date +%s)
+phase() { echo "test.sh: $1 ($(( $(date +%s) - started ))s)"; }
 deploy/local/deps.sh
+# Formatting and lints first: they take seconds and fail before the long part.
+cargo fmt --all --check
+cargo clippy --locked --workspace --all-targets -- -D warnings
+phase "format and lints clean"
 deploy/local/prometheus.sh start
 deploy/local/kafka.sh start
 deploy/local/kafka-auth.sh start # SASL_SSL/SCRAM broker on 29192 (integration-tests/tests/auth_broker.rs)
@@ -17,8 +23,10 @@ cargo build --locked --bin sluice
 # decoder on arbitrary input (SLUICE_DECODER_INPUTS, 100,000; scripts/fuzz-decoder-1m.sh
 # runs a million) and the decoder against apache-avro (SLUICE_DECODER_DIFF_INPUTS, 20,000).
 cargo test --locked --workspace --no-fail-fast
+phase "cargo test done"
 integration-tests/scripts/kafka-scripts.sh
 # Hostile input: each fuzz target (including the decoder-vs-apache-avro differential
 # target) for a stated time (SLUICE_FUZZ_SECONDS, default 20 here;
 # scripts/fuzz.sh alone defaults to 60).
 scripts/fuzz.sh "${SLUICE_FUZZ_SECONDS:-20}"
+phase "fuzz done; the whole suite passed"

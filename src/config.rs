@@ -232,7 +232,13 @@ pub struct BackfillConfig {
 
 impl Default for BackfillConfig {
     fn default() -> Self {
-        BackfillConfig { chunk_size: 1000, concurrency: 2, pause_ms: 0, scan_interval_ms: 5_000, relay_interval_ms: 2_000 }
+        BackfillConfig {
+            chunk_size: 1000,
+            concurrency: 2,
+            pause_ms: 0,
+            scan_interval_ms: 5_000,
+            relay_interval_ms: 2_000,
+        }
     }
 }
 
@@ -404,7 +410,9 @@ impl Config {
             return Err(ConfigError::Invalid("kafka.brokers is empty: set it or SLUICE_BROKERS".into()));
         }
         if u64::from(self.kafka.max_poll_interval_ms) <= p.batch_linger_ms {
-            return Err(ConfigError::Invalid("kafka.max_poll_interval_ms must exceed processor.batch_linger_ms".into()));
+            return Err(ConfigError::Invalid(
+                "kafka.max_poll_interval_ms must exceed processor.batch_linger_ms".into(),
+            ));
         }
         if p.shutdown_timeout_ms >= u64::from(self.kafka.session_timeout_ms) * 4 {
             return Err(ConfigError::Invalid(
@@ -413,7 +421,9 @@ impl Config {
         }
         // `isolation.level` is pinned to read_committed: aborted transactions must never be
         // applied, and positions past transaction markers rely on it.
-        for key in ["enable.auto.commit", "enable.auto.offset.store", "group.id", "bootstrap.servers", "isolation.level"] {
+        for key in
+            ["enable.auto.commit", "enable.auto.offset.store", "group.id", "bootstrap.servers", "isolation.level"]
+        {
             if self.librdkafka.contains_key(key) {
                 return Err(ConfigError::Invalid(format!(
                     "[librdkafka] must not set {key:?}: Sluice controls it (use the [kafka] section)"
@@ -432,9 +442,7 @@ pub fn is_secret_key(key: &str) -> bool {
 
 /// The librdkafka options with secret values replaced, for logs and `config show`.
 pub fn redacted_librdkafka(map: &BTreeMap<String, String>) -> BTreeMap<String, String> {
-    map.iter()
-        .map(|(k, v)| (k.clone(), if is_secret_key(k) { "***".to_string() } else { v.clone() }))
-        .collect()
+    map.iter().map(|(k, v)| (k.clone(), if is_secret_key(k) { "***".to_string() } else { v.clone() })).collect()
 }
 
 #[cfg(test)]

@@ -94,7 +94,9 @@ impl Health {
             return Err("starting: the group consumer is not running yet".into());
         }
         if !s.assigned {
-            return Err("starting: waiting for the first partition assignment (positions are loaded from the sysdb)".into());
+            return Err(
+                "starting: waiting for the first partition assignment (positions are loaded from the sysdb)".into()
+            );
         }
         if let Some(e) = &s.sysdb_unavailable {
             return Err(format!("sysdb unavailable (retrying with backoff): {e}"));

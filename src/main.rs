@@ -42,7 +42,9 @@ fn main() -> std::process::ExitCode {
     };
     let result = rt.block_on(async move {
         match cli.command {
-            Cmd::Init { partitions, replication_factor } => commands::init(&config, partitions, replication_factor).await,
+            Cmd::Init { partitions, replication_factor } => {
+                commands::init(&config, partitions, replication_factor).await
+            }
             Cmd::Process { roles } => match sluice::replica::Roles::parse(&roles) {
                 Ok(roles) => sluice::replica::run(config, roles).await,
                 Err(e) => Err(e),
@@ -71,7 +73,11 @@ fn main() -> std::process::ExitCode {
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
         // `sluice records ... | head` closes the pipe early: that is not an error.
-        Err(e) if e.chain().any(|c| c.downcast_ref::<std::io::Error>().is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)) => {
+        Err(e)
+            if e.chain().any(|c| {
+                c.downcast_ref::<std::io::Error>().is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+            }) =>
+        {
             std::process::ExitCode::SUCCESS
         }
         Err(e) => {

@@ -51,9 +51,11 @@ pub const CONTROL_BACKFILL_STARTED: &str = "backfill_started";
 pub const CONTROL_IGNORED: &str = "ignored";
 
 /// Buckets of `sluice_batch_duration_seconds` (a whole flush: decode → DLQ → commit).
-const BATCH_BUCKETS: [f64; 15] = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0];
+const BATCH_BUCKETS: [f64; 15] =
+    [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0];
 /// Buckets of `sluice_sysdb_commit_duration_seconds` (one `commit_batch` transaction).
-const SYSDB_COMMIT_BUCKETS: [f64; 14] = [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0];
+const SYSDB_COMMIT_BUCKETS: [f64; 14] =
+    [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0];
 /// Buckets of `sluice_end_to_end_latency_seconds` (produce timestamp → sysdb commit);
 /// wide, because a replica catching up on a backlog sees minutes or hours.
 const END_TO_END_BUCKETS: [f64; 17] =
@@ -289,11 +291,31 @@ impl Metrics {
         let mut r = Registry::with_prefix("sluice");
         let partitions = PartitionGauges::default();
         let p = &partitions;
-        r.register("partition_high_watermark", "High watermark (next offset to be written) of an assigned partition, refreshed every 5 s", p.high_watermark.clone());
-        r.register("partition_sysdb_next_offset", "Next offset to apply according to the sysdb: the authoritative position", p.sysdb_next_offset.clone());
-        r.register("partition_group_offset", "The consumer group's committed offset: a lagging copy of the sysdb position, refreshed every 5 s", p.group_offset.clone());
-        r.register("partition_lag_records", "Records not yet applied: high watermark - sysdb next offset", p.lag_records.clone());
-        r.register("partition_commit_debt_records", "How far the group offset lags the sysdb: sysdb next offset - group offset", p.commit_debt_records.clone());
+        r.register(
+            "partition_high_watermark",
+            "High watermark (next offset to be written) of an assigned partition, refreshed every 5 s",
+            p.high_watermark.clone(),
+        );
+        r.register(
+            "partition_sysdb_next_offset",
+            "Next offset to apply according to the sysdb: the authoritative position",
+            p.sysdb_next_offset.clone(),
+        );
+        r.register(
+            "partition_group_offset",
+            "The consumer group's committed offset: a lagging copy of the sysdb position, refreshed every 5 s",
+            p.group_offset.clone(),
+        );
+        r.register(
+            "partition_lag_records",
+            "Records not yet applied: high watermark - sysdb next offset",
+            p.lag_records.clone(),
+        );
+        r.register(
+            "partition_commit_debt_records",
+            "How far the group offset lags the sysdb: sysdb next offset - group offset",
+            p.commit_debt_records.clone(),
+        );
         r.register("partition_halted", "1 while an assigned partition is halted (data-loss gap, sysdb beyond the log, a batch the sysdb keeps refusing, a failed seek); the reason is in /readyz, `sluice offsets show` and the log", p.halted.clone());
 
         let m = Metrics {
@@ -322,12 +344,33 @@ impl Metrics {
             awaiting_marker_oldest: Gauge::default(),
         };
         if let Some(f) = &m.per_collection {
-            r.register("collection_records_processed", "Data records applied, per collection (enabled by [metrics] per_collection)", f.clone());
+            r.register(
+                "collection_records_processed",
+                "Data records applied, per collection (enabled by [metrics] per_collection)",
+                f.clone(),
+            );
         }
-        r.register("backfill_tasks", "Backfill tasks and runs, by status (received, started, finished, skipped, failed)", m.backfill_tasks.clone());
-        r.register("records_backfilled", "Records of collections as of their marker that backfills have applied to functions", m.records_backfilled.clone());
-        r.register_with_unit("backfill_duration", "Duration of a whole backfill, from its start in this replica to the function being ready", Unit::Seconds, m.backfill_duration.clone());
-        r.register("markers_published", "BACKFILL_FN markers published by attach or the outbox relay, by result (ok, failed)", m.markers_published.clone());
+        r.register(
+            "backfill_tasks",
+            "Backfill tasks and runs, by status (received, started, finished, skipped, failed)",
+            m.backfill_tasks.clone(),
+        );
+        r.register(
+            "records_backfilled",
+            "Records of collections as of their marker that backfills have applied to functions",
+            m.records_backfilled.clone(),
+        );
+        r.register_with_unit(
+            "backfill_duration",
+            "Duration of a whole backfill, from its start in this replica to the function being ready",
+            Unit::Seconds,
+            m.backfill_duration.clone(),
+        );
+        r.register(
+            "markers_published",
+            "BACKFILL_FN markers published by attach or the outbox relay, by result (ok, failed)",
+            m.markers_published.clone(),
+        );
         r.register(
             "markers_republished",
             "Lost BACKFILL_FN markers published again by the outbox relay (the partition moved past a marker while its function still awaited it)",
@@ -340,18 +383,53 @@ impl Metrics {
             m.awaiting_marker_oldest.clone(),
         );
         r.register("records_processed", "Data records applied to the sysdb, by operation", m.records_processed.clone());
-        r.register("records_ignored", "Records that had no effect (e.g. ADD of an existing id), by reason", m.records_ignored.clone());
-        r.register("dlq_records", "Records sent to the dead-letter topic, by reason (error kind)", m.dlq_records.clone());
+        r.register(
+            "records_ignored",
+            "Records that had no effect (e.g. ADD of an existing id), by reason",
+            m.records_ignored.clone(),
+        );
+        r.register(
+            "dlq_records",
+            "Records sent to the dead-letter topic, by reason (error kind)",
+            m.dlq_records.clone(),
+        );
         r.register("control_records", "Control (function) records, by result", m.control_records.clone());
-        r.register("sysdb_cas_conflicts", "Batches refused by the sysdb compare-and-set (another writer moved the position)", m.sysdb_cas_conflicts.clone());
+        r.register(
+            "sysdb_cas_conflicts",
+            "Batches refused by the sysdb compare-and-set (another writer moved the position)",
+            m.sysdb_cas_conflicts.clone(),
+        );
         r.register("gaps", "Data-loss gaps found (records deleted by retention before being applied)", m.gaps.clone());
-        r.register("group_offset_ahead", "Assignments where the group offset was ahead of the sysdb position (the sysdb wins)", m.group_offset_ahead.clone());
+        r.register(
+            "group_offset_ahead",
+            "Assignments where the group offset was ahead of the sysdb position (the sysdb wins)",
+            m.group_offset_ahead.clone(),
+        );
         r.register("sysdb_retries", "Sysdb operations retried after an error", m.sysdb_retries.clone());
         r.register("batches", "Batches committed to the sysdb", m.batches.clone());
-        r.register("watermark_retries", "Watermark reads of a partition worker retried after an error (after bounded retries the partition halts)", m.watermark_retries.clone());
-        r.register_with_unit("batch_duration", "Duration of a whole batch flush: decode, fold, DLQ, sysdb commit (retries included)", Unit::Seconds, m.batch_duration.clone());
-        r.register_with_unit("sysdb_commit_duration", "Duration of one sysdb batch transaction (commit_batch)", Unit::Seconds, m.sysdb_commit_duration.clone());
-        r.register_with_unit("end_to_end_latency", "Per record: producer timestamp to the sysdb commit that applied it", Unit::Seconds, m.end_to_end_latency.clone());
+        r.register(
+            "watermark_retries",
+            "Watermark reads of a partition worker retried after an error (after bounded retries the partition halts)",
+            m.watermark_retries.clone(),
+        );
+        r.register_with_unit(
+            "batch_duration",
+            "Duration of a whole batch flush: decode, fold, DLQ, sysdb commit (retries included)",
+            Unit::Seconds,
+            m.batch_duration.clone(),
+        );
+        r.register_with_unit(
+            "sysdb_commit_duration",
+            "Duration of one sysdb batch transaction (commit_batch)",
+            Unit::Seconds,
+            m.sysdb_commit_duration.clone(),
+        );
+        r.register_with_unit(
+            "end_to_end_latency",
+            "Per record: producer timestamp to the sysdb commit that applied it",
+            Unit::Seconds,
+            m.end_to_end_latency.clone(),
+        );
         r.register("build", "Build information", Info::new(VersionLabel { version: env!("CARGO_PKG_VERSION") }));
         r.register_collector(Box::new(m.consumer.clone()));
         // Series that exist from the start at 0, so that rate() and dashboards see them
@@ -742,6 +820,10 @@ mod per_collection_tests {
         assert!(!off.encode().contains("sluice_collection_records_processed"));
         let on = Metrics::with_options(true);
         on.collection_records("c1", 3);
-        assert!(on.encode().contains("sluice_collection_records_processed_total{collection=\"c1\"} 3"), "{}", on.encode());
+        assert!(
+            on.encode().contains("sluice_collection_records_processed_total{collection=\"c1\"} 3"),
+            "{}",
+            on.encode()
+        );
     }
 }

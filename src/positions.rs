@@ -76,7 +76,9 @@ impl PositionDelta {
     pub fn check(&self, stored: Option<i64>) -> Result<(), IncompatibleDelta> {
         match stored {
             Some(s) if s == self.from => Ok(()),
-            Some(s) => Err(IncompatibleDelta::PositionMoved { partition: self.partition, expected: self.from, stored: s }),
+            Some(s) => {
+                Err(IncompatibleDelta::PositionMoved { partition: self.partition, expected: self.from, stored: s })
+            }
             None => Err(IncompatibleDelta::Missing { partition: self.partition, expected: self.from }),
         }
     }
@@ -113,10 +115,7 @@ mod tests {
     fn delta_cas_accepts_only_its_start() {
         let d = PositionDelta::new(3, 10, 15).unwrap();
         assert!(d.check(Some(10)).is_ok());
-        assert_eq!(
-            d.check(Some(15)),
-            Err(IncompatibleDelta::PositionMoved { partition: 3, expected: 10, stored: 15 })
-        );
+        assert_eq!(d.check(Some(15)), Err(IncompatibleDelta::PositionMoved { partition: 3, expected: 10, stored: 15 }));
         assert_eq!(d.check(None), Err(IncompatibleDelta::Missing { partition: 3, expected: 10 }));
         assert_eq!(d.last_applied(), Some(14));
         assert_eq!(PositionDelta::new(3, 10, 10).unwrap().last_applied(), None);

@@ -90,7 +90,13 @@ pub async fn run(config: Config, roles: Roles) -> Result<()> {
     }
     if roles.relay {
         let producer = Producer::new(&ClientSettings::from_config(&config), &[])?;
-        let relay = crate::backfill::attach::relay(config.clone(), sysdb.clone(), producer, metrics.clone(), stop.child_token());
+        let relay = crate::backfill::attach::relay(
+            config.clone(),
+            sysdb.clone(),
+            producer,
+            metrics.clone(),
+            stop.child_token(),
+        );
         background.push(tokio::spawn(async move {
             relay.await;
             Ok(())
@@ -161,7 +167,9 @@ async fn open_sysdb_patiently(config: &Config, stop: &CancellationToken) -> Resu
                     _ = stop.cancelled() => bail!("stopped while waiting for the sysdb"),
                 }
             }
-            Err(e) => return Err(e).with_context(|| format!("cannot open the sysdb at {}", redact_url(&config.sysdb.url))),
+            Err(e) => {
+                return Err(e).with_context(|| format!("cannot open the sysdb at {}", redact_url(&config.sysdb.url)))
+            }
         }
     }
 }

@@ -105,6 +105,9 @@ mod tests {
         assert_eq!(a, b);
         let upserts = a.iter().filter(|r| r.operation == Operation::Upsert).count();
         assert!((3_200..3_800).contains(&upserts), "{upserts}");
-        assert!(a.iter().filter(|r| r.operation != Operation::Delete).all(|r| r.embedding.as_ref().unwrap().len() == 4));
+        assert!(a
+            .iter()
+            .filter(|r| r.operation != Operation::Delete)
+            .all(|r| r.embedding.as_ref().unwrap().len() == 4));
     }
 }

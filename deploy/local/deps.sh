@@ -21,5 +21,10 @@ if ((${#need[@]})); then
     fi
 fi
 command -v cargo >/dev/null || { echo "deps.sh: cargo not found. Install Rust: https://rustup.rs (rustup toolchain install stable)" >&2; exit 1; }
+# scripts/test.sh checks formatting and lints.
+if ! cargo fmt --version >/dev/null 2>&1 || ! cargo clippy --version >/dev/null 2>&1; then
+    rustup component add rustfmt clippy >&2 ||
+        { echo "deps.sh: cargo fmt / cargo clippy missing. Fix: rustup component add rustfmt clippy" >&2; exit 1; }
+fi
 command -v java >/dev/null || { echo "deps.sh: java not found. Fix: apt-get install -y openjdk-17-jdk-headless" >&2; exit 1; }
 command -v mvn >/dev/null || { echo "deps.sh: mvn not found. Fix: apt-get install -y maven" >&2; exit 1; }

@@ -31,7 +31,12 @@ pub fn workload(records: usize, seed: u64, prefix: &str, collections: usize, ids
 pub fn wait_log(r: &Replica, needle: &str, timeout: Duration) {
     let deadline = Instant::now() + timeout;
     while !r.log_text().contains(needle) {
-        assert!(Instant::now() < deadline, "{needle:?} never appeared in {}:\n{}", r.log.display(), tail(&r.log_text()));
+        assert!(
+            Instant::now() < deadline,
+            "{needle:?} never appeared in {}:\n{}",
+            r.log.display(),
+            tail(&r.log_text())
+        );
         std::thread::sleep(Duration::from_millis(100));
     }
 }
@@ -45,21 +50,36 @@ pub fn tail(text: &str) -> String {
 /// A replica that must abort at fail point `name`: waits for its exit (not a success) and
 /// for the fail point's line in its log.
 pub fn expect_abort_at(r: &mut Replica, name: &str, timeout: Duration) {
-    let status = r.wait_exit(timeout).unwrap_or_else(|| panic!("never reached fail point {name} within {timeout:?}:\n{}", tail(&r.log_text())));
+    let status = r
+        .wait_exit(timeout)
+        .unwrap_or_else(|| panic!("never reached fail point {name} within {timeout:?}:\n{}", tail(&r.log_text())));
     assert!(!status.success(), "aborted at {name}, exit {status}");
     let log = r.log_text();
-    assert!(log.contains(&format!("sluice: fail point {name} reached")), "the fail point's line is in the log:\n{}", tail(&log));
+    assert!(
+        log.contains(&format!("sluice: fail point {name} reached")),
+        "the fail point's line is in the log:\n{}",
+        tail(&log)
+    );
 }
 
 /// `sluice functions attach` (JSON answer).
 pub fn attach(env: &Env, collection: &str, function: &str, output: &str) -> Value {
-    serde_json::from_str(env.run(&["functions", "attach", collection, "--function", function, "--output", output]).trim()).expect("attach JSON")
+    serde_json::from_str(
+        env.run(&["functions", "attach", collection, "--function", function, "--output", output]).trim(),
+    )
+    .expect("attach JSON")
 }
 
 /// One function as `sluice functions list` shows it.
 pub fn function(env: &Env, id: &str) -> Value {
-    let all: Value = serde_json::from_str(&env.run(&["functions", "list", "--format", "json"])).expect("functions JSON");
-    all.as_array().expect("array").iter().find(|f| f["id"] == id).cloned().unwrap_or_else(|| panic!("function {id} not listed"))
+    let all: Value =
+        serde_json::from_str(&env.run(&["functions", "list", "--format", "json"])).expect("functions JSON");
+    all.as_array()
+        .expect("array")
+        .iter()
+        .find(|f| f["id"] == id)
+        .cloned()
+        .unwrap_or_else(|| panic!("function {id} not listed"))
 }
 
 /// Wait until the function has `status`; returns it.
@@ -85,7 +105,15 @@ pub fn assert_outputs(env: &Env, log: &[LogRecord], collection: &str, function: 
     let expected: Vec<Value> = reference_outputs(&indexed, collection, function)
         .iter()
         .filter(|(id, m)| !unwritten_counter(id, m.metadata.get("total_count")))
-        .map(|(id, m)| record_to_json(&Record { id: id.clone(), embedding: m.embedding.clone(), metadata: m.metadata.clone(), document: m.document.clone(), offset: 0 }))
+        .map(|(id, m)| {
+            record_to_json(&Record {
+                id: id.clone(),
+                embedding: m.embedding.clone(),
+                metadata: m.metadata.clone(),
+                document: m.document.clone(),
+                offset: 0,
+            })
+        })
         .collect();
     let out = env.cmd().args(["records", output, "--format", "jsonl"]).output().expect("sluice records");
     let actual: Vec<Value> = if out.status.success() {
@@ -93,14 +121,19 @@ pub fn assert_outputs(env: &Env, log: &[LogRecord], collection: &str, function: 
     } else {
         Vec::new()
     };
-    let actual: Vec<Value> = actual.into_iter().filter(|v| !(function == "record_counter" && v["metadata"]["total_count"] == 0)).collect();
+    let actual: Vec<Value> =
+        actual.into_iter().filter(|v| !(function == "record_counter" && v["metadata"]["total_count"] == 0)).collect();
     assert!(!expected.is_empty(), "the model has outputs for {function} of {collection}");
     assert_eq!(actual, expected, "{function} output {output}");
 }
 
 /// `sluice offsets show` rows.
 pub fn offsets(env: &Env) -> Vec<Value> {
-    serde_json::from_str::<Value>(&env.run(&["offsets", "show", "--format", "json"])).expect("offsets JSON").as_array().expect("array").clone()
+    serde_json::from_str::<Value>(&env.run(&["offsets", "show", "--format", "json"]))
+        .expect("offsets JSON")
+        .as_array()
+        .expect("array")
+        .clone()
 }
 
 /// No partition's group offset is ahead of its sysdb position; returns how many

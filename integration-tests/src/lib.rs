@@ -28,15 +28,15 @@ fn may_skip(what: &str, fix: &str, why: &str) -> bool {
         eprintln!("SKIPPING: {what} is unreachable ({why}) and SLUICE_SKIP_INTEGRATION=1");
         return true;
     }
-    panic!("{what} is unreachable ({why}). Start it with `{fix}` (or set SLUICE_SKIP_INTEGRATION=1 outside CI to skip)");
+    panic!(
+        "{what} is unreachable ({why}). Start it with `{fix}` (or set SLUICE_SKIP_INTEGRATION=1 outside CI to skip)"
+    );
 }
 
 /// Check the broker answers metadata; `false` means skip (only when allowed).
 pub fn require_kafka() -> bool {
-    let consumer: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", brokers())
-        .create()
-        .expect("kafka client config");
+    let consumer: BaseConsumer =
+        ClientConfig::new().set("bootstrap.servers", brokers()).create().expect("kafka client config");
     match consumer.fetch_metadata(None, Duration::from_secs(5)) {
         Ok(_) => true,
         Err(e) => !may_skip(&format!("Kafka at {}", brokers()), "deploy/local/kafka.sh start", &e.to_string()),
@@ -51,7 +51,11 @@ pub async fn require_postgres() -> bool {
             let ok = client.simple_query("select 1").await.is_ok();
             ok || !may_skip("PostgreSQL", "deploy/local/postgres.sh start", "select 1 failed")
         }
-        Err(e) => !may_skip(&format!("PostgreSQL at {}", redact(&postgres_url())), "deploy/local/postgres.sh start", &e.to_string()),
+        Err(e) => !may_skip(
+            &format!("PostgreSQL at {}", redact(&postgres_url())),
+            "deploy/local/postgres.sh start",
+            &e.to_string(),
+        ),
     }
 }
 
@@ -153,7 +157,10 @@ impl Env {
     /// Path of this test's config file (short session timeout so that a killed replica's
     /// partitions move within seconds).
     pub fn config_path(&self) -> PathBuf {
-        let p = self.dir.join(format!("sluice-{:x}.toml", fxhash(&format!("{}\n{}\n{}", self.kafka_toml, self.processor_toml, self.sections_toml))));
+        let p = self.dir.join(format!(
+            "sluice-{:x}.toml",
+            fxhash(&format!("{}\n{}\n{}", self.kafka_toml, self.processor_toml, self.sections_toml))
+        ));
         if !p.exists() {
             std::fs::write(
                 &p,
@@ -369,7 +376,9 @@ pub fn http_get(port: u16, path: &str) -> Option<(u16, String, String)> {
     let status = head.split(' ').nth(1)?.parse().ok()?;
     let content_type = head
         .lines()
-        .find_map(|l| l.split_once(':').filter(|(k, _)| k.eq_ignore_ascii_case("content-type")).map(|(_, v)| v.trim().to_string()))
+        .find_map(|l| {
+            l.split_once(':').filter(|(k, _)| k.eq_ignore_ascii_case("content-type")).map(|(_, v)| v.trim().to_string())
+        })
         .unwrap_or_default();
     Some((status, content_type, body.to_string()))
 }
@@ -409,11 +418,13 @@ pub fn assert_records_match_model(env: &Env, log: &[sluice::record::LogRecord]) 
     use sluice::record::{partitioner::partition_for, LogRecord, Operation};
     use std::collections::{BTreeMap, BTreeSet};
 
-    let rows: serde_json::Value = serde_json::from_str(&env.run(&["offsets", "show", "--format", "json"])).expect("offsets json");
+    let rows: serde_json::Value =
+        serde_json::from_str(&env.run(&["offsets", "show", "--format", "json"])).expect("offsets json");
     let partitions = rows.as_array().expect("offset rows").len() as i32;
     assert!(partitions > 0, "the log topic has partitions");
     // The brokers the test's commands use (an `extra` SLUICE_BROKERS overrides the default).
-    let bootstrap = env.extra.iter().rev().find(|(k, _)| k == "SLUICE_BROKERS").map_or_else(brokers, |(_, v)| v.clone());
+    let bootstrap =
+        env.extra.iter().rev().find(|(k, _)| k == "SLUICE_BROKERS").map_or_else(brokers, |(_, v)| v.clone());
     let messages = consume_all_from(&bootstrap, &env.log_topic(), partitions, Duration::from_secs(180));
     let mut first_offset: BTreeMap<i32, i64> = BTreeMap::new();
     // Per collection: the decoded messages of its home partition, in offset order.
@@ -422,7 +433,9 @@ pub fn assert_records_match_model(env: &Env, log: &[sluice::record::LogRecord]) 
         first_offset.entry(m.partition).or_insert(m.offset);
         let decoded = sluice::record::codec::decode(&m.payload).ok().or_else(|| {
             // Confluent framing: magic byte 0 and a 4-byte schema id.
-            (m.payload.len() > 5 && m.payload[0] == 0).then(|| sluice::record::codec::decode(&m.payload[5..]).ok()).flatten()
+            (m.payload.len() > 5 && m.payload[0] == 0)
+                .then(|| sluice::record::codec::decode(&m.payload[5..]).ok())
+                .flatten()
         });
         let Some(rec) = decoded else { continue };
         if partition_for(rec.collection_id.as_bytes(), partitions as u32) as i32 != m.partition {
@@ -487,7 +500,8 @@ pub fn assert_records_match_model(env: &Env, log: &[sluice::record::LogRecord]) 
         }
     }
 
-    let listed: serde_json::Value = serde_json::from_str(&env.run(&["collections", "list", "--format", "json"])).expect("collections json");
+    let listed: serde_json::Value =
+        serde_json::from_str(&env.run(&["collections", "list", "--format", "json"])).expect("collections json");
     let in_sysdb: BTreeMap<String, (i64, i64)> = listed
         .as_array()
         .expect("collections array")
@@ -497,22 +511,32 @@ pub fn assert_records_match_model(env: &Env, log: &[sluice::record::LogRecord]) 
             (id, (c["log_position"].as_i64().expect("log_position"), c["records"].as_i64().expect("records")))
         })
         .collect();
-    let functions: serde_json::Value = serde_json::from_str(&env.run(&["functions", "list", "--format", "json"])).expect("functions json");
-    let outputs: BTreeSet<String> =
-        functions.as_array().expect("functions array").iter().filter_map(|f| f["output"].as_str().map(str::to_string)).collect();
+    let functions: serde_json::Value =
+        serde_json::from_str(&env.run(&["functions", "list", "--format", "json"])).expect("functions json");
+    let outputs: BTreeSet<String> = functions
+        .as_array()
+        .expect("functions array")
+        .iter()
+        .filter_map(|f| f["output"].as_str().map(str::to_string))
+        .collect();
     let expected_ids: BTreeSet<String> = expected_positions.keys().map(|c| c.to_string()).collect();
     let actual_ids: BTreeSet<String> = in_sysdb.keys().filter(|c| !outputs.contains(*c)).cloned().collect();
     assert_eq!(actual_ids, expected_ids, "the collections in the sysdb (besides function outputs {outputs:?})");
 
     for (cid, cm) in &model.collections {
         let expected: Vec<serde_json::Value> = cm.records.values().map(record_to_json).collect();
-        let actual: Vec<serde_json::Value> =
-            env.run(&["records", cid, "--format", "jsonl"]).lines().map(|l| serde_json::from_str(l).expect("record JSON")).collect();
+        let actual: Vec<serde_json::Value> = env
+            .run(&["records", cid, "--format", "jsonl"])
+            .lines()
+            .map(|l| serde_json::from_str(l).expect("record JSON"))
+            .collect();
         assert_eq!(actual, expected, "records of {cid}");
         let Some(&(position, count)) = in_sysdb.get(cid) else { continue };
         assert_eq!(count, cm.records.len() as i64, "record count of {cid}");
         match position_before.get(cid) {
-            Some(start) => assert!(position < *start, "log_position of {cid}: {position}, its records all precede offset {start}"),
+            Some(start) => {
+                assert!(position < *start, "log_position of {cid}: {position}, its records all precede offset {start}")
+            }
             None => assert_eq!(position, expected_positions[cid.as_str()], "log_position of {cid}"),
         }
     }
@@ -570,7 +594,10 @@ pub fn consume_all_from(bootstrap: &str, topic: &str, partitions: i32, timeout: 
                 if let Some(hs) = m.headers() {
                     for i in 0..hs.count() {
                         let h = hs.get(i);
-                        headers.insert(h.key.to_string(), String::from_utf8_lossy(h.value.unwrap_or_default()).into_owned());
+                        headers.insert(
+                            h.key.to_string(),
+                            String::from_utf8_lossy(h.value.unwrap_or_default()).into_owned(),
+                        );
                     }
                 }
                 out.push(ConsumedMsg {

@@ -148,15 +148,22 @@ fn records_posted_over_http_are_materialized_and_paged_behind_the_token() {
     assert_eq!(ids, (0..25).map(|i| format!("doc-{i:03}")).collect::<Vec<_>>());
     let (_, first) = api.get(&format!("{path}?limit=1"));
     let r0 = &first["records"][0];
-    assert_eq!((&r0["embedding"], &r0["metadata"], &r0["document"]), (&json!([0.0, 0.5]), &json!({"i": 0}), &json!("text 0")));
+    assert_eq!(
+        (&r0["embedding"], &r0["metadata"], &r0["document"]),
+        (&json!([0.0, 0.5]), &json!({"i": 0}), &json!("text 0"))
+    );
     assert_error(&api.get(&format!("{path}?limit=1001")), 400, "bad_request");
 
     // An invalid item stops the whole request: the valid item next to it is never
     // produced. A later sentinel on the same partition proves the log was read past it.
-    let bad = json!([{"id": "never", "operation": "add"}, {"id": "x", "operation": "add", "embedding": [1, 2, 3]}]).to_string();
+    let bad = json!([{"id": "never", "operation": "add"}, {"id": "x", "operation": "add", "embedding": [1, 2, 3]}])
+        .to_string();
     let (status, v) = api.send("POST", &path, Some(&bad));
     assert_error(&(status, v.clone()), 400, "invalid_record");
-    assert_eq!(v["items"], json!([{"index": 1, "error": "dimension_mismatch", "message": format!("embedding has 3 dimensions but collection {c:?} has 2")}]));
+    assert_eq!(
+        v["items"],
+        json!([{"index": 1, "error": "dimension_mismatch", "message": format!("embedding has 3 dimensions but collection {c:?} has 2")}])
+    );
     let (status, v) = api.send("POST", &path, Some(r#"{"id": "sentinel", "operation": "add", "document": "s"}"#));
     assert_eq!(status, 202, "{v}");
     wait_materialized(&api, &c, 26, v["last_offset"].as_i64().unwrap());
@@ -182,7 +189,11 @@ fn a_function_attached_over_http_is_listed_backfilled_and_detached() {
     let (_replica, api) = start(&env);
     let c = format!("{}-in", env.prefix);
     let out = format!("{c}-count");
-    let (status, v) = api.send("POST", &format!("/api/v1/collections/{c}/records"), Some(&Value::Array((0..10).map(record).collect()).to_string()));
+    let (status, v) = api.send(
+        "POST",
+        &format!("/api/v1/collections/{c}/records"),
+        Some(&Value::Array((0..10).map(record).collect()).to_string()),
+    );
     assert_eq!(status, 202, "{v}");
     wait_materialized(&api, &c, 10, v["last_offset"].as_i64().unwrap());
 
@@ -198,13 +209,19 @@ fn a_function_attached_over_http_is_listed_backfilled_and_detached() {
 
     let (status, listed) = api.get(&format!("/api/v1/functions?collection={c}"));
     assert_eq!(status, 200, "{listed}");
-    assert_eq!(listed["functions"].as_array().unwrap().iter().map(|f| f["id"].clone()).collect::<Vec<_>>(), [json!(id)]);
+    assert_eq!(
+        listed["functions"].as_array().unwrap().iter().map(|f| f["id"].clone()).collect::<Vec<_>>(),
+        [json!(id)]
+    );
     let deadline = Instant::now() + WAIT;
     loop {
         let (status, f) = api.get(&format!("/api/v1/functions/{id}"));
         assert_eq!(status, 200, "{f}");
         if f["status"] == "ready" {
-            assert_eq!((&f["collection"], &f["output"], &f["function"]), (&json!(c), &json!(out), &json!("record_counter")));
+            assert_eq!(
+                (&f["collection"], &f["output"], &f["function"]),
+                (&json!(c), &json!(out), &json!("record_counter"))
+            );
             break;
         }
         assert!(Instant::now() < deadline, "function never ready: {f}");

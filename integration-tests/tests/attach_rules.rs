@@ -11,7 +11,9 @@ use sluice::cli::jsonl::record_to_json;
 use sluice::functions::model::reference_outputs;
 use sluice::record::{LogRecord, Record};
 use sluice::workload::{generate, WorkloadSpec};
-use sluice_integration_tests::{free_port, http_get, jsonl_lines, metric_samples, require_kafka, require_postgres, Env};
+use sluice_integration_tests::{
+    free_port, http_get, jsonl_lines, metric_samples, require_kafka, require_postgres, Env,
+};
 
 const WAIT: Duration = Duration::from_secs(120);
 
@@ -29,11 +31,18 @@ fn workload(records: usize, seed: u64, prefix: &str, collections: usize, ids: us
 }
 
 fn attach(env: &Env, collection: &str, function: &str, output: &str) -> Value {
-    serde_json::from_str(env.run(&["functions", "attach", collection, "--function", function, "--output", output]).trim()).unwrap()
+    serde_json::from_str(
+        env.run(&["functions", "attach", collection, "--function", function, "--output", output]).trim(),
+    )
+    .unwrap()
 }
 
 fn functions(env: &Env) -> Vec<Value> {
-    serde_json::from_str::<Value>(&env.run(&["functions", "list", "--format", "json"])).unwrap().as_array().unwrap().clone()
+    serde_json::from_str::<Value>(&env.run(&["functions", "list", "--format", "json"]))
+        .unwrap()
+        .as_array()
+        .unwrap()
+        .clone()
 }
 
 fn function(env: &Env, id: &str) -> Value {
@@ -56,14 +65,25 @@ fn wait_status(env: &Env, id: &str, status: &str, timeout: Duration) -> Value {
 /// nothing (no new function).
 fn refused(env: &Env, collection: &str, function: &str, output: &str, needles: &[&str]) -> String {
     let before = functions(env).len();
-    let out = env.cmd().args(["functions", "attach", collection, "--function", function, "--output", output]).output().unwrap();
+    let out = env
+        .cmd()
+        .args(["functions", "attach", collection, "--function", function, "--output", output])
+        .output()
+        .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
     assert_eq!(out.status.code(), Some(1), "attach {collection} {function} -> {output} should be refused: {stderr}");
     assert!(out.stdout.is_empty(), "a refused attach printed a result: {}", String::from_utf8_lossy(&out.stdout));
-    let message = stderr.lines().find(|l| l.starts_with("sluice: ")).unwrap_or_else(|| panic!("no error line in {stderr}")).to_string();
+    let message = stderr
+        .lines()
+        .find(|l| l.starts_with("sluice: "))
+        .unwrap_or_else(|| panic!("no error line in {stderr}"))
+        .to_string();
     assert!(message.contains("attach refused"), "{message}");
     for needle in needles {
-        assert!(message.contains(needle), "the refusal of {collection} {function} -> {output} does not name {needle:?}: {message}");
+        assert!(
+            message.contains(needle),
+            "the refusal of {collection} {function} -> {output} does not name {needle:?}: {message}"
+        );
     }
     assert_eq!(functions(env).len(), before, "a refused attach stored a function");
     message
@@ -77,16 +97,25 @@ fn assert_outputs(env: &Env, log: &[LogRecord], collection: &str, function: &str
         .iter()
         .filter(|(id, m)| {
             // A counter never written reads as 0 (see reference_outputs).
-            !(function == "record_counter" && id.as_str() == "function_output" && m.metadata.get("total_count") == Some(&sluice::record::MetaValue::Long(0)))
+            !(function == "record_counter"
+                && id.as_str() == "function_output"
+                && m.metadata.get("total_count") == Some(&sluice::record::MetaValue::Long(0)))
         })
         .map(|(id, m)| {
-            record_to_json(&Record { id: id.clone(), embedding: m.embedding.clone(), metadata: m.metadata.clone(), document: m.document.clone(), offset: 0 })
+            record_to_json(&Record {
+                id: id.clone(),
+                embedding: m.embedding.clone(),
+                metadata: m.metadata.clone(),
+                document: m.document.clone(),
+                offset: 0,
+            })
         })
         .collect();
     assert!(!expected.is_empty(), "the reference of {function} over {collection} is empty: a vacuous comparison");
     let out = env.cmd().args(["records", output, "--format", "jsonl"]).output().unwrap();
     assert!(out.status.success(), "records {output}: {}", String::from_utf8_lossy(&out.stderr));
-    let actual: Vec<Value> = String::from_utf8_lossy(&out.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let actual: Vec<Value> =
+        String::from_utf8_lossy(&out.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
     assert_eq!(actual, expected, "{function} output {output} differs from the reference");
 }
 
@@ -163,7 +192,11 @@ fn refusals(env: Env) {
     let id = first["function_id"].as_str().unwrap().to_string();
     assert_eq!(first["marker"], "published");
     let again = attach(&env, &c1, "record_counter", "count");
-    assert_eq!((again["function_id"].as_str(), again["marker"].as_str()), (Some(id.as_str()), Some("existing")), "the same attach again");
+    assert_eq!(
+        (again["function_id"].as_str(), again["marker"].as_str()),
+        (Some(id.as_str()), Some("existing")),
+        "the same attach again"
+    );
 
     // The output is written by a live function: another function, or another input.
     refused(&env, &c1, "statistics", "count", &[&id, "\"count\"", "already written by", "--drop-output"]);
@@ -184,7 +217,13 @@ fn refusals(env: Env) {
     // A data collection as output.
     refused(&env, &c1, "record_counter", &c2, &[&format!("{c2:?}"), "holds data", "--output"]);
     // A function's output as input (it would never see live changes: refused).
-    refused(&env, "count", "statistics", "count-stats", &[&id, "\"count\"", "output of", &format!("attach statistics to {c1:?} instead")]);
+    refused(
+        &env,
+        "count",
+        "statistics",
+        "count-stats",
+        &[&id, "\"count\"", "output of", &format!("attach statistics to {c1:?} instead")],
+    );
     // A function's input as output.
     let on_c2 = attach(&env, &c2, "statistics", "c2-stats")["function_id"].as_str().unwrap().to_string();
     refused(&env, &c1, "record_counter", &c2, &[&on_c2, &format!("{c2:?}"), "is the input of", "--output"]);
@@ -193,7 +232,13 @@ fn refusals(env: Env) {
     // Under "reject", an unregistered collection (its marker would be dead-lettered).
     let strict = env.with_processor("unknown_collections = \"reject\"\n");
     let unknown = format!("{}-never-produced", env.prefix);
-    refused(&strict, &unknown, "record_counter", "unknown-count", &[&format!("{unknown:?}"), "not registered", "unknown_collections = \"reject\""]);
+    refused(
+        &strict,
+        &unknown,
+        "record_counter",
+        "unknown-count",
+        &[&format!("{unknown:?}"), "not registered", "unknown_collections = \"reject\""],
+    );
     // ... a registered one is fine under "reject".
     let strict_ok = attach(&strict, &c2, "record_counter", "c2-count");
     assert_eq!(strict_ok["marker"], "published");
@@ -204,7 +249,13 @@ fn refusals(env: Env) {
     // Detached without --drop-output: the records stay, attaching there again is refused
     // with the command that drops them.
     env.run(&["functions", "detach", &id]);
-    let msg = refused(&env, &c1, "record_counter", "count", &[&id, "detached", &format!("sluice functions detach {id} --drop-output")]);
+    let msg = refused(
+        &env,
+        &c1,
+        "record_counter",
+        "count",
+        &[&id, "detached", &format!("sluice functions detach {id} --drop-output")],
+    );
     assert!(msg.contains("--output"), "the refusal also offers another output name: {msg}");
     env.run(&["functions", "detach", &id, "--drop-output"]);
     let fresh = attach(&env, &c1, "record_counter", "count");
@@ -247,7 +298,8 @@ fn lost_marker(env: Env) {
     // A replica that only runs the outbox relay: it republishes the lost marker once,
     // and reports the function awaiting it (no processor reads the partition).
     let port = free_port();
-    let mut relay = env.spawn_replica_with("relay", &["--roles", "relay"], &[("SLUICE_HTTP", &format!("127.0.0.1:{port}"))]);
+    let mut relay =
+        env.spawn_replica_with("relay", &["--roles", "relay"], &[("SLUICE_HTTP", &format!("127.0.0.1:{port}"))]);
     wait_metric(port, "sluice_markers_republished_total", |v| v == 1.0, WAIT);
     wait_metric(port, "sluice_functions_awaiting_marker_oldest_seconds", |v| v >= 1.0, WAIT);
     let relay_log = relay.log_text();
@@ -258,7 +310,10 @@ fn lost_marker(env: Env) {
     let port = free_port();
     let r2 = env.spawn_replica("r2", &[("SLUICE_HTTP", &format!("127.0.0.1:{port}"))]);
     let f = wait_status(&env, &id, "ready", WAIT);
-    assert!(f["marker_offset"].as_i64().unwrap() >= high, "the backfill started at the skipped marker (offset {next}), not at the republished one: {f}");
+    assert!(
+        f["marker_offset"].as_i64().unwrap() >= high,
+        "the backfill started at the skipped marker (offset {next}), not at the republished one: {f}"
+    );
     assert_outputs(&env, &data, &c, "statistics", "stats");
     wait_metric(port, "sluice_functions_awaiting_marker_oldest_seconds", |v| v == 0.0, WAIT);
 
@@ -288,7 +343,8 @@ fn lost_under_reject(env: Env) {
 
     let strict = env.with_processor("unknown_collections = \"reject\"\n");
     let port = free_port();
-    let relay = strict.spawn_replica_with("relay", &["--roles", "relay"], &[("SLUICE_HTTP", &format!("127.0.0.1:{port}"))]);
+    let relay =
+        strict.spawn_replica_with("relay", &["--roles", "relay"], &[("SLUICE_HTTP", &format!("127.0.0.1:{port}"))]);
     wait_metric(port, "sluice_functions_awaiting_marker_oldest_seconds", |v| v >= 1.0, WAIT);
     let deadline = Instant::now() + WAIT;
     while !relay.log_text().contains("lost marker not republished") {

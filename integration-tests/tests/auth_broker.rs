@@ -83,7 +83,12 @@ fn record(collection: &str, id: usize) -> String {
 fn scram_over_tls_works_and_bad_credentials_or_ca_fail_fast() {
     let Some(_broker) = require_auth_broker() else { return };
     let vars = auth_env();
-    let get = |k: &str| vars.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone()).unwrap_or_else(|| panic!("{k} missing from kafka-auth.sh env"));
+    let get = |k: &str| {
+        vars.iter()
+            .find(|(n, _)| n == k)
+            .map(|(_, v)| v.clone())
+            .unwrap_or_else(|| panic!("{k} missing from kafka-auth.sh env"))
+    };
     let (brokers, user, ca) = (get("SLUICE_BROKERS"), get("SLUICE_SASL_USERNAME"), get("SLUICE_KAFKA_AUTH_CA"));
     assert_eq!(get("SLUICE_SASL_PASSWORD"), PASSWORD);
     assert!(std::path::Path::new(&get("SLUICE_KAFKA_AUTH_CLIENT_TOML")).exists());

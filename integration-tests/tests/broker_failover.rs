@@ -62,7 +62,11 @@ impl ClusterGuard {
                         let _ = std::fs::remove_file(&lock);
                         continue;
                     }
-                    assert!(Instant::now() < deadline, "{} is held by process {pid:?} (another failover run)", lock.display());
+                    assert!(
+                        Instant::now() < deadline,
+                        "{} is held by process {pid:?} (another failover run)",
+                        lock.display()
+                    );
                     std::thread::sleep(Duration::from_millis(500));
                 }
             }
@@ -142,7 +146,10 @@ fn coordinator(group: &str) -> i32 {
     let text = String::from_utf8_lossy(&out.stdout);
     // "GROUP  COORDINATOR (ID)  ASSIGNMENT-STRATEGY  STATE  #MEMBERS" then one row with
     // the coordinator as host:port  (id).
-    let row = text.lines().find(|l| l.contains(group) && l.contains('(')).unwrap_or_else(|| panic!("no coordinator row in {text}"));
+    let row = text
+        .lines()
+        .find(|l| l.contains(group) && l.contains('('))
+        .unwrap_or_else(|| panic!("no coordinator row in {text}"));
     let id = row.split('(').nth(1).and_then(|s| s.split(')').next()).unwrap();
     id.trim().parse().unwrap()
 }
@@ -169,8 +176,16 @@ fn leader_and_coordinator_failover_loses_nothing() {
 
     let chunks: Vec<Vec<LogRecord>> = (0..40)
         .map(|i| {
-            generate(&WorkloadSpec { records: 250, collections: 6, dim: 4, ids_per_collection: 200, seed: 500 + i, collection_prefix: format!("{}-c", env.prefix), ..Default::default() })
-                .collect()
+            generate(&WorkloadSpec {
+                records: 250,
+                collections: 6,
+                dim: 4,
+                ids_per_collection: 200,
+                seed: 500 + i,
+                collection_prefix: format!("{}-c", env.prefix),
+                ..Default::default()
+            })
+            .collect()
         })
         .collect();
     let all: Vec<LogRecord> = chunks.iter().flatten().cloned().collect();

@@ -45,7 +45,9 @@ use sluice::record::framing::{unframe, Framing};
 use sluice::record::partitioner::partition_for;
 use sluice::record::validate::{validate, Limits};
 use sluice::record::{LogRecord, MetaValue, Operation, Record};
-use sluice_integration_tests::{brokers, consume_all, repo_root, require_kafka, require_postgres, sluice_bin, Env, TopicGuard};
+use sluice_integration_tests::{
+    brokers, consume_all, repo_root, require_kafka, require_postgres, sluice_bin, Env, TopicGuard,
+};
 
 /// How many differing items a failure message lists before "... and N more".
 const SHOW: usize = 8;
@@ -133,7 +135,11 @@ impl Run {
     /// `sluice ARGS` → (success, stdout, stderr).
     fn sluice(&self, args: &[&str]) -> (bool, String, String) {
         let out = self.cmd().args(args).output().expect("spawn sluice");
-        (out.status.success(), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
     }
 
     fn json(&self, args: &[&str]) -> Value {
@@ -185,7 +191,12 @@ fn read_committed(topic: &str, partitions: i32, timeout: Duration) -> (Vec<Msg>,
         }
         assert!(Instant::now() < deadline, "read_committed: positions {pos:?} short of {highs:?} after {timeout:?}");
         match consumer.poll(Duration::from_millis(200)) {
-            Some(Ok(m)) => out.push((m.partition(), m.offset(), m.key().map(<[u8]>::to_vec), m.payload().unwrap_or_default().to_vec())),
+            Some(Ok(m)) => out.push((
+                m.partition(),
+                m.offset(),
+                m.key().map(<[u8]>::to_vec),
+                m.payload().unwrap_or_default().to_vec(),
+            )),
             Some(Err(e)) => panic!("consumer error: {e}"),
             None => {}
         }
@@ -257,9 +268,15 @@ fn by_id(rows: Vec<Value>) -> BTreeMap<String, Value> {
 
 fn check(manifest_path: &str) {
     let started = Instant::now();
-    let m: Value = serde_json::from_str(&std::fs::read_to_string(manifest_path).expect("read manifest")).expect("manifest JSON");
+    let m: Value =
+        serde_json::from_str(&std::fs::read_to_string(manifest_path).expect("read manifest")).expect("manifest JSON");
     let prefix = m["prefix"].as_str().expect("prefix").to_string();
-    let run = Run { topic: format!("{prefix}.log"), dlq_topic: format!("{prefix}.dlq"), partitions: m["partitions"].as_i64().unwrap() as i32, m };
+    let run = Run {
+        topic: format!("{prefix}.log"),
+        dlq_topic: format!("{prefix}.dlq"),
+        partitions: m["partitions"].as_i64().unwrap() as i32,
+        m,
+    };
     let mut failures: Vec<String> = Vec::new();
 
     // The run itself: harness problems, replicas that died or halted.
@@ -272,7 +289,10 @@ fn check(manifest_path: &str) {
     for x in run.m["exits"].as_array().unwrap() {
         let how = x["how"].as_str().unwrap();
         if how == "exited by itself" || (how == "SIGTERM" && x["code"] != 0) || how.starts_with("SIGTERM timed out") {
-            failures.push(format!("replica {} generation {}: {how}, exit code {}", x["replica"], x["generation"], x["code"]));
+            failures.push(format!(
+                "replica {} generation {}: {how}, exit code {}",
+                x["replica"], x["generation"], x["code"]
+            ));
         }
     }
     // The chaos happened: at least one of every kind of event.
@@ -344,9 +364,15 @@ fn check(manifest_path: &str) {
         .as_array()
         .unwrap()
         .iter()
-        .map(|h| ((h["partition"].as_i64().unwrap() as i32, h["offset"].as_i64().unwrap()), h["label"].as_str().unwrap().to_string()))
+        .map(|h| {
+            (
+                (h["partition"].as_i64().unwrap() as i32, h["offset"].as_i64().unwrap()),
+                h["label"].as_str().unwrap().to_string(),
+            )
+        })
         .collect();
-    let wrong_dimension: BTreeSet<(i32, i64)> = sent.iter().filter(|(_, l)| *l == "wrong_dimension").map(|(k, _)| *k).collect();
+    let wrong_dimension: BTreeSet<(i32, i64)> =
+        sent.iter().filter(|(_, l)| *l == "wrong_dimension").map(|(k, _)| *k).collect();
     for (cid, cm) in &model.collections {
         let p = partition_for(cid.as_bytes(), run.partitions as u32) as i32;
         for o in &cm.rejected {
@@ -359,11 +385,19 @@ fn check(manifest_path: &str) {
     }
     let unsent: Vec<(&(i32, i64), &&str)> = expected_dlq.iter().filter(|(k, _)| !sent.contains_key(k)).collect();
     if !unsent.is_empty() {
-        failures.push(format!("bad records in the committed log that the driver did not send as hostile: {}", list(&unsent)));
+        failures.push(format!(
+            "bad records in the committed log that the driver did not send as hostile: {}",
+            list(&unsent)
+        ));
     }
-    let dims: BTreeSet<(i32, i64)> = expected_dlq.iter().filter(|(_, k)| **k == kinds::DIMENSION_MISMATCH).map(|(k, _)| *k).collect();
+    let dims: BTreeSet<(i32, i64)> =
+        expected_dlq.iter().filter(|(_, k)| **k == kinds::DIMENSION_MISMATCH).map(|(k, _)| *k).collect();
     if dims != wrong_dimension {
-        failures.push(format!("dimension rejections of the model {} != wrong-dimension records sent {}", list(&dims.iter().collect::<Vec<_>>()), list(&wrong_dimension.iter().collect::<Vec<_>>())));
+        failures.push(format!(
+            "dimension rejections of the model {} != wrong-dimension records sent {}",
+            list(&dims.iter().collect::<Vec<_>>()),
+            list(&wrong_dimension.iter().collect::<Vec<_>>())
+        ));
     }
 
     // The DLQ: every expected entry at least once, with its kind; nothing else.
@@ -380,22 +414,41 @@ fn check(manifest_path: &str) {
         let e = dlq_seen.entry(key).or_insert((0, h("sluice.error.kind")));
         e.0 += 1;
     }
-    let good_at: BTreeSet<(i32, i64)> = log.iter().map(|m| (m.0, m.1)).filter(|k| !expected_dlq.contains_key(k)).collect();
-    let dlq_missing: Vec<(&(i32, i64), &&str)> = expected_dlq.iter().filter(|(k, _)| !dlq_seen.contains_key(k)).collect();
+    let good_at: BTreeSet<(i32, i64)> =
+        log.iter().map(|m| (m.0, m.1)).filter(|k| !expected_dlq.contains_key(k)).collect();
+    let dlq_missing: Vec<(&(i32, i64), &&str)> =
+        expected_dlq.iter().filter(|(k, _)| !dlq_seen.contains_key(k)).collect();
     let dlq_applied: Vec<&(i32, i64)> = dlq_seen.keys().filter(|k| good_at.contains(k)).collect();
-    let dlq_unknown: Vec<&(i32, i64)> = dlq_seen.keys().filter(|k| !good_at.contains(k) && !expected_dlq.contains_key(k)).collect();
+    let dlq_unknown: Vec<&(i32, i64)> =
+        dlq_seen.keys().filter(|k| !good_at.contains(k) && !expected_dlq.contains_key(k)).collect();
     let dlq_kind: Vec<String> = expected_dlq
         .iter()
-        .filter_map(|(k, want)| dlq_seen.get(k).filter(|(_, got)| got != want).map(|(_, got)| format!("{}/{}: expected {want}, got {got}", k.0, k.1)))
+        .filter_map(|(k, want)| {
+            dlq_seen
+                .get(k)
+                .filter(|(_, got)| got != want)
+                .map(|(_, got)| format!("{}/{}: expected {want}, got {got}", k.0, k.1))
+        })
         .collect();
     if !dlq_missing.is_empty() {
-        failures.push(format!("DLQ: {} bad records never reached it (partition, offset, kind): {}", dlq_missing.len(), list(&dlq_missing)));
+        failures.push(format!(
+            "DLQ: {} bad records never reached it (partition, offset, kind): {}",
+            dlq_missing.len(),
+            list(&dlq_missing)
+        ));
     }
     if !dlq_applied.is_empty() {
-        failures.push(format!("DLQ: {} records that must be applied are in it (partition, offset): {}", dlq_applied.len(), list(&dlq_applied)));
+        failures.push(format!(
+            "DLQ: {} records that must be applied are in it (partition, offset): {}",
+            dlq_applied.len(),
+            list(&dlq_applied)
+        ));
     }
     if !dlq_unknown.is_empty() {
-        failures.push(format!("DLQ: entries for offsets the committed log does not have (aborted or nonexistent): {}", list(&dlq_unknown)));
+        failures.push(format!(
+            "DLQ: entries for offsets the committed log does not have (aborted or nonexistent): {}",
+            list(&dlq_unknown)
+        ));
     }
     if !dlq_kind.is_empty() {
         failures.push(format!("DLQ: wrong kinds: {}", list(&dlq_kind)));
@@ -412,32 +465,45 @@ fn check(manifest_path: &str) {
     for c in &listed {
         let id = c["id"].as_str().unwrap();
         if !model.collections.contains_key(id) && !outputs.contains(id) {
-            failures.push(format!("collection {id} is in the sysdb but neither in the committed log nor a function output: {c}"));
+            failures.push(format!(
+                "collection {id} is in the sysdb but neither in the committed log nor a function output: {c}"
+            ));
         }
     }
     let mut records_checked = 0;
     for (cid, cm) in &model.collections {
-        let expected: BTreeMap<String, Value> = cm.records.values().map(|r| (r.id.clone(), record_to_json(r))).collect();
+        let expected: BTreeMap<String, Value> =
+            cm.records.values().map(|r| (r.id.clone(), record_to_json(r))).collect();
         let actual = by_id(run.jsonl(&["records", cid, "--format", "jsonl"]).unwrap_or_default());
         records_checked += expected.len();
-        if let Some(d) = diff(&format!("records of {cid} (partition {})", partition_for(cid.as_bytes(), run.partitions as u32)), &expected, &actual) {
+        if let Some(d) = diff(
+            &format!("records of {cid} (partition {})", partition_for(cid.as_bytes(), run.partitions as u32)),
+            &expected,
+            &actual,
+        ) {
             failures.push(d);
         }
         if let Some(row) = listed.iter().find(|c| c["id"] == cid.as_str()) {
             if row["records"].as_u64() != Some(cm.records.len() as u64) {
-                failures.push(format!("collection {cid}: record count {} in the sysdb, {} in the model", row["records"], cm.records.len()));
+                failures.push(format!(
+                    "collection {cid}: record count {} in the sysdb, {} in the model",
+                    row["records"],
+                    cm.records.len()
+                ));
             }
         }
     }
 
     // Functions: status, and outputs equal to the function over the final records.
     let views = run.json(&["functions", "list", "--format", "json"]);
-    let views: BTreeMap<String, Value> = views.as_array().unwrap().iter().map(|v| (v["id"].as_str().unwrap().to_string(), v.clone())).collect();
+    let views: BTreeMap<String, Value> =
+        views.as_array().unwrap().iter().map(|v| (v["id"].as_str().unwrap().to_string(), v.clone())).collect();
     let mut outputs_checked = 0;
     let mut functions_compared = BTreeSet::new();
     for f in &functions {
         let id = f["function_id"].as_str().unwrap();
-        let (collection, function, output) = (f["collection"].as_str().unwrap(), f["function"].as_str().unwrap(), f["output"].as_str().unwrap());
+        let (collection, function, output) =
+            (f["collection"].as_str().unwrap(), f["function"].as_str().unwrap(), f["output"].as_str().unwrap());
         let Some(view) = views.get(id) else {
             failures.push(format!("function {id} ({function} on {collection}) is not listed"));
             continue;
@@ -447,26 +513,42 @@ fn check(manifest_path: &str) {
                 failures.push(format!("function {id} was detached but is {}", view["status"]));
             }
             if f["drop_output"] == true && listed.iter().any(|c| c["id"] == output) {
-                failures.push(format!("function {id} was detached with --drop-output but its output {output} is still listed"));
+                failures.push(format!(
+                    "function {id} was detached with --drop-output but its output {output} is still listed"
+                ));
             }
             continue;
         }
         if view["status"] != "ready" {
-            failures.push(format!("function {id} ({function} on {collection} -> {output}) is {}, not ready: {view}", view["status"]));
+            failures.push(format!(
+                "function {id} ({function} on {collection} -> {output}) is {}, not ready: {view}",
+                view["status"]
+            ));
             continue;
         }
         let expected: BTreeMap<String, Value> = reference_outputs(&good, collection, function)
             .into_iter()
-            .filter(|(id, o)| !(function == "record_counter" && id == "function_output" && o.metadata.get("total_count") == Some(&MetaValue::Long(0))))
+            .filter(|(id, o)| {
+                !(function == "record_counter"
+                    && id == "function_output"
+                    && o.metadata.get("total_count") == Some(&MetaValue::Long(0)))
+            })
             .map(|(id, o)| {
-                let r = Record { id: id.clone(), embedding: o.embedding, metadata: o.metadata, document: o.document, offset: 0 };
+                let r = Record {
+                    id: id.clone(),
+                    embedding: o.embedding,
+                    metadata: o.metadata,
+                    document: o.document,
+                    offset: 0,
+                };
                 (id, record_to_json(&r))
             })
             .collect();
-        let actual: BTreeMap<String, Value> = by_id(run.jsonl(&["records", output, "--format", "jsonl"]).unwrap_or_default())
-            .into_iter()
-            .filter(|(_, v)| !(function == "record_counter" && v["metadata"]["total_count"] == 0))
-            .collect();
+        let actual: BTreeMap<String, Value> =
+            by_id(run.jsonl(&["records", output, "--format", "jsonl"]).unwrap_or_default())
+                .into_iter()
+                .filter(|(_, v)| !(function == "record_counter" && v["metadata"]["total_count"] == 0))
+                .collect();
         outputs_checked += 1;
         functions_compared.insert(function.to_string());
         if let Some(d) = diff(&format!("{function} output {output} of {collection}"), &expected, &actual) {
@@ -486,7 +568,8 @@ fn check(manifest_path: &str) {
         let p = r["partition"].as_i64().unwrap() as i32;
         let (sysdb, high) = (r["sysdb_next_offset"].as_i64(), r["high_watermark"].as_i64().unwrap());
         if high != highs.get(&p).copied().unwrap_or(-1) {
-            failures.push(format!("partition {p}: high watermark moved from {:?} to {high} after the run", highs.get(&p)));
+            failures
+                .push(format!("partition {p}: high watermark moved from {:?} to {high} after the run", highs.get(&p)));
         }
         if sysdb != Some(high) && !(high == 0 && sysdb.is_none()) {
             let last = last_delivered.get(&p).copied();
@@ -498,14 +581,20 @@ fn check(manifest_path: &str) {
                 ),
                 _ => String::new(),
             };
-            failures.push(format!("partition {p}: sysdb next_offset {sysdb:?} != high watermark {high} (lag {}){tail}", r["lag"]));
+            failures.push(format!(
+                "partition {p}: sysdb next_offset {sysdb:?} != high watermark {high} (lag {}){tail}",
+                r["lag"]
+            ));
         }
     }
 
     let figures = &run.m["figures"];
     eprintln!("chaos figures: {}", serde_json::to_string_pretty(figures).unwrap());
     let rejected: usize = model.collections.values().map(|c| c.rejected.len()).sum();
-    let tails: Vec<String> = highs.iter().map(|(p, h)| format!("p{p}: last record {:?}, high watermark {h}", last_delivered.get(p))).collect();
+    let tails: Vec<String> = highs
+        .iter()
+        .map(|(p, h)| format!("p{p}: last record {:?}, high watermark {h}", last_delivered.get(p)))
+        .collect();
     eprintln!(
         "chaos check: {} committed log messages: {} decodable and on their partition (incl. {markers} BACKFILL_FN markers and {rejected} dimension rejections), {} undecodable, invalid or misrouted; {}; {} collections / {records_checked} records compared, {outputs_checked} function outputs compared; {} DLQ messages ({} distinct source offsets, {duplicated} delivered more than once); {} failures; check took {:.1?}",
         log.len(),

@@ -5,16 +5,27 @@ use std::time::Duration;
 use serde_json::Value;
 use sluice::record::LogRecord;
 use sluice::workload::{generate, WorkloadSpec};
-use sluice_integration_tests::{assert_records_match_model, jsonl_lines, brokers, repo_root, require_kafka, Env};
+use sluice_integration_tests::{assert_records_match_model, brokers, jsonl_lines, repo_root, require_kafka, Env};
 
 fn workload(n: usize, seed: u64, prefix: &str) -> Vec<LogRecord> {
-    generate(&WorkloadSpec { records: n, collections: 5, dim: 3, ids_per_collection: 25, seed, collection_prefix: format!("{prefix}-c"), ..Default::default() })
-        .collect()
+    generate(&WorkloadSpec {
+        records: n,
+        collections: 5,
+        dim: 3,
+        ids_per_collection: 25,
+        seed,
+        collection_prefix: format!("{prefix}-c"),
+        ..Default::default()
+    })
+    .collect()
 }
 
-
 fn offsets(env: &Env) -> Vec<Value> {
-    serde_json::from_str::<Value>(&env.run(&["offsets", "show", "--format", "json"])).unwrap().as_array().unwrap().clone()
+    serde_json::from_str::<Value>(&env.run(&["offsets", "show", "--format", "json"]))
+        .unwrap()
+        .as_array()
+        .unwrap()
+        .clone()
 }
 
 #[test]
@@ -59,7 +70,18 @@ fn offsets_reset_is_audited_and_reconcile_pushes_sysdb_positions_into_the_group(
     // Group moved back by Kafka's tool; reconcile restores the sysdb positions.
     let tool = repo_root().join("deploy/local/kafka-tool.sh");
     let st = std::process::Command::new(&tool)
-        .args(["consumer-groups", "--bootstrap-server", &brokers(), "--group", &env.group, "--reset-offsets", "--to-earliest", "--topic", &env.log_topic(), "--execute"])
+        .args([
+            "consumer-groups",
+            "--bootstrap-server",
+            &brokers(),
+            "--group",
+            &env.group,
+            "--reset-offsets",
+            "--to-earliest",
+            "--topic",
+            &env.log_topic(),
+            "--execute",
+        ])
         .output()
         .unwrap();
     assert!(st.status.success());
@@ -73,18 +95,26 @@ fn offsets_reset_is_audited_and_reconcile_pushes_sysdb_positions_into_the_group(
     assert!(out.contains(&format!("{before} -> 5")), "{out}");
     assert_eq!(offsets(&env)[1]["sysdb_next_offset"].as_i64(), Some(5));
     let rt = tokio::runtime::Runtime::new().unwrap();
-    let resets = rt.block_on(async { sluice::sysdb::Sysdb::open(&env.sysdb).await.unwrap().resets(&env.log_topic()).await.unwrap() });
+    let resets = rt.block_on(async {
+        sluice::sysdb::Sysdb::open(&env.sysdb).await.unwrap().resets(&env.log_topic()).await.unwrap()
+    });
     assert_eq!(resets.len(), 1);
-    assert_eq!((resets[0].partition, resets[0].from_offset, resets[0].to_offset, resets[0].reason.as_str()), (1, Some(before), 5, "replay test"));
+    assert_eq!(
+        (resets[0].partition, resets[0].from_offset, resets[0].to_offset, resets[0].reason.as_str()),
+        (1, Some(before), 5, "replay test")
+    );
 
     // A negative offset reaches the product's own check (`--to=-3`: clap would take a
     // separate `-3` for a flag and reject it itself, exit 2) and changes nothing.
-    let out = env.cmd().args(["offsets", "reset", "--partition", "1", "--to=-3", "--reason", "negative"]).output().unwrap();
+    let out =
+        env.cmd().args(["offsets", "reset", "--partition", "1", "--to=-3", "--reason", "negative"]).output().unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "refused by the reset command, not the argument parser: {err}");
     assert!(err.contains("--to must be >= 0"), "{err}");
     assert_eq!(offsets(&env)[1]["sysdb_next_offset"].as_i64(), Some(5), "the refused reset left the position alone");
-    let resets = rt.block_on(async { sluice::sysdb::Sysdb::open(&env.sysdb).await.unwrap().resets(&env.log_topic()).await.unwrap() });
+    let resets = rt.block_on(async {
+        sluice::sysdb::Sysdb::open(&env.sysdb).await.unwrap().resets(&env.log_topic()).await.unwrap()
+    });
     assert_eq!(resets.len(), 1, "no audit row for the refused reset: {resets:?}");
 }
 
@@ -93,7 +123,12 @@ fn config_show_redacts_secrets_and_unknown_keys_are_rejected() {
     let env = Env::sqlite("config");
     let cfg = env.dir.join("secret.toml");
     std::fs::write(&cfg, "[librdkafka]\n\"sasl.password\" = \"hunter2\"\n\"sasl.username\" = \"bob\"\n").unwrap();
-    let out = env.cmd().args(["--config", cfg.to_str().unwrap(), "config", "show"]).env("SLUICE_SYSDB", "postgres://u:pw123@127.0.0.1:1/db").output().unwrap();
+    let out = env
+        .cmd()
+        .args(["--config", cfg.to_str().unwrap(), "config", "show"])
+        .env("SLUICE_SYSDB", "postgres://u:pw123@127.0.0.1:1/db")
+        .output()
+        .unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert!(!text.contains("hunter2") && !text.contains("pw123"), "{text}");
@@ -111,7 +146,8 @@ fn rebalances(log: &str, event: &str) -> Vec<Vec<i32>> {
         .filter(|l| l.contains(&format!("consumer: {event} partitions=[")))
         .map(|l| {
             let list = l.split_once("partitions=[").unwrap().1.split_once(']').unwrap().0;
-            let mut ps: Vec<i32> = list.split(',').filter(|p| !p.trim().is_empty()).map(|p| p.trim().parse().unwrap()).collect();
+            let mut ps: Vec<i32> =
+                list.split(',').filter(|p| !p.trim().is_empty()).map(|p| p.trim().parse().unwrap()).collect();
             ps.sort_unstable();
             ps
         })

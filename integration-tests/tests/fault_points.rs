@@ -7,7 +7,10 @@ use std::time::Duration;
 
 use serde_json::Value;
 use sluice::record::LogRecord;
-use sluice_integration_tests::faults::{assert_group_never_ahead, assert_outputs, attach, expect_abort_at, function, offsets, wait_log, wait_status, workload};
+use sluice_integration_tests::faults::{
+    assert_group_never_ahead, assert_outputs, attach, expect_abort_at, function, offsets, wait_log, wait_status,
+    workload,
+};
 use sluice_integration_tests::{assert_records_match_model, jsonl_lines, require_kafka, require_postgres, Env};
 
 const WAIT: Duration = Duration::from_secs(120);
@@ -88,21 +91,30 @@ fn after_relay(env: Env) {
     let c = data[0].collection_id.clone();
     env.produce(&jsonl_lines(&data));
     // The attach command cannot reach any broker: the marker stays in the outbox.
-    let out = env.cmd().args(["functions", "attach", &c, "--function", "record_counter", "--output", "count"]).env("SLUICE_BROKERS", "127.0.0.1:1").output().unwrap();
+    let out = env
+        .cmd()
+        .args(["functions", "attach", &c, "--function", "record_counter", "--output", "count"])
+        .env("SLUICE_BROKERS", "127.0.0.1:1")
+        .output()
+        .unwrap();
     assert!(out.status.success(), "attach with the marker pending: {}", String::from_utf8_lossy(&out.stderr));
     let v: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["marker"], "pending");
     let id = v["function_id"].as_str().unwrap().to_string();
     let mut crash = env.spawn_replica("crash", &[("SLUICE_FAILPOINT", "after_relay_publish:1")]);
     expect_abort_at(&mut crash, "after_relay_publish", WAIT);
-    assert!(!crash.log_text().contains("outbox relay published a pending marker"), "died before marking the marker sent");
+    assert!(
+        !crash.log_text().contains("outbox relay published a pending marker"),
+        "died before marking the marker sent"
+    );
     let r = env.spawn_replica("r1", &[]);
     // The outbox row was still pending: published a second time.
     wait_log(&r, "outbox relay published a pending marker", WAIT);
     let f = wait_status(&env, &id, "ready", WAIT);
     env.wait_caught_up(WAIT);
     assert_eq!(f["backfill_done"], f["backfill_total"], "{f}");
-    let processed = crash.log_text().matches("backfill marker processed").count() + r.log_text().matches("backfill marker processed").count();
+    let processed = crash.log_text().matches("backfill marker processed").count()
+        + r.log_text().matches("backfill marker processed").count();
     assert_eq!(processed, 1, "two markers in the log, one backfill");
     assert_records_match_model(&env, &data);
     assert_outputs(&env, &data, &c, "record_counter", "count");

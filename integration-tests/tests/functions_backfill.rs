@@ -12,7 +12,9 @@ use sluice::functions::model::reference_outputs;
 use sluice::record::codec::encode;
 use sluice::record::{LogRecord, Record};
 use sluice::workload::{generate, WorkloadSpec};
-use sluice_integration_tests::{assert_records_match_model, jsonl_lines, brokers, require_kafka, require_postgres, Env, Replica};
+use sluice_integration_tests::{
+    assert_records_match_model, brokers, jsonl_lines, require_kafka, require_postgres, Env, Replica,
+};
 
 const WAIT: Duration = Duration::from_secs(180);
 const FUNCTIONS: [&str; 3] = ["record_counter", "statistics", "normalize"];
@@ -30,9 +32,11 @@ fn workload(records: usize, seed: u64, prefix: &str, collections: usize, ids: us
     .collect()
 }
 
-
 fn attach(env: &Env, collection: &str, function: &str, output: &str) -> Value {
-    serde_json::from_str(env.run(&["functions", "attach", collection, "--function", function, "--output", output]).trim()).unwrap()
+    serde_json::from_str(
+        env.run(&["functions", "attach", collection, "--function", function, "--output", output]).trim(),
+    )
+    .unwrap()
 }
 
 /// A read-only command, run again while opening the SQLite sysdb hits the replica's
@@ -54,7 +58,11 @@ fn run_read(env: &Env, args: &[&str]) -> String {
 }
 
 fn functions(env: &Env) -> Vec<Value> {
-    serde_json::from_str::<Value>(&run_read(env, &["functions", "list", "--format", "json"])).unwrap().as_array().unwrap().clone()
+    serde_json::from_str::<Value>(&run_read(env, &["functions", "list", "--format", "json"]))
+        .unwrap()
+        .as_array()
+        .unwrap()
+        .clone()
 }
 
 fn function(env: &Env, id: &str) -> Value {
@@ -81,10 +89,18 @@ fn assert_outputs(env: &Env, log: &[LogRecord], collection: &str, function: &str
         .iter()
         .filter(|(id, m)| {
             // A counter never written reads as 0 (see reference_outputs).
-            !(function == "record_counter" && id.as_str() == "function_output" && m.metadata.get("total_count") == Some(&sluice::record::MetaValue::Long(0)))
+            !(function == "record_counter"
+                && id.as_str() == "function_output"
+                && m.metadata.get("total_count") == Some(&sluice::record::MetaValue::Long(0)))
         })
         .map(|(id, m)| {
-            record_to_json(&Record { id: id.clone(), embedding: m.embedding.clone(), metadata: m.metadata.clone(), document: m.document.clone(), offset: 0 })
+            record_to_json(&Record {
+                id: id.clone(),
+                embedding: m.embedding.clone(),
+                metadata: m.metadata.clone(),
+                document: m.document.clone(),
+                offset: 0,
+            })
         })
         .collect();
     let out = env.cmd().args(["records", output, "--format", "jsonl"]).output().unwrap();
@@ -93,14 +109,11 @@ fn assert_outputs(env: &Env, log: &[LogRecord], collection: &str, function: &str
     } else {
         Vec::new()
     };
-    let actual: Vec<Value> = actual
-        .into_iter()
-        .filter(|v| !(function == "record_counter" && v["metadata"]["total_count"] == 0))
-        .collect();
+    let actual: Vec<Value> =
+        actual.into_iter().filter(|v| !(function == "record_counter" && v["metadata"]["total_count"] == 0)).collect();
     assert_eq!(actual.len(), expected.len(), "{function} output {output}: record count");
     assert_eq!(actual, expected, "{function} output {output}");
 }
-
 
 fn max_lag(env: &Env) -> i64 {
     let v: Value = serde_json::from_str(&run_read(env, &["offsets", "show", "--format", "json"])).unwrap();
@@ -177,7 +190,12 @@ fn big_attach(env: Env) {
         let applied: i64 = rows.as_array().unwrap().iter().map(|r| r["sysdb_next_offset"].as_i64().unwrap_or(0)).sum();
         (before, applied, functions(env))
     };
-    let backfilling = |fs: &[Value], id: &str| fs.iter().find(|f| f["id"] == id).filter(|f| f["status"] == "backfilling").map(|f| f["backfill_done"].as_i64().unwrap_or(0));
+    let backfilling = |fs: &[Value], id: &str| {
+        fs.iter()
+            .find(|f| f["id"] == id)
+            .filter(|f| f["status"] == "backfilling")
+            .map(|f| f["backfill_done"].as_i64().unwrap_or(0))
+    };
     let mut samples = Vec::new();
     let mut peak_lag = 0;
     for chunk in live.chunks(500) {
@@ -186,7 +204,11 @@ fn big_attach(env: Env) {
         samples.push(sample(&env));
     }
     let deadline = Instant::now() + WAIT;
-    while !functions(&env).iter().filter(|f| ids.contains(&f["id"].as_str().unwrap().to_string())).all(|f| f["status"] == "ready") {
+    while !functions(&env)
+        .iter()
+        .filter(|f| ids.contains(&f["id"].as_str().unwrap().to_string()))
+        .all(|f| f["status"] == "ready")
+    {
         assert!(Instant::now() < deadline, "the backfills never finished: {:?}", functions(&env));
         samples.push(sample(&env));
     }
@@ -195,7 +217,13 @@ fn big_attach(env: Env) {
             let a_done = backfilling(a_before, id)?;
             samples[i + 1..].iter().find_map(|(_, b_applied, b_after)| {
                 let b_done = backfilling(b_after, id)?;
-                (b_applied > a_applied && b_done > a_done).then(|| format!("function {id}: {} live records applied and {} records backfilled while it was backfilling", b_applied - a_applied, b_done - a_done))
+                (b_applied > a_applied && b_done > a_done).then(|| {
+                    format!(
+                        "function {id}: {} live records applied and {} records backfilled while it was backfilling",
+                        b_applied - a_applied,
+                        b_done - a_done
+                    )
+                })
             })
         })
     });
@@ -281,8 +309,12 @@ fn retried_attach(env: Env) {
     wait_status(&env, &id, "ready", WAIT);
     // A republished marker (same request id) arrives later: ignored.
     let rt = tokio::runtime::Runtime::new().unwrap();
-    let row = rt.block_on(async { sluice::sysdb::Sysdb::open(&env.sysdb).await.unwrap().function(&id).await.unwrap().unwrap() });
-    let coll = rt.block_on(async { sluice::sysdb::Sysdb::open(&env.sysdb).await.unwrap().collection(&c).await.unwrap().unwrap() });
+    let row = rt.block_on(async {
+        sluice::sysdb::Sysdb::open(&env.sysdb).await.unwrap().function(&id).await.unwrap().unwrap()
+    });
+    let coll = rt.block_on(async {
+        sluice::sysdb::Sysdb::open(&env.sysdb).await.unwrap().collection(&c).await.unwrap().unwrap()
+    });
     let marker = sluice::backfill::attach::marker_record(&sluice::sysdb::OutboxRow {
         id: 0,
         function_id: id.clone(),
@@ -292,8 +324,11 @@ fn retried_attach(env: Env) {
         created_at_ms: 0,
         published_offset: None,
     });
-    let prod: ThreadedProducer<DefaultProducerContext> = ClientConfig::new().set("bootstrap.servers", brokers()).create().unwrap();
-    prod.send(BaseRecord::to(&env.log_topic()).key(&c).partition(coll.partition).payload(&encode(&marker))).map_err(|(e, _)| e).unwrap();
+    let prod: ThreadedProducer<DefaultProducerContext> =
+        ClientConfig::new().set("bootstrap.servers", brokers()).create().unwrap();
+    prod.send(BaseRecord::to(&env.log_topic()).key(&c).partition(coll.partition).payload(&encode(&marker)))
+        .map_err(|(e, _)| e)
+        .unwrap();
     prod.flush(Duration::from_secs(10)).unwrap();
     env.wait_caught_up(WAIT);
     assert_eq!(r.log_text().matches("backfill marker processed").count(), 1, "one backfill");
@@ -363,7 +398,9 @@ fn detach_midway(env: Env) {
     let keep = attach(&env, &c, "record_counter", "kept")["function_id"].as_str().unwrap().to_string();
     let drop_id = attach(&env, &c, "statistics", "dropped")["function_id"].as_str().unwrap().to_string();
     let deadline = Instant::now() + WAIT;
-    while function(&env, &keep)["backfill_done"].as_i64().unwrap_or(0) < 100 || function(&env, &drop_id)["backfill_done"].as_i64().unwrap_or(0) < 100 {
+    while function(&env, &keep)["backfill_done"].as_i64().unwrap_or(0) < 100
+        || function(&env, &drop_id)["backfill_done"].as_i64().unwrap_or(0) < 100
+    {
         assert!(Instant::now() < deadline, "backfills never progressed");
         std::thread::sleep(Duration::from_millis(50));
     }
@@ -393,7 +430,10 @@ fn preimage_path(env: Env) {
     let _r = env.spawn_replica("r1", &[]);
     env.produce(&jsonl_lines(&data));
     env.wait_caught_up(WAIT);
-    let ids: Vec<String> = FUNCTIONS.iter().map(|f| attach(&env, &c, f, &format!("out-{f}"))["function_id"].as_str().unwrap().to_string()).collect();
+    let ids: Vec<String> = FUNCTIONS
+        .iter()
+        .map(|f| attach(&env, &c, f, &format!("out-{f}"))["function_id"].as_str().unwrap().to_string())
+        .collect();
     // Heavy churn on the same ids (updates, deletes, re-adds) while the backfill walks.
     let churn: Vec<LogRecord> = workload(3_000, 92, &env.prefix, 1, 600);
     let mut overlapped = 0;
@@ -414,4 +454,3 @@ fn preimage_path(env: Env) {
         assert_outputs(&env, &all, &c, f, &format!("out-{f}"));
     }
 }
-

@@ -59,7 +59,10 @@ type Consumed = (Vec<u8>, BTreeMap<String, String>);
 
 /// Every message of `topic` up to its high watermarks.
 fn read_all(topic: &str, partitions: i32) -> Vec<Consumed> {
-    sluice_integration_tests::consume_all(topic, partitions, Duration::from_secs(60)).into_iter().map(|m| (m.payload, m.headers)).collect()
+    sluice_integration_tests::consume_all(topic, partitions, Duration::from_secs(60))
+        .into_iter()
+        .map(|m| (m.payload, m.headers))
+        .collect()
 }
 
 /// Peak resident set size of a process, in kB (`VmHWM` of `/proc/<pid>/status`).
@@ -92,7 +95,9 @@ fn nasty(c: &str) -> Vec<(&'static str, Vec<u8>, &'static str)> {
     r.metadata = Some(Metadata::from([("d".to_string(), MetaValue::Double(f64::NAN))]));
     out.push(("NaN metadata double", encode(&r), "non_finite_metadata_double"));
 
-    for (name, bad) in [("NaN embedding", f32::NAN), ("+inf embedding", f32::INFINITY), ("-inf embedding", f32::NEG_INFINITY)] {
+    for (name, bad) in
+        [("NaN embedding", f32::NAN), ("+inf embedding", f32::INFINITY), ("-inf embedding", f32::NEG_INFINITY)]
+    {
         let mut r = data(name);
         r.embedding = Some(vec![0.5, bad, 0.25, 1.0]);
         out.push((name, encode(&r), "non_finite_embedding"));
@@ -226,31 +231,54 @@ fn sqlite_hostile_records_go_to_the_dlq_with_exact_kinds_and_memory_stays_bounde
 
     // Every nasty record is in the DLQ, exactly once, with the expected kind, and names
     // the partition and offset where it really is in the log.
-    let log: BTreeMap<(i32, i64), Vec<u8>> = sluice_integration_tests::consume_all(&topic, partitions, Duration::from_secs(60))
-        .into_iter()
-        .map(|m| ((m.partition, m.offset), m.payload))
-        .collect();
+    let log: BTreeMap<(i32, i64), Vec<u8>> =
+        sluice_integration_tests::consume_all(&topic, partitions, Duration::from_secs(60))
+            .into_iter()
+            .map(|m| ((m.partition, m.offset), m.payload))
+            .collect();
     let dlq = read_all(&env.dlq_topic(), partitions);
     let mut seen: BTreeMap<&str, &str> = BTreeMap::new();
     let oversized: BTreeMap<&str, &str> =
         corpus.iter().filter(|(_, p, _)| p.len() > 1_000_000).map(|(n, _, k)| (*k, *n)).collect();
     for (payload, h) in &dlq {
-        let partition: i32 = h.get("sluice.source.partition").and_then(|p| p.parse().ok()).unwrap_or_else(|| panic!("source partition: {h:?}"));
-        let offset: i64 = h.get("sluice.source.offset").and_then(|p| p.parse().ok()).unwrap_or_else(|| panic!("source offset: {h:?}"));
-        let source = log.get(&(partition, offset)).unwrap_or_else(|| panic!("{partition}/{offset} is not in the log: {h:?}"));
+        let partition: i32 = h
+            .get("sluice.source.partition")
+            .and_then(|p| p.parse().ok())
+            .unwrap_or_else(|| panic!("source partition: {h:?}"));
+        let offset: i64 = h
+            .get("sluice.source.offset")
+            .and_then(|p| p.parse().ok())
+            .unwrap_or_else(|| panic!("source offset: {h:?}"));
+        let source =
+            log.get(&(partition, offset)).unwrap_or_else(|| panic!("{partition}/{offset} is not in the log: {h:?}"));
         if h.get("sluice.payload.omitted").map(String::as_str) == Some("too_large") {
             assert!(payload.is_empty(), "an omitted payload is empty");
             let kind = h.get("sluice.error.kind").map(String::as_str).unwrap_or_default();
-            let name = oversized.get(kind).unwrap_or_else(|| panic!("payload omitted for an unexpected kind {kind}: {h:?}"));
-            assert_eq!(expected.get(source).map(|(n, _)| n), Some(name), "the omitted DLQ payload's source {partition}/{offset} is the {name} record");
+            let name =
+                oversized.get(kind).unwrap_or_else(|| panic!("payload omitted for an unexpected kind {kind}: {h:?}"));
+            assert_eq!(
+                expected.get(source).map(|(n, _)| n),
+                Some(name),
+                "the omitted DLQ payload's source {partition}/{offset} is the {name} record"
+            );
             assert!(seen.insert(name, kind).is_none(), "{name} is in the DLQ twice");
             continue;
         }
-        assert!(payload == source, "the DLQ payload ({} bytes) is not the message at its source {partition}/{offset} ({} bytes): {h:?}", payload.len(), source.len());
+        assert!(
+            payload == source,
+            "the DLQ payload ({} bytes) is not the message at its source {partition}/{offset} ({} bytes): {h:?}",
+            payload.len(),
+            source.len()
+        );
         let Some((name, kind)) = expected.get(payload) else {
             panic!("unexpected DLQ record ({} bytes, headers {h:?})", payload.len());
         };
-        assert_eq!(h.get("sluice.error.kind").map(String::as_str), Some(*kind), "{name}: {:?}", h.get("sluice.error.message"));
+        assert_eq!(
+            h.get("sluice.error.kind").map(String::as_str),
+            Some(*kind),
+            "{name}: {:?}",
+            h.get("sluice.error.message")
+        );
         assert!(h.get("sluice.error.message").is_some_and(|m| !m.is_empty()), "{name}: {h:?}");
         assert_eq!(h.get("sluice.source.topic"), Some(&topic), "{name}");
         assert!(seen.insert(name, kind).is_none(), "{name} is in the DLQ twice");

@@ -33,7 +33,9 @@ fn get(port: u16, path: &str) -> Option<(u16, String, String)> {
     let status = head.split(' ').nth(1).expect("status").parse().expect("numeric status");
     let content_type = head
         .lines()
-        .find_map(|l| l.split_once(':').filter(|(k, _)| k.eq_ignore_ascii_case("content-type")).map(|(_, v)| v.trim().to_string()))
+        .find_map(|l| {
+            l.split_once(':').filter(|(k, _)| k.eq_ignore_ascii_case("content-type")).map(|(_, v)| v.trim().to_string())
+        })
         .unwrap_or_default();
     Some((status, content_type, body.to_string()))
 }
@@ -152,7 +154,11 @@ fn metrics_agree_with_offsets_show_and_the_workload() {
         let p = r["partition"].as_i64().unwrap();
         let label = format!("{{partition=\"{p}\"}}");
         assert_eq!(m[&format!("sluice_partition_lag_records{label}")], 0.0, "partition {p} caught up");
-        assert_eq!(m[&format!("sluice_partition_commit_debt_records{label}")], 0.0, "partition {p} group offset caught up");
+        assert_eq!(
+            m[&format!("sluice_partition_commit_debt_records{label}")],
+            0.0,
+            "partition {p} group offset caught up"
+        );
         assert_eq!(m[&format!("sluice_partition_halted{label}")], 0.0);
     }
     let total_high: i64 = rows.iter().map(|r| r["high_watermark"].as_i64().unwrap()).sum();
@@ -163,10 +169,15 @@ fn metrics_agree_with_offsets_show_and_the_workload() {
     let mut expected: BTreeMap<String, f64> = BTreeMap::new();
     for r in &produced {
         assert!(r.operation.is_data());
-        *expected.entry(format!("sluice_records_processed_total{{operation=\"{}\"}}", r.operation.symbol())).or_default() += 1.0;
+        *expected
+            .entry(format!("sluice_records_processed_total{{operation=\"{}\"}}", r.operation.symbol()))
+            .or_default() += 1.0;
     }
-    let processed: BTreeMap<String, f64> =
-        m.iter().filter(|(k, v)| k.starts_with("sluice_records_processed_total{") && **v > 0.0).map(|(k, v)| (k.clone(), *v)).collect();
+    let processed: BTreeMap<String, f64> = m
+        .iter()
+        .filter(|(k, v)| k.starts_with("sluice_records_processed_total{") && **v > 0.0)
+        .map(|(k, v)| (k.clone(), *v))
+        .collect();
     assert_eq!(processed, expected, "records processed by operation");
     let sum = |prefix: &str| m.iter().filter(|(k, _)| k.starts_with(prefix)).map(|(_, v)| v).sum::<f64>();
     assert_eq!(sum("sluice_records_processed_total{"), produced.len() as f64);
@@ -224,7 +235,10 @@ fn readyz_is_503_while_a_partition_is_halted() {
     assert_eq!(m["sluice_partition_halted{partition=\"0\"}"], 0.0);
     assert_eq!(m["sluice_partition_sysdb_next_offset{partition=\"1\"}"], 1000.0);
     assert_eq!(m["sluice_partition_high_watermark{partition=\"1\"}"], 0.0);
-    assert_eq!(m["sluice_partition_lag_records{partition=\"1\"}"], -1000.0, "sysdb beyond the log shows as negative lag");
+    assert_eq!(
+        m["sluice_partition_lag_records{partition=\"1\"}"], -1000.0,
+        "sysdb beyond the log shows as negative lag"
+    );
 }
 
 #[test]

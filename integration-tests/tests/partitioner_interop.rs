@@ -18,10 +18,9 @@ use sluice::kafka::producer::{Outgoing, Producer};
 use sluice::kafka::ClientSettings;
 use sluice::record::partitioner::partition_for;
 use sluice::workload::Rng;
-use sluice_integration_tests::{consume_all, TopicGuard, brokers, repo_root, require_kafka, suffix};
+use sluice_integration_tests::{brokers, consume_all, repo_root, require_kafka, suffix, TopicGuard};
 
 const PARTITIONS: i32 = 7;
-
 
 /// 300 keys: 100 UUID strings, 100 unicode strings, 100 random byte strings.
 fn keys() -> Vec<Vec<u8>> {

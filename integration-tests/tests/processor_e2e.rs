@@ -7,7 +7,9 @@ use std::time::Duration;
 use serde_json::Value;
 use sluice::record::LogRecord;
 use sluice::workload::{generate, WorkloadSpec};
-use sluice_integration_tests::{assert_records_match_model, jsonl_lines, require_kafka, require_postgres, Env, Replica};
+use sluice_integration_tests::{
+    assert_records_match_model, jsonl_lines, require_kafka, require_postgres, Env, Replica,
+};
 
 const WAIT: Duration = Duration::from_secs(120);
 
@@ -24,7 +26,6 @@ fn workload(records: usize, seed: u64, prefix: &str) -> Vec<LogRecord> {
     .collect()
 }
 
-
 /// Every collection's records, record count and `log_position` in the sysdb equal the
 /// reference model of everything produced, fed the real Kafka offsets, and no other
 /// collection exists.
@@ -35,11 +36,18 @@ fn assert_matches_model(env: &Env, produced: &[LogRecord]) {
 /// The replica stopped at the named fail point (its own stderr line), not elsewhere.
 fn assert_fail_point_reached(r: &Replica, name: &str) {
     let log = r.log_text();
-    assert!(log.contains(&format!("sluice: fail point {name} reached")), "the replica did not stop at the fail point {name}:\n{log}");
+    assert!(
+        log.contains(&format!("sluice: fail point {name} reached")),
+        "the replica did not stop at the fail point {name}:\n{log}"
+    );
 }
 
 fn positions(env: &Env) -> Vec<Value> {
-    serde_json::from_str::<Value>(&env.run(&["offsets", "show", "--format", "json"])).unwrap().as_array().unwrap().clone()
+    serde_json::from_str::<Value>(&env.run(&["offsets", "show", "--format", "json"]))
+        .unwrap()
+        .as_array()
+        .unwrap()
+        .clone()
 }
 
 fn init(env: &Env, partitions: u32) {
@@ -76,7 +84,13 @@ fn crash_after_sysdb_commit_then_restart(env: Env) {
     for row in before.as_array().unwrap() {
         if let Some(pos) = row["sysdb_next_offset"].as_i64() {
             let p = row["partition"].as_i64().unwrap();
-            assert_eq!(starts.get(&p), Some(&format!("{pos}/Sysdb")), "partition {p} restarts at its sysdb position (group offset {}):\n{}", row["group_offset"], r2.log_text());
+            assert_eq!(
+                starts.get(&p),
+                Some(&format!("{pos}/Sysdb")),
+                "partition {p} restarts at its sysdb position (group offset {}):\n{}",
+                row["group_offset"],
+                r2.log_text()
+            );
         }
     }
     assert_matches_model(&env, &produced);
@@ -84,7 +98,8 @@ fn crash_after_sysdb_commit_then_restart(env: Env) {
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     loop {
         let v: Value = serde_json::from_str(&env.run(&["offsets", "show", "--format", "json"])).unwrap();
-        if v.as_array().unwrap().iter().all(|r| r["group_offset"] == r["sysdb_next_offset"] || r["high_watermark"] == 0) {
+        if v.as_array().unwrap().iter().all(|r| r["group_offset"] == r["sysdb_next_offset"] || r["high_watermark"] == 0)
+        {
             break;
         }
         assert!(std::time::Instant::now() < deadline, "group offsets never caught up: {v:#} (was {offsets:#})");

@@ -14,7 +14,9 @@ use sluice::record::codec::encode;
 use sluice::record::partitioner::partition_for;
 use sluice::record::{LogRecord, Operation};
 use sluice::workload::{generate, WorkloadSpec};
-use sluice_integration_tests::{assert_records_match_model, jsonl_lines, brokers, repo_root, require_kafka, require_postgres, Env};
+use sluice_integration_tests::{
+    assert_records_match_model, brokers, jsonl_lines, repo_root, require_kafka, require_postgres, Env,
+};
 
 const WAIT: Duration = Duration::from_secs(120);
 
@@ -31,10 +33,12 @@ fn workload(records: usize, seed: u64, prefix: &str, collections: usize) -> Vec<
     .collect()
 }
 
-
-
 fn offsets(env: &Env) -> Vec<Value> {
-    serde_json::from_str::<Value>(&env.run(&["offsets", "show", "--format", "json"])).unwrap().as_array().unwrap().clone()
+    serde_json::from_str::<Value>(&env.run(&["offsets", "show", "--format", "json"]))
+        .unwrap()
+        .as_array()
+        .unwrap()
+        .clone()
 }
 
 fn kafka_tool(args: &[&str]) -> String {
@@ -78,11 +82,24 @@ fn group_moved(env: Env) {
     let mut r = env.spawn_replica("r1", &[]);
     env.wait_caught_up(WAIT);
     assert_eq!(r.terminate(Duration::from_secs(30)), Some(0));
-    let at_a: HashMap<i64, i64> =
-        offsets(&env).iter().map(|o| (o["partition"].as_i64().unwrap(), o["sysdb_next_offset"].as_i64().unwrap())).collect();
+    let at_a: HashMap<i64, i64> = offsets(&env)
+        .iter()
+        .map(|o| (o["partition"].as_i64().unwrap(), o["sysdb_next_offset"].as_i64().unwrap()))
+        .collect();
 
     // Behind: reset the (now empty) group to the earliest offsets.
-    kafka_tool(&["consumer-groups", "--bootstrap-server", &brokers(), "--group", &env.group, "--reset-offsets", "--to-earliest", "--topic", &env.log_topic(), "--execute"]);
+    kafka_tool(&[
+        "consumer-groups",
+        "--bootstrap-server",
+        &brokers(),
+        "--group",
+        &env.group,
+        "--reset-offsets",
+        "--to-earliest",
+        "--topic",
+        &env.log_topic(),
+        "--execute",
+    ]);
     assert!(offsets(&env).iter().all(|o| o["group_offset"].as_i64() == Some(0)), "the tool moved the group to 0");
     let b = workload(300, 2, &env.prefix, 4);
     env.produce(&jsonl_lines(&b));
@@ -100,7 +117,18 @@ fn group_moved(env: Env) {
     // Ahead: new records, then the group is moved to the end before anyone read them.
     let c = workload(300, 3, &env.prefix, 4);
     env.produce(&jsonl_lines(&c));
-    kafka_tool(&["consumer-groups", "--bootstrap-server", &brokers(), "--group", &env.group, "--reset-offsets", "--to-latest", "--topic", &env.log_topic(), "--execute"]);
+    kafka_tool(&[
+        "consumer-groups",
+        "--bootstrap-server",
+        &brokers(),
+        "--group",
+        &env.group,
+        "--reset-offsets",
+        "--to-latest",
+        "--topic",
+        &env.log_topic(),
+        "--execute",
+    ]);
     assert!(offsets(&env).iter().any(|o| o["group_offset"].as_i64() > o["sysdb_next_offset"].as_i64()));
     let r3 = env.spawn_replica("r3", &[]);
     env.wait_caught_up(WAIT);
@@ -257,10 +285,12 @@ fn poison(env: Env) {
     assert_records_match_model(&env, &all);
 
     // Where each poison message really is in the log: (partition, offset) -> kind class.
-    let log: BTreeMap<(i32, i64), Vec<u8>> = read_all(&topic, 3).into_iter().map(|(p, o, payload, _)| ((p, o), payload.unwrap_or_default())).collect();
+    let log: BTreeMap<(i32, i64), Vec<u8>> =
+        read_all(&topic, 3).into_iter().map(|(p, o, payload, _)| ((p, o), payload.unwrap_or_default())).collect();
     let mut expected: BTreeMap<(i32, i64), String> = BTreeMap::new();
     for (payload, partition, class) in &poisons {
-        let at: Vec<(i32, i64)> = log.iter().filter(|((p, _), v)| p == partition && *v == payload).map(|(k, _)| *k).collect();
+        let at: Vec<(i32, i64)> =
+            log.iter().filter(|((p, _), v)| p == partition && *v == payload).map(|(k, _)| *k).collect();
         assert_eq!(at.len(), 1, "the {class} message is once in partition {partition} of the log: {at:?}");
         expected.insert(at[0], class.to_string());
     }
@@ -268,8 +298,14 @@ fn poison(env: Env) {
     let mut actual: BTreeMap<(i32, i64), String> = BTreeMap::new();
     for (_, _, payload, h) in &dlq {
         assert_eq!(h.get("sluice.source.topic"), Some(&topic), "{h:?}");
-        let partition: i32 = h.get("sluice.source.partition").and_then(|p| p.parse().ok()).unwrap_or_else(|| panic!("source partition: {h:?}"));
-        let offset: i64 = h.get("sluice.source.offset").and_then(|p| p.parse().ok()).unwrap_or_else(|| panic!("source offset: {h:?}"));
+        let partition: i32 = h
+            .get("sluice.source.partition")
+            .and_then(|p| p.parse().ok())
+            .unwrap_or_else(|| panic!("source partition: {h:?}"));
+        let offset: i64 = h
+            .get("sluice.source.offset")
+            .and_then(|p| p.parse().ok())
+            .unwrap_or_else(|| panic!("source offset: {h:?}"));
         assert!(h.get("sluice.error.message").is_some_and(|m| !m.is_empty()), "{h:?}");
         // The DLQ message carries the source message's bytes.
         let source = log.get(&(partition, offset));
@@ -325,7 +361,18 @@ fn retention_gap(env: Env) {
     assert_eq!(r.terminate(Duration::from_secs(30)), Some(0));
 
     // Tiny retention: new records land in short segments that are deleted within seconds.
-    kafka_tool(&["configs", "--bootstrap-server", &brokers(), "--alter", "--entity-type", "topics", "--entity-name", &topic, "--add-config", "retention.ms=1000,segment.ms=300"]);
+    kafka_tool(&[
+        "configs",
+        "--bootstrap-server",
+        &brokers(),
+        "--alter",
+        "--entity-type",
+        "topics",
+        "--entity-name",
+        &topic,
+        "--add-config",
+        "retention.ms=1000,segment.ms=300",
+    ]);
     let b = workload(200, 10, &env.prefix, 3);
     let deadline = Instant::now() + Duration::from_secs(90);
     let mut produced_after: Vec<LogRecord> = Vec::new();
@@ -338,7 +385,18 @@ fn retention_gap(env: Env) {
         std::thread::sleep(Duration::from_millis(400));
     }
     // Stop retention from deleting more while we look.
-    kafka_tool(&["configs", "--bootstrap-server", &brokers(), "--alter", "--entity-type", "topics", "--entity-name", &topic, "--add-config", "retention.ms=-1"]);
+    kafka_tool(&[
+        "configs",
+        "--bootstrap-server",
+        &brokers(),
+        "--alter",
+        "--entity-type",
+        "topics",
+        "--entity-name",
+        &topic,
+        "--add-config",
+        "retention.ms=-1",
+    ]);
     let tail = workload(50, 11, &env.prefix, 3);
     env.produce(&jsonl_lines(&tail));
     let low = low_watermark(&topic);
@@ -397,7 +455,11 @@ fn a_static_member_restarted_after_kill9_resumes_before_the_session_timeout() {
     env.wait_caught_up(WAIT);
     let took = restarted.elapsed();
     println!("static member: restart after kill -9 -> caught up in {:.2} s", took.as_secs_f64());
-    assert!(took < Duration::from_secs(15), "the restarted static member took {took:?} (session timeout 45 s); log:\n{}", r2.log_text());
+    assert!(
+        took < Duration::from_secs(15),
+        "the restarted static member took {took:?} (session timeout 45 s); log:\n{}",
+        r2.log_text()
+    );
     let all: Vec<LogRecord> = first.into_iter().chain(second).collect();
     assert_records_match_model(&env, &all);
 }

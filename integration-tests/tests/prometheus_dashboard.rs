@@ -61,7 +61,9 @@ fn may_skip(what: &str, fix: &str, why: &str) -> bool {
         eprintln!("SKIPPING: {what} is unavailable ({why}) and SLUICE_SKIP_INTEGRATION=1");
         return true;
     }
-    panic!("{what} is unavailable ({why}). Start it with `{fix}` (or set SLUICE_SKIP_INTEGRATION=1 outside CI to skip)");
+    panic!(
+        "{what} is unavailable ({why}). Start it with `{fix}` (or set SLUICE_SKIP_INTEGRATION=1 outside CI to skip)"
+    );
 }
 
 fn script(name: &str) -> PathBuf {
@@ -118,7 +120,10 @@ fn require_prometheus() -> Option<Prometheus> {
     // listens there). Unless the port was chosen explicitly, retry once on a port that is
     // free right now.
     if let Ok(o) = &out {
-        if !o.status.success() && std::env::var_os("SLUICE_PROM_PORT").is_none() && String::from_utf8_lossy(&o.stderr).contains("already in use") {
+        if !o.status.success()
+            && std::env::var_os("SLUICE_PROM_PORT").is_none()
+            && String::from_utf8_lossy(&o.stderr).contains("already in use")
+        {
             let p = free_port().to_string();
             eprintln!("Prometheus could not bind its default port; retrying with SLUICE_PROM_PORT={p}");
             out = start(Some(&p));
@@ -136,7 +141,12 @@ fn require_prometheus() -> Option<Prometheus> {
     let mut prom = Prometheus { port: 0, port_env };
     prom.script(&["reload"]);
     let url = prom.script(&["url"]);
-    prom.port = url.trim().rsplit(':').next().and_then(|p| p.parse().ok()).unwrap_or_else(|| panic!("prometheus.sh url: {url:?}"));
+    prom.port = url
+        .trim()
+        .rsplit(':')
+        .next()
+        .and_then(|p| p.parse().ok())
+        .unwrap_or_else(|| panic!("prometheus.sh url: {url:?}"));
     Some(prom)
 }
 
@@ -152,7 +162,10 @@ fn running_port() -> Option<String> {
     if !args.contains(&data) {
         return None;
     }
-    args.iter().find_map(|a| a.strip_prefix("--web.listen-address=")).and_then(|a| a.rsplit(':').next()).map(str::to_string)
+    args.iter()
+        .find_map(|a| a.strip_prefix("--web.listen-address="))
+        .and_then(|a| a.rsplit(':').next())
+        .map(str::to_string)
 }
 
 fn percent_encode(s: &str) -> String {
@@ -254,7 +267,12 @@ fn wait_until<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Option<T>
 
 /// Instances (`host:port`) in a query result.
 fn instances(result: &Value) -> BTreeSet<String> {
-    result.as_array().into_iter().flatten().filter_map(|s| s["metric"]["instance"].as_str().map(str::to_string)).collect()
+    result
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|s| s["metric"]["instance"].as_str().map(str::to_string))
+        .collect()
 }
 
 fn finite_samples(result: &Value) -> usize {
@@ -268,13 +286,17 @@ fn finite_samples(result: &Value) -> usize {
 
 /// Every `targets[].expr` of the dashboard, with its panel title.
 fn dashboard_exprs() -> Vec<(String, String)> {
-    let d: Value = serde_json::from_str(&std::fs::read_to_string(repo_root().join(DASHBOARD)).unwrap()).expect("dashboard JSON");
+    let d: Value =
+        serde_json::from_str(&std::fs::read_to_string(repo_root().join(DASHBOARD)).unwrap()).expect("dashboard JSON");
     let mut out = Vec::new();
     let mut stack: Vec<&Value> = d["panels"].as_array().expect("panels").iter().collect();
     while let Some(p) = stack.pop() {
         stack.extend(p["panels"].as_array().into_iter().flatten()); // collapsed rows
         for t in p["targets"].as_array().into_iter().flatten() {
-            out.push((p["title"].as_str().unwrap_or("?").to_string(), t["expr"].as_str().expect("target expr").to_string()));
+            out.push((
+                p["title"].as_str().unwrap_or("?").to_string(),
+                t["expr"].as_str().expect("target expr").to_string(),
+            ));
         }
     }
     out.reverse();
@@ -291,7 +313,8 @@ fn dashboard_variable_queries() -> Vec<(String, String, String)> {
         .filter(|v| v["type"] == "query")
         .map(|v| {
             let q = v["definition"].as_str().expect("variable definition");
-            let inner = q.strip_prefix("label_values(").and_then(|s| s.strip_suffix(')')).unwrap_or_else(|| panic!("{q}"));
+            let inner =
+                q.strip_prefix("label_values(").and_then(|s| s.strip_suffix(')')).unwrap_or_else(|| panic!("{q}"));
             let (sel, label) = inner.rsplit_once(',').unwrap_or_else(|| panic!("{q}"));
             (v["name"].as_str().unwrap().to_string(), sel.trim().to_string(), label.trim().to_string())
         })
@@ -313,7 +336,10 @@ fn alert_names_in_file() -> BTreeSet<String> {
 fn deploy_files_validate_offline() {
     // promtool, compose-spec and Kubernetes schemas, hadolint, `sluice config show` of the
     // shipped configuration, cross-file consistency (see the script's header).
-    let out = Command::new(repo_root().join("deploy/validate.sh")).env("SLUICE_BIN", sluice_bin()).output().expect("run deploy/validate.sh");
+    let out = Command::new(repo_root().join("deploy/validate.sh"))
+        .env("SLUICE_BIN", sluice_bin())
+        .output()
+        .expect("run deploy/validate.sh");
     let stderr = String::from_utf8_lossy(&out.stderr);
     eprintln!("{stderr}");
     assert!(out.status.success(), "deploy/validate.sh failed:\n{stderr}");
@@ -355,8 +381,18 @@ fn every_dashboard_and_alert_expression_works_against_two_real_replicas() {
 
     // A data-loss gap: the sysdb says partition G starts at 0, but its records are deleted
     // (what retention does), so the replica that gets G halts and counts a gap.
-    env.run(&["offsets", "reset", "--partition", &gap_partition.to_string(), "--to", "0", "--reason", "prometheus_dashboard test: gap"]);
-    let admin: AdminClient<DefaultClientContext> = ClientConfig::new().set("bootstrap.servers", brokers()).create().unwrap();
+    env.run(&[
+        "offsets",
+        "reset",
+        "--partition",
+        &gap_partition.to_string(),
+        "--to",
+        "0",
+        "--reason",
+        "prometheus_dashboard test: gap",
+    ]);
+    let admin: AdminClient<DefaultClientContext> =
+        ClientConfig::new().set("bootstrap.servers", brokers()).create().unwrap();
     let mut tpl = TopicPartitionList::new();
     tpl.add_partition_offset(&topic, gap_partition, Offset::Offset(highs[gap_partition as usize].1)).unwrap();
     let rt = tokio::runtime::Runtime::new().unwrap();
@@ -373,7 +409,8 @@ fn every_dashboard_and_alert_expression_works_against_two_real_replicas() {
     let send = |key: &str, payload: &[u8]| {
         producer.send(BaseRecord::to(&topic).key(key).payload(payload)).map_err(|(e, _)| e).expect("produce");
     };
-    let mut wrong_dim = initial.iter().find(|r| r.collection_id == poison_collection && r.embedding.is_some()).unwrap().clone();
+    let mut wrong_dim =
+        initial.iter().find(|r| r.collection_id == poison_collection && r.embedding.is_some()).unwrap().clone();
     wrong_dim.embedding = Some(vec![0.5; 5]);
     send(&poison_collection, b"\xff\xfe definitely not avro");
     send(&poison_collection, &encode(&wrong_dim));
@@ -401,12 +438,18 @@ fn every_dashboard_and_alert_expression_works_against_two_real_replicas() {
             while !stop.load(Ordering::Relaxed) {
                 for r in &records[i % records.len()..(i % records.len() + 50).min(records.len())] {
                     let payload = encode(r);
-                    producer.send(BaseRecord::to(&topic).key(&r.collection_id).payload(&payload)).map_err(|(e, _)| e).expect("produce");
+                    producer
+                        .send(BaseRecord::to(&topic).key(&r.collection_id).payload(&payload))
+                        .map_err(|(e, _)| e)
+                        .expect("produce");
                     produced.fetch_add(1, Ordering::Relaxed);
                 }
                 if i % 500 == 0 {
                     let payload = b"\x02\x00 truncated";
-                    producer.send(BaseRecord::to(&topic).key(&poison_collection).payload(&payload[..])).map_err(|(e, _)| e).expect("produce");
+                    producer
+                        .send(BaseRecord::to(&topic).key(&poison_collection).payload(&payload[..]))
+                        .map_err(|(e, _)| e)
+                        .expect("produce");
                 }
                 i += 50;
                 producer.poll(Duration::ZERO);
@@ -433,7 +476,19 @@ fn every_dashboard_and_alert_expression_works_against_two_real_replicas() {
     // A backfill: attach a function to a collection with records (it is registered once
     // the replicas applied its first batch).
     let attached: Value = wait_until("the function to attach", WAIT, || {
-        let out = env.cmd().args(["functions", "attach", &fn_collection, "--function", "record_counter", "--output", &format!("{fn_collection}-count")]).output().unwrap();
+        let out = env
+            .cmd()
+            .args([
+                "functions",
+                "attach",
+                &fn_collection,
+                "--function",
+                "record_counter",
+                "--output",
+                &format!("{fn_collection}-count"),
+            ])
+            .output()
+            .unwrap();
         out.status.success().then(|| serde_json::from_slice(&out.stdout).expect("attach JSON"))
     });
     let function_id = attached["function_id"].as_str().expect("function_id").to_string();
@@ -455,9 +510,13 @@ fn every_dashboard_and_alert_expression_works_against_two_real_replicas() {
     for (name, selector, label) in dashboard_variable_queries() {
         let sel = format!("{}{{job=\"sluice\", instance=~\"{instance_re}\"}}", selector.split('{').next().unwrap());
         let values = prom.api(&format!("/api/v1/label/{label}/values?match[]={}", percent_encode(&sel)));
-        let values: BTreeSet<String> = values.as_array().unwrap().iter().map(|v| v.as_str().unwrap().to_string()).collect();
+        let values: BTreeSet<String> =
+            values.as_array().unwrap().iter().map(|v| v.as_str().unwrap().to_string()).collect();
         let want: BTreeSet<String> = if label == "instance" { ours.clone() } else { ["sluice".to_string()].into() };
-        assert!(want.is_subset(&values), "variable ${name} = label_values({selector}, {label}) gives {values:?}, want {want:?}");
+        assert!(
+            want.is_subset(&values),
+            "variable ${name} = label_values({selector}, {label}) gives {values:?}, want {want:?}"
+        );
     }
 
     let exprs = dashboard_exprs();
@@ -487,7 +546,8 @@ fn every_dashboard_and_alert_expression_works_against_two_real_replicas() {
         if let Some((_, why)) = allowed {
             eprintln!("    (allowed to be empty: {why})");
         }
-        let values = result.as_array().into_iter().flatten().filter_map(|s| s["value"][1].as_str()?.parse::<f64>().ok());
+        let values =
+            result.as_array().into_iter().flatten().filter_map(|s| s["value"][1].as_str()?.parse::<f64>().ok());
         panel_max.entry(title.clone()).or_default().extend(values);
     }
     assert!(failures.is_empty(), "dashboard expressions without data:\n{}", failures.join("\n"));
@@ -495,15 +555,25 @@ fn every_dashboard_and_alert_expression_works_against_two_real_replicas() {
     let max = |title: &str| panel_max[title].iter().copied().fold(f64::NAN, f64::max);
     assert_eq!(max("Replicas up"), 2.0, "both replicas up");
     assert_eq!(max("Halted partitions"), 1.0, "the gap partition is halted");
-    for title in ["Records applied / s", "DLQ records / s", "Lag per partition", "Data-loss gaps found", "Records backfilled / s"] {
+    for title in [
+        "Records applied / s",
+        "DLQ records / s",
+        "Lag per partition",
+        "Data-loss gaps found",
+        "Records backfilled / s",
+    ] {
         assert!(max(title) > 0.0, "panel {title:?} shows nothing of this run: {:?}", panel_max[title]);
     }
     eprintln!("[{:?}] {} dashboard expressions have data", started.elapsed(), exprs.len());
 
     // The halted partition is visible as such.
     let halted = prom.query(&format!("sluice_partition_halted{{instance=~\"{instance_re}\"}} == 1"));
-    let halted_partitions: BTreeSet<String> =
-        halted["data"]["result"].as_array().unwrap().iter().filter_map(|s| s["metric"]["partition"].as_str().map(str::to_string)).collect();
+    let halted_partitions: BTreeSet<String> = halted["data"]["result"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|s| s["metric"]["partition"].as_str().map(str::to_string))
+        .collect();
     assert_eq!(halted_partitions, [gap_partition.to_string()].into(), "halted partitions: {halted}");
 
     // ------------------------------------------------------------------ alert rules
@@ -527,24 +597,34 @@ fn every_dashboard_and_alert_expression_works_against_two_real_replicas() {
         let v = prom.query(expr);
         assert_eq!(v["status"], "success", "alert {name}: {expr}\n{v}");
         let mine = instances(&v["data"]["result"]).intersection(&ours).count();
-        eprintln!("  alert {name:<26} {} series now ({mine} from this test's replicas)", v["data"]["result"].as_array().unwrap().len());
+        eprintln!(
+            "  alert {name:<26} {} series now ({mine} from this test's replicas)",
+            v["data"]["result"].as_array().unwrap().len()
+        );
     }
     // The gap and the halted partition are alerts in the making, for this test's replicas.
-    wait_until("SluicePartitionHalted and SluiceDataLossGap to be active for this test's replicas", Duration::from_secs(20), || {
-        let alerts = prom.api("/api/v1/alerts");
-        let active = |name: &str| {
-            alerts["alerts"].as_array().unwrap().iter().any(|a| {
-                a["labels"]["alertname"] == name
-                    && a["labels"]["instance"].as_str().is_some_and(|i| ours.contains(i))
-                    && (a["state"] == "pending" || a["state"] == "firing")
-            })
-        };
-        (active("SluicePartitionHalted") && active("SluiceDataLossGap")).then_some(())
-    });
+    wait_until(
+        "SluicePartitionHalted and SluiceDataLossGap to be active for this test's replicas",
+        Duration::from_secs(20),
+        || {
+            let alerts = prom.api("/api/v1/alerts");
+            let active = |name: &str| {
+                alerts["alerts"].as_array().unwrap().iter().any(|a| {
+                    a["labels"]["alertname"] == name
+                        && a["labels"]["instance"].as_str().is_some_and(|i| ours.contains(i))
+                        && (a["state"] == "pending" || a["state"] == "firing")
+                })
+            };
+            (active("SluicePartitionHalted") && active("SluiceDataLossGap")).then_some(())
+        },
+    );
 
     // A replica dies: SluiceReplicaDown's expression returns it at the next scrape.
     r2.kill9();
-    let down_expr = rules.iter().find(|r| r["name"] == "SluiceReplicaDown").expect("SluiceReplicaDown")["query"].as_str().unwrap().to_string();
+    let down_expr = rules.iter().find(|r| r["name"] == "SluiceReplicaDown").expect("SluiceReplicaDown")["query"]
+        .as_str()
+        .unwrap()
+        .to_string();
     wait_until("SluiceReplicaDown's expression to return the killed replica", Duration::from_secs(20), || {
         instances(&prom.query(&down_expr)["data"]["result"]).contains(&t2).then_some(())
     });

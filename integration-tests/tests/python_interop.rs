@@ -25,12 +25,11 @@ use sluice::record::codec::decode;
 use sluice::record::framing::{unframe, Framing};
 use sluice::record::partitioner::partition_for;
 use sluice::record::{BackfillRef, Encoding, LogRecord, MetaValue, Metadata, Operation};
-use sluice_integration_tests::{TopicGuard, brokers, repo_root, require_kafka, suffix};
+use sluice_integration_tests::{brokers, repo_root, require_kafka, suffix, TopicGuard};
 
 const PARTITIONS: i32 = 5;
 const COUNT: usize = 500;
 const SEED: u64 = 7;
-
 
 /// Reads every partition of `topic` from the beginning up to its current high watermark;
 /// returns `(partition, offset) -> (key, value)`.

@@ -21,8 +21,8 @@ use sluice::record::codec::encode;
 use sluice::record::{LogRecord, MetaValue, Operation};
 use sluice::workload::{generate, WorkloadSpec};
 use sluice_integration_tests::{
-    assert_records_match_model, brokers, consume_all, free_port, http_get, jsonl_lines, require_kafka, require_postgres,
-    Env, Replica,
+    assert_records_match_model, brokers, consume_all, free_port, http_get, jsonl_lines, require_kafka,
+    require_postgres, Env, Replica,
 };
 
 const WAIT: Duration = Duration::from_secs(120);
@@ -41,7 +41,11 @@ fn workload(records: usize, seed: u64, prefix: &str, collections: usize) -> Vec<
 }
 
 fn offsets(env: &Env) -> Vec<Value> {
-    serde_json::from_str::<Value>(&env.run(&["offsets", "show", "--format", "json"])).unwrap().as_array().unwrap().clone()
+    serde_json::from_str::<Value>(&env.run(&["offsets", "show", "--format", "json"]))
+        .unwrap()
+        .as_array()
+        .unwrap()
+        .clone()
 }
 
 fn wait_for_log(r: &Replica, needle: &str, timeout: Duration) {
@@ -84,7 +88,9 @@ fn transaction(p: &ThreadedProducer<DefaultProducerContext>, topic: &str, record
     p.begin_transaction().expect("begin_transaction");
     for r in records {
         let payload = encode(r);
-        p.send(BaseRecord::to(topic).key(r.collection_id.as_bytes()).payload(&payload)).map_err(|(e, _)| e).expect("send");
+        p.send(BaseRecord::to(topic).key(r.collection_id.as_bytes()).payload(&payload))
+            .map_err(|(e, _)| e)
+            .expect("send");
     }
     if commit {
         p.commit_transaction(Duration::from_secs(30)).expect("commit_transaction");
@@ -129,7 +135,12 @@ fn transactional(env: Env) {
     // Retention deletes the idle tail: the log start moves to the high watermark (the
     // same thing a deleted last segment does). The position covers the markers, so the
     // next assignment finds no gap.
-    let highs: Vec<(i32, i64)> = rows.as_array().unwrap().iter().map(|r| (r["partition"].as_i64().unwrap() as i32, r["high_watermark"].as_i64().unwrap())).collect();
+    let highs: Vec<(i32, i64)> = rows
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| (r["partition"].as_i64().unwrap() as i32, r["high_watermark"].as_i64().unwrap()))
+        .collect();
     delete_records_before(&topic, &highs);
     let r3 = env.spawn_replica("r3", &[]);
     env.wait_caught_up(WAIT);
@@ -259,7 +270,7 @@ fn landed_marker_commit(env: Env) {
     let counted: Vec<Value> =
         env.run(&["records", &out, "--format", "jsonl"]).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
     let text = format!("{counted:?}");
-    assert!(text.contains(&format!("\"total_count\"")), "no counter record: {text}");
+    assert!(text.contains("\"total_count\""), "no counter record: {text}");
     let total = counted.iter().find_map(|r| r["metadata"]["total_count"].as_i64()).expect("total_count");
     assert_eq!(total, live as i64, "record_counter missed live changes after the marker: {text}\n{}", r.log_text());
 }
@@ -335,7 +346,9 @@ fn a_batch_retried_during_a_sysdb_outage_produces_each_dlq_entry_once() {
     let mut sent = 0i64;
     for (i, rec) in good.iter().enumerate() {
         if i % 40 == 10 {
-            p.send(BaseRecord::to(&topic).key(key.as_bytes()).payload(&b"\xff\xfe not avro"[..])).map_err(|(e, _)| e).unwrap();
+            p.send(BaseRecord::to(&topic).key(key.as_bytes()).payload(&b"\xff\xfe not avro"[..]))
+                .map_err(|(e, _)| e)
+                .unwrap();
             poison_offsets.push(sent);
             sent += 1;
         }
@@ -377,14 +390,20 @@ fn an_out_of_range_fetch_halts_only_the_partition_whose_records_are_gone() {
     env.run(&["init", "--partitions", "2"]);
     let topic = env.log_topic();
     let on = |p: u32| -> String {
-        (0..).map(|i| format!("{}-p{p}-{i}", env.prefix)).find(|c| sluice::record::partitioner::partition_for(c.as_bytes(), 2) == p).unwrap()
+        (0..)
+            .map(|i| format!("{}-p{p}-{i}", env.prefix))
+            .find(|c| sluice::record::partitioner::partition_for(c.as_bytes(), 2) == p)
+            .unwrap()
     };
     let (c0, c1) = (on(0), on(1));
     let recs = |cid: &str, n: usize, seed: u64| -> Vec<LogRecord> {
-        workload(n, seed, &env.prefix, 1).into_iter().map(|mut r| {
-            r.collection_id = cid.to_string();
-            r
-        }).collect()
+        workload(n, seed, &env.prefix, 1)
+            .into_iter()
+            .map(|mut r| {
+                r.collection_id = cid.to_string();
+                r
+            })
+            .collect()
     };
     // One record per producer batch, so that a fetch cannot take the whole backlog.
     let p: ThreadedProducer<DefaultProducerContext> = ClientConfig::new()
@@ -397,7 +416,9 @@ fn an_out_of_range_fetch_halts_only_the_partition_whose_records_are_gone() {
     let send = |rs: &[LogRecord]| {
         for r in rs {
             let payload = encode(r);
-            p.send(BaseRecord::to(&topic).key(r.collection_id.as_bytes()).payload(&payload)).map_err(|(e, _)| e).unwrap();
+            p.send(BaseRecord::to(&topic).key(r.collection_id.as_bytes()).payload(&payload))
+                .map_err(|(e, _)| e)
+                .unwrap();
         }
         p.flush(Duration::from_secs(60)).unwrap();
     };
@@ -429,7 +450,8 @@ fn an_out_of_range_fetch_halts_only_the_partition_whose_records_are_gone() {
     }
     let log = r.log_text();
     assert_eq!(halted_partitions(&log), vec![0], "only partition 0 lost records:\n{log}");
-    let got: Vec<Value> = env.run(&["records", &c1, "--format", "jsonl"]).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let got: Vec<Value> =
+        env.run(&["records", &c1, "--format", "jsonl"]).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
     let indexed: Vec<(i64, LogRecord)> = p1_records.iter().cloned().enumerate().map(|(i, r)| (i as i64, r)).collect();
     let want = sluice::materialize::model::reference(&indexed).collections[&c1].records.len();
     assert_eq!(got.len(), want, "partition 1's records applied");

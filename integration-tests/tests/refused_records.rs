@@ -22,13 +22,15 @@ use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedPr
 use rdkafka::ClientConfig;
 use serde_json::Value;
 use sluice::cli::jsonl::record_to_json;
-use sluice::functions::statistics;
 use sluice::functions::model::reference_outputs;
+use sluice::functions::statistics;
 use sluice::record::codec::encode;
 use sluice::record::{LogRecord, MetaValue, Metadata, Operation, Record};
 use sluice::sysdb::Sysdb;
 use sluice::workload::{generate, WorkloadSpec};
-use sluice_integration_tests::{assert_records_match_model, brokers, consume_all, jsonl_lines, require_kafka, require_postgres, Env};
+use sluice_integration_tests::{
+    assert_records_match_model, brokers, consume_all, jsonl_lines, require_kafka, require_postgres, Env,
+};
 
 const WAIT: Duration = Duration::from_secs(120);
 const PARTITIONS: i32 = 2;
@@ -62,7 +64,10 @@ fn incompressible(len: usize, seed: u64) -> String {
 }
 
 fn attach(env: &Env, collection: &str, output: &str) -> String {
-    let v: Value = serde_json::from_str(env.run(&["functions", "attach", collection, "--function", "statistics", "--output", output]).trim()).unwrap();
+    let v: Value = serde_json::from_str(
+        env.run(&["functions", "attach", collection, "--function", "statistics", "--output", output]).trim(),
+    )
+    .unwrap();
     v["function_id"].as_str().expect("function_id").to_string()
 }
 
@@ -70,7 +75,13 @@ fn wait_ready(env: &Env, id: &str) {
     let deadline = Instant::now() + WAIT;
     loop {
         let list: Value = serde_json::from_str(&env.run(&["functions", "list", "--format", "json"])).unwrap();
-        let f = list.as_array().unwrap().iter().find(|f| f["id"] == id).cloned().unwrap_or_else(|| panic!("function {id} not listed"));
+        let f = list
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|f| f["id"] == id)
+            .cloned()
+            .unwrap_or_else(|| panic!("function {id} not listed"));
         if f["status"] == "ready" {
             return;
         }
@@ -93,7 +104,15 @@ fn assert_statistics(env: &Env, accepted: &[LogRecord], collection: &str, output
     let indexed: Vec<(i64, LogRecord)> = accepted.iter().cloned().enumerate().map(|(i, r)| (i as i64, r)).collect();
     let expected: Vec<Value> = reference_outputs(&indexed, collection, "statistics")
         .iter()
-        .map(|(id, m)| record_to_json(&Record { id: id.clone(), embedding: m.embedding.clone(), metadata: m.metadata.clone(), document: m.document.clone(), offset: 0 }))
+        .map(|(id, m)| {
+            record_to_json(&Record {
+                id: id.clone(),
+                embedding: m.embedding.clone(),
+                metadata: m.metadata.clone(),
+                document: m.document.clone(),
+                offset: 0,
+            })
+        })
         .collect();
     let actual = records_json(env, output);
     assert_eq!(actual.len(), expected.len(), "statistics output {output}: record count");
@@ -101,7 +120,11 @@ fn assert_statistics(env: &Env, accepted: &[LogRecord], collection: &str, output
 }
 
 fn offsets_json(env: &Env) -> Vec<Value> {
-    serde_json::from_str::<Value>(&env.run(&["offsets", "show", "--format", "json"])).unwrap().as_array().unwrap().clone()
+    serde_json::from_str::<Value>(&env.run(&["offsets", "show", "--format", "json"]))
+        .unwrap()
+        .as_array()
+        .unwrap()
+        .clone()
 }
 
 fn refused_records(env: Env) {
@@ -147,7 +170,9 @@ fn refused_records(env: Env) {
         .expect("producer");
     let topic = env.log_topic();
     for r in &sent {
-        prod.send(BaseRecord::to(&topic).key(&r.collection_id).payload(&encode(r))).map_err(|(e, _)| e).expect("enqueue");
+        prod.send(BaseRecord::to(&topic).key(&r.collection_id).payload(&encode(r)))
+            .map_err(|(e, _)| e)
+            .expect("enqueue");
     }
     prod.flush(Duration::from_secs(30)).expect("flush");
 
@@ -160,22 +185,43 @@ fn refused_records(env: Env) {
     let dlq = consume_all(&env.dlq_topic(), PARTITIONS, Duration::from_secs(60));
     assert_eq!(dlq.len(), refused.len(), "DLQ: {:?}", dlq.iter().map(|m| &m.headers).collect::<Vec<_>>());
     for (payload, field) in &refused {
-        let m = dlq.iter().find(|m| &m.payload == payload).unwrap_or_else(|| panic!("the record with U+0000 in {field} is not in the DLQ"));
+        let m = dlq
+            .iter()
+            .find(|m| &m.payload == payload)
+            .unwrap_or_else(|| panic!("the record with U+0000 in {field} is not in the DLQ"));
         assert_eq!(m.headers.get("sluice.error.kind").map(String::as_str), Some("nul_character"), "{:?}", m.headers);
         let message = m.headers.get("sluice.error.message").cloned().unwrap_or_default();
         assert!(message.contains(field), "message {message:?} does not name {field}");
     }
 
     // Everything accepted is applied exactly: records and statistics against the model.
-    let accepted: Vec<LogRecord> = first.iter().chain(&sent).filter(|r| !r.id.contains('\0') && !r.metadata.as_ref().is_some_and(|m| m.values().any(|v| matches!(v, MetaValue::String(s) if s.contains('\0'))))).cloned().collect();
+    let accepted: Vec<LogRecord> = first
+        .iter()
+        .chain(&sent)
+        .filter(|r| {
+            !r.id.contains('\0')
+                && !r
+                    .metadata
+                    .as_ref()
+                    .is_some_and(|m| m.values().any(|v| matches!(v, MetaValue::String(s) if s.contains('\0'))))
+        })
+        .cloned()
+        .collect();
     assert_eq!(accepted.len(), first.len() + sent.len() - 2);
     assert_records_match_model(&env, &accepted);
-    assert!(records_json(&env, &c).iter().all(|r| r["id"] != "bad\0id" && r["id"] != "nul-in-value"), "a refused record was stored");
+    assert!(
+        records_json(&env, &c).iter().all(|r| r["id"] != "bad\0id" && r["id"] != "nul-in-value"),
+        "a refused record was stored"
+    );
     assert_statistics(&env, &accepted, &c, &output);
 
     // The long pair is counted under its bounded, hashed id, with the full value.
     let hashed = statistics::output_id("blob", &MetaValue::String(long_value.clone()));
-    assert!(hashed.len() <= statistics::MAX_OUTPUT_ID_BYTES && hashed.starts_with("blob=h:s:"), "{}...", &hashed[..hashed.len().min(80)]);
+    assert!(
+        hashed.len() <= statistics::MAX_OUTPUT_ID_BYTES && hashed.starts_with("blob=h:s:"),
+        "{}...",
+        &hashed[..hashed.len().min(80)]
+    );
     let outputs = records_json(&env, &output);
     let row = outputs.iter().find(|r| r["id"] == hashed.as_str()).unwrap_or_else(|| panic!("no output {hashed}"));
     assert_eq!(row["metadata"]["key"], "blob");
@@ -198,7 +244,10 @@ fn refused_records(env: Env) {
             let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
             rt.block_on(async {
                 let sysdb = Sysdb::open(&env.sysdb).await.expect("open sysdb");
-                sysdb.set_partition_halted(&topic, 1, Some("record at offset 7 refused by the sysdb")).await.expect("halt");
+                sysdb
+                    .set_partition_halted(&topic, 1, Some("record at offset 7 refused by the sysdb"))
+                    .await
+                    .expect("halt");
             })
         })
         .join()
@@ -209,15 +258,21 @@ fn refused_records(env: Env) {
     assert_eq!(rows[1]["status"], "halted: record at offset 7 refused by the sysdb");
     assert!(rows[1]["halted_at_ms"].as_i64().is_some_and(|t| t > 0), "{:#}", rows[1]);
     let table = env.run(&["offsets", "show"]);
-    let lines: BTreeMap<i32, &str> = table
-        .lines()
-        .skip(1)
-        .map(|l| (l.split_whitespace().nth(1).unwrap().parse().unwrap(), l))
-        .collect();
+    let lines: BTreeMap<i32, &str> =
+        table.lines().skip(1).map(|l| (l.split_whitespace().nth(1).unwrap().parse().unwrap(), l)).collect();
     assert!(table.lines().next().unwrap().ends_with("STATUS"), "{table}");
     assert!(lines[&0].ends_with("  running"), "{table}");
     assert!(lines[&1].ends_with("  halted: record at offset 7 refused by the sysdb"), "{table}");
-    env.run(&["offsets", "reset", "--partition", "1", "--to", &position.to_string(), "--reason", "resume after the halt"]);
+    env.run(&[
+        "offsets",
+        "reset",
+        "--partition",
+        "1",
+        "--to",
+        &position.to_string(),
+        "--reason",
+        "resume after the halt",
+    ]);
     let rows = offsets_json(&env);
     assert!(rows.iter().all(|r| r["status"] == "running" && r["halted_at_ms"].is_null()), "{rows:#?}");
     assert_eq!(rows[1]["sysdb_next_offset"].as_i64(), Some(position));

@@ -14,8 +14,7 @@ use std::time::{Duration, Instant};
 use sluice::kafka::admin::{ensure_topic, TopicOutcome};
 use sluice::kafka::producer::{Outgoing, Producer};
 use sluice::kafka::ClientSettings;
-use sluice_integration_tests::{TopicGuard, brokers, postgres_url, require_kafka, require_postgres, suffix};
-
+use sluice_integration_tests::{brokers, postgres_url, require_kafka, require_postgres, suffix, TopicGuard};
 
 /// One consumed message.
 struct Consumed {

@@ -55,9 +55,20 @@ fn assert_alive(r: &mut Replica, t: f64) {
 
 /// One resource sample of the running replica; every value must be there and non-zero.
 fn measure(pid: u32, t: f64) -> (u64, u64, u64, usize, u64) {
-    let field = |f: &str| proc_status(pid, f).filter(|v| *v > 0).unwrap_or_else(|| panic!("{f} of the long-lived replica (pid {pid}) at t={t:.0} s is missing or 0"));
-    let fds = fds(pid).filter(|n| *n > 0).unwrap_or_else(|| panic!("no open descriptors listed for pid {pid} at t={t:.0} s"));
-    (field("VmRSS:"), field("RssAnon:"), proc_status(pid, "RssFile:").unwrap_or_else(|| panic!("RssFile of pid {pid} at t={t:.0} s")), fds, field("Threads:"))
+    let field = |f: &str| {
+        proc_status(pid, f)
+            .filter(|v| *v > 0)
+            .unwrap_or_else(|| panic!("{f} of the long-lived replica (pid {pid}) at t={t:.0} s is missing or 0"))
+    };
+    let fds =
+        fds(pid).filter(|n| *n > 0).unwrap_or_else(|| panic!("no open descriptors listed for pid {pid} at t={t:.0} s"));
+    (
+        field("VmRSS:"),
+        field("RssAnon:"),
+        proc_status(pid, "RssFile:").unwrap_or_else(|| panic!("RssFile of pid {pid} at t={t:.0} s")),
+        fds,
+        field("Threads:"),
+    )
 }
 
 /// The partitions the replica holds, as a bit set: one
@@ -228,7 +239,11 @@ fn soak_two_replicas_with_kills_and_a_function_attached_midway() {
         if initial.is_some_and(|h| (1..4).contains(&h.count_ones())) && since.elapsed() > Duration::from_secs(5) {
             break;
         }
-        assert!(Instant::now() < deadline, "the replicas did not share the partitions within 60 s (long-lived holds {})", held_str(initial));
+        assert!(
+            Instant::now() < deadline,
+            "the replicas did not share the partitions within 60 s (long-lived holds {})",
+            held_str(initial)
+        );
         std::thread::sleep(Duration::from_millis(200));
     }
     let initial = initial.unwrap();
@@ -274,7 +289,16 @@ fn soak_two_replicas_with_kills_and_a_function_attached_midway() {
         produced.extend(chunk);
         if attached.is_none() && started.elapsed() > Duration::from_secs(seconds / 2) {
             let v: Value = serde_json::from_str(
-                env.run(&["functions", "attach", &target_collection, "--function", "statistics", "--output", "soak-stats"]).trim(),
+                env.run(&[
+                    "functions",
+                    "attach",
+                    &target_collection,
+                    "--function",
+                    "statistics",
+                    "--output",
+                    "soak-stats",
+                ])
+                .trim(),
             )
             .unwrap();
             attached = Some(v["function_id"].as_str().unwrap().to_string());
@@ -303,7 +327,18 @@ fn soak_two_replicas_with_kills_and_a_function_attached_midway() {
     if let Ok(path) = std::env::var("SLUICE_SOAK_SAMPLES") {
         let mut csv = String::from("t,held,held_for,rss_kib,anon_kib,file_kib,fds,threads\n");
         for s in &samples {
-            let _ = writeln!(csv, "{:.1},{},{:.1},{},{},{},{},{}", s.t, held_str(s.held), s.held_for, s.rss, s.anon, s.file, s.fds, s.threads);
+            let _ = writeln!(
+                csv,
+                "{:.1},{},{:.1},{},{},{},{},{}",
+                s.t,
+                held_str(s.held),
+                s.held_for,
+                s.rss,
+                s.anon,
+                s.file,
+                s.fds,
+                s.threads
+            );
         }
         std::fs::write(&path, csv).expect("write SLUICE_SOAK_SAMPLES");
     }
@@ -326,9 +361,18 @@ fn soak_two_replicas_with_kills_and_a_function_attached_midway() {
     let model = reference_outputs(&log, &target_collection, "statistics");
     let expected: Vec<Value> = model
         .iter()
-        .map(|(id, m)| record_to_json(&Record { id: id.clone(), embedding: m.embedding.clone(), metadata: m.metadata.clone(), document: m.document.clone(), offset: 0 }))
+        .map(|(id, m)| {
+            record_to_json(&Record {
+                id: id.clone(),
+                embedding: m.embedding.clone(),
+                metadata: m.metadata.clone(),
+                document: m.document.clone(),
+                offset: 0,
+            })
+        })
         .collect();
-    let actual: Vec<Value> = env.run(&["records", "soak-stats"]).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let actual: Vec<Value> =
+        env.run(&["records", "soak-stats"]).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
     assert_eq!(actual, expected, "statistics output");
 
     // Resources of the long-lived replica after warm-up: once every kind of activity has
@@ -371,7 +415,9 @@ fn soak_two_replicas_with_kills_and_a_function_attached_midway() {
     for (h, ss) in &by_held {
         match growth(ss, window) {
             Some(g) => eprintln!("soak: holding {h} partition(s), settled, {} samples: {}", ss.len(), describe(g)),
-            None => eprintln!("soak: holding {h} partition(s), settled, {} samples: too short a span to compare", ss.len()),
+            None => {
+                eprintln!("soak: holding {h} partition(s), settled, {} samples: too short a span to compare", ss.len())
+            }
         }
     }
     // The bound applies like for like: to the settled samples of the assignment size held

@@ -14,15 +14,25 @@ use sluice::cli::jsonl::record_to_json;
 use sluice::functions::model::reference_outputs;
 use sluice::record::{LogRecord, Record};
 use sluice::workload::{generate, WorkloadSpec};
-use sluice_integration_tests::{assert_records_match_model, jsonl_lines, free_port, http_get, metric_samples, repo_root, require_kafka, require_postgres, Env, Replica};
+use sluice_integration_tests::{
+    assert_records_match_model, free_port, http_get, jsonl_lines, metric_samples, repo_root, require_kafka,
+    require_postgres, Env, Replica,
+};
 
 const WAIT: Duration = Duration::from_secs(180);
 
 fn workload(n: usize, seed: u64, prefix: &str) -> Vec<LogRecord> {
-    generate(&WorkloadSpec { records: n, collections: 4, dim: 4, ids_per_collection: 300, seed, collection_prefix: format!("{prefix}-c"), ..Default::default() })
-        .collect()
+    generate(&WorkloadSpec {
+        records: n,
+        collections: 4,
+        dim: 4,
+        ids_per_collection: 300,
+        seed,
+        collection_prefix: format!("{prefix}-c"),
+        ..Default::default()
+    })
+    .collect()
 }
-
 
 fn readyz(port: u16) -> Option<(u16, String)> {
     http_get(port, "/readyz").map(|(s, _, b)| (s, b))
@@ -53,9 +63,18 @@ fn assert_exact(env: &Env, log: &[LogRecord], function_output: Option<(&str, &st
         let model = reference_outputs(&indexed, collection, "statistics");
         let expected: Vec<Value> = model
             .iter()
-            .map(|(id, m)| record_to_json(&Record { id: id.clone(), embedding: m.embedding.clone(), metadata: m.metadata.clone(), document: m.document.clone(), offset: 0 }))
+            .map(|(id, m)| {
+                record_to_json(&Record {
+                    id: id.clone(),
+                    embedding: m.embedding.clone(),
+                    metadata: m.metadata.clone(),
+                    document: m.document.clone(),
+                    offset: 0,
+                })
+            })
             .collect();
-        let actual: Vec<Value> = env.run(&["records", output]).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+        let actual: Vec<Value> =
+            env.run(&["records", output]).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
         assert_eq!(actual, expected, "statistics output");
     }
 }
@@ -101,7 +120,12 @@ fn wait_ready(port: u16) {
 
 fn function_status(env: &Env, id: &str) -> Value {
     let fl: Value = serde_json::from_str(&env.run(&["functions", "list", "--format", "json"])).unwrap();
-    fl.as_array().unwrap().iter().find(|f| f["id"] == id).cloned().unwrap_or_else(|| panic!("function {id} not listed: {fl}"))
+    fl.as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["id"] == id)
+        .cloned()
+        .unwrap_or_else(|| panic!("function {id} not listed: {fl}"))
 }
 
 fn pg(cmd: &str) {
@@ -130,7 +154,10 @@ fn postgres_restart_during_processing_and_backfill(env: Env) {
     );
     env.wait_caught_up(WAIT);
     let c = base[0].collection_id.clone();
-    let attached: Value = serde_json::from_str(env.run(&["functions", "attach", &c, "--function", "statistics", "--output", "stats"]).trim()).unwrap();
+    let attached: Value = serde_json::from_str(
+        env.run(&["functions", "attach", &c, "--function", "statistics", "--output", "stats"]).trim(),
+    )
+    .unwrap();
     let id = attached["function_id"].as_str().unwrap().to_string();
     let live = produce_during(&env, 10, || {
         let deadline = Instant::now() + WAIT;
@@ -142,8 +169,15 @@ fn postgres_restart_during_processing_and_backfill(env: Env) {
         let f = function_status(&env, &id);
         assert_eq!(f["status"], "backfilling", "the function is backfilling when PostgreSQL stops: {f}");
         pg("stop");
-        assert!(stalled_at.elapsed() < STALL, "PostgreSQL stopped {:?} after the stall began: the chunk may have committed", stalled_at.elapsed());
-        assert!(!r.log_text().contains("fail point sleep_before_backfill_chunk_commit: awake"), "the stalled chunk woke before the database stopped");
+        assert!(
+            stalled_at.elapsed() < STALL,
+            "PostgreSQL stopped {:?} after the stall began: the chunk may have committed",
+            stalled_at.elapsed()
+        );
+        assert!(
+            !r.log_text().contains("fail point sleep_before_backfill_chunk_commit: awake"),
+            "the stalled chunk woke before the database stopped"
+        );
         wait_not_ready(port, "sysdb unavailable");
         std::thread::sleep(Duration::from_secs(3));
         pg("start");

@@ -20,7 +20,9 @@ use serde_json::Value;
 use sluice::record::partitioner::partition_for;
 use sluice::record::LogRecord;
 use sluice_integration_tests::faults::{assert_group_never_ahead, offsets, tail, wait_log, workload, Cluster3};
-use sluice_integration_tests::{assert_records_match_model, free_port, http_get, jsonl_lines, metric_samples, repo_root, require_kafka, Env};
+use sluice_integration_tests::{
+    assert_records_match_model, free_port, http_get, jsonl_lines, metric_samples, repo_root, require_kafka, Env,
+};
 
 const WAIT: Duration = Duration::from_secs(150);
 
@@ -29,7 +31,10 @@ const WAIT: Duration = Duration::from_secs(150);
 fn positions(env: &Env) -> Option<Vec<(i64, Option<i64>, i64)>> {
     let out = env.cmd().args(["offsets", "show", "--format", "json"]).output().ok()?;
     let v: Value = serde_json::from_slice(&out.stdout).ok()?;
-    v.as_array()?.iter().map(|r| Some((r["partition"].as_i64()?, r["group_offset"].as_i64(), r["sysdb_next_offset"].as_i64()?))).collect()
+    v.as_array()?
+        .iter()
+        .map(|r| Some((r["partition"].as_i64()?, r["group_offset"].as_i64(), r["sysdb_next_offset"].as_i64()?)))
+        .collect()
 }
 
 /// Samples the positions until `done`; panics (at join) if a group offset was ever ahead
@@ -62,7 +67,10 @@ fn watch_group_offsets(env: &Env, done: Arc<AtomicBool>) -> std::thread::JoinHan
 fn caught_up(env: &Env) -> bool {
     let Ok(out) = env.cmd().args(["offsets", "show", "--format", "json"]).output() else { return false };
     let Ok(v) = serde_json::from_slice::<Value>(&out.stdout) else { return false };
-    v.as_array().is_some_and(|rows| rows.iter().all(|r| r["lag"].as_i64() == Some(0) && r["sysdb_next_offset"].as_i64() == r["high_watermark"].as_i64()))
+    v.as_array().is_some_and(|rows| {
+        rows.iter()
+            .all(|r| r["lag"].as_i64() == Some(0) && r["sysdb_next_offset"].as_i64() == r["high_watermark"].as_i64())
+    })
 }
 
 // ---------------------------------------------------------------------------------------
@@ -84,12 +92,23 @@ fn coordinator(group: &str) -> i32 {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         let out = Command::new(repo_root().join("deploy/local/kafka-tool.sh"))
-            .args(["consumer-groups", "--bootstrap-server", &Cluster3::bootstrap(), "--describe", "--group", group, "--state"])
+            .args([
+                "consumer-groups",
+                "--bootstrap-server",
+                &Cluster3::bootstrap(),
+                "--describe",
+                "--group",
+                group,
+                "--state",
+            ])
             .output()
             .unwrap();
         let text = String::from_utf8_lossy(&out.stdout);
         // A row with the coordinator as "host:port  (id)".
-        let id = text.lines().find(|l| l.contains(group) && l.contains('(')).and_then(|row| row.split('(').nth(1)?.split(')').next()?.trim().parse().ok());
+        let id = text
+            .lines()
+            .find(|l| l.contains(group) && l.contains('('))
+            .and_then(|row| row.split('(').nth(1)?.split(')').next()?.trim().parse().ok());
         if let Some(id) = id {
             return id;
         }
@@ -132,7 +151,13 @@ fn leader_and_coordinator_killed_under_load_lose_nothing() {
         })
     };
     let started = Instant::now();
-    let chunks = |what: &str| eprintln!("{:>5.1} s: {what} ({} chunks produced)", started.elapsed().as_secs_f64(), produced.load(Ordering::Relaxed));
+    let chunks = |what: &str| {
+        eprintln!(
+            "{:>5.1} s: {what} ({} chunks produced)",
+            started.elapsed().as_secs_f64(),
+            produced.load(Ordering::Relaxed)
+        )
+    };
     while produced.load(Ordering::Relaxed) < 5 {
         std::thread::sleep(Duration::from_millis(100));
     }
@@ -152,7 +177,10 @@ fn leader_and_coordinator_killed_under_load_lose_nothing() {
     std::thread::sleep(Duration::from_secs(2));
     stop.store(true, Ordering::Relaxed);
     let all = producer.join().unwrap();
-    assert!(produced.load(Ordering::Relaxed) > before, "records were produced while the coordinator was down or restarting");
+    assert!(
+        produced.load(Ordering::Relaxed) > before,
+        "records were produced while the coordinator was down or restarting"
+    );
     // Like a process supervisor: a replica that exited (a fatal error while brokers were
     // down) is started again; each such exit is reported.
     let mut restarts = Vec::new();
@@ -160,7 +188,12 @@ fn leader_and_coordinator_killed_under_load_lose_nothing() {
     while !caught_up(&env) {
         for (i, r) in replicas.iter_mut().enumerate() {
             if let Ok(Some(status)) = r.child.try_wait() {
-                let fatal = r.log_text().lines().filter(|l| l.contains("fatal") || l.contains("ERROR sluice")).last().unwrap_or_default().to_string();
+                let fatal = r
+                    .log_text()
+                    .lines()
+                    .rfind(|l| l.contains("fatal") || l.contains("ERROR sluice"))
+                    .unwrap_or_default()
+                    .to_string();
                 eprintln!("replica {i} exited ({status}) during the broker faults, restarting it: {fatal}");
                 restarts.push(fatal);
                 *r = env.spawn_replica(&format!("r{i}-restart{}", restarts.len()), &[]);
@@ -225,15 +258,28 @@ fn cooperative_revoke_while_a_batch_is_in_flight() {
     let env = Env::sqlite("revoke-in-flight");
     env.run(&["init", "--partitions", "4"]);
     // Every record on partition 0, so the held batch is partition 0's.
-    let on_p0 = |seed| -> Vec<LogRecord> { workload(8_000, seed, &env.prefix, 16, 50).into_iter().filter(|r| partition_for(r.collection_id.as_bytes(), 4) == 0).collect() };
+    let on_p0 = |seed| -> Vec<LogRecord> {
+        workload(8_000, seed, &env.prefix, 16, 50)
+            .into_iter()
+            .filter(|r| partition_for(r.collection_id.as_bytes(), 4) == 0)
+            .collect()
+    };
     let first = on_p0(41);
     let debug = "info,sluice::processor::partition=debug";
     // Holds its 3rd batch 12 s before the sysdb commit: longer than the 9 s the router
     // waits for a revoked partition's worker to stop.
-    let mut r1 = env.spawn_replica("r1", &[("SLUICE_FAILPOINT", "sleep_before_sysdb_commit:3"), ("SLUICE_FAILPOINT_SLEEP_MS", "12000"), ("SLUICE_LOG", debug)]);
+    let mut r1 = env.spawn_replica(
+        "r1",
+        &[
+            ("SLUICE_FAILPOINT", "sleep_before_sysdb_commit:3"),
+            ("SLUICE_FAILPOINT_SLEEP_MS", "12000"),
+            ("SLUICE_LOG", debug),
+        ],
+    );
     env.produce(&jsonl_lines(&first));
     wait_log(&r1, "fail point sleep_before_sysdb_commit reached", WAIT);
-    let held_at = r1.log_text().lines().position(|l| l.contains("fail point sleep_before_sysdb_commit reached")).unwrap();
+    let held_at =
+        r1.log_text().lines().position(|l| l.contains("fail point sleep_before_sysdb_commit reached")).unwrap();
     // A second replica joins while the batch is held: partitions move to it.
     let r2 = env.spawn_replica("r2", &[("SLUICE_LOG", debug)]);
     let second = on_p0(42);
@@ -250,12 +296,21 @@ fn cooperative_revoke_while_a_batch_is_in_flight() {
     assert!(revoked.contains(&0), "partition 0, with the held batch, was revoked: {revoked:?}\n{}", tail(&log1));
     // Nothing of a revoked partition is committed by r1 after the revoke: the held batch
     // and whatever it had fetched for them were dropped.
-    let stale: Vec<(usize, i64)> = committed_batches(&log1).into_iter().filter(|(i, p)| *i > at && revoked.contains(p)).collect();
-    assert!(stale.is_empty(), "r1 committed batches of revoked partitions after the revoke: {stale:?}\n{}", tail(&log1));
+    let stale: Vec<(usize, i64)> =
+        committed_batches(&log1).into_iter().filter(|(i, p)| *i > at && revoked.contains(p)).collect();
+    assert!(
+        stale.is_empty(),
+        "r1 committed batches of revoked partitions after the revoke: {stale:?}\n{}",
+        tail(&log1)
+    );
     // The revoke waited for the held batch (it commits or is dropped before partition 0
     // moves), so no replica ever committed from a stale position.
     for (name, log) in [("r1", &log1), ("r2", &r2.log_text())] {
-        assert!(!log.contains("batch refused by the sysdb compare-and-set"), "{name}: a commit from a stale position:\n{}", tail(log));
+        assert!(
+            !log.contains("batch refused by the sysdb compare-and-set"),
+            "{name}: a commit from a stale position:\n{}",
+            tail(log)
+        );
     }
     // r2 took partition 0 over from the sysdb, at or after what r1 had committed before
     // the held batch.
@@ -268,7 +323,11 @@ fn cooperative_revoke_while_a_batch_is_in_flight() {
         .and_then(|s| s.split(' ').next())
         .and_then(|s| s.parse().ok())
         .expect("r2's start offset of partition 0");
-    assert!(log2.contains(&format!("partition starts partition=0 offset={start} source=Sysdb")), "from the sysdb:\n{}", tail(&log2));
+    assert!(
+        log2.contains(&format!("partition starts partition=0 offset={start} source=Sysdb")),
+        "from the sysdb:\n{}",
+        tail(&log2)
+    );
     assert!(start >= before, "r2 starts partition 0 at {start}, before r1's committed {before}");
     eprintln!("r1 committed partition 0 up to {before} before holding; r2 starts it at {start}");
     assert_records_match_model(&env, &all);

@@ -20,9 +20,9 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use super::auth::require_token;
+use super::error::MAX_BODY_BYTES;
 use super::error::{ErrorCode, HttpError};
 use super::ingest;
-use super::error::MAX_BODY_BYTES;
 pub use super::state::{Admin, DEFAULT_PAGE, MAX_PAGE};
 use crate::backfill::attach::{attach, AttachError, FunctionView};
 use crate::offsets::OffsetsError;
@@ -72,7 +72,10 @@ async fn list_collections(State(admin): State<Arc<Admin>>) -> Result<Json<Value>
     Ok(Json(json!({"collections": rows.iter().map(collection_json).collect::<Vec<_>>()})))
 }
 
-async fn show_collection(State(admin): State<Arc<Admin>>, path: Result<Path<String>, PathRejection>) -> Result<Json<Value>, HttpError> {
+async fn show_collection(
+    State(admin): State<Arc<Admin>>,
+    path: Result<Path<String>, PathRejection>,
+) -> Result<Json<Value>, HttpError> {
     let Path(id) = path?;
     let row = admin.sysdb.collection(&id).await?.ok_or_else(|| HttpError::unknown_collection(&id))?;
     let functions = admin.sysdb.functions(Some(&id)).await?;
@@ -128,13 +131,19 @@ struct FunctionsQuery {
     collection: Option<String>,
 }
 
-async fn list_functions(State(admin): State<Arc<Admin>>, query: Result<Query<FunctionsQuery>, QueryRejection>) -> Result<Json<Value>, HttpError> {
+async fn list_functions(
+    State(admin): State<Arc<Admin>>,
+    query: Result<Query<FunctionsQuery>, QueryRejection>,
+) -> Result<Json<Value>, HttpError> {
     let Query(q) = query?;
     let rows = admin.sysdb.functions(q.collection.as_deref()).await?;
     Ok(Json(json!({"functions": rows.iter().map(function_json).collect::<Vec<_>>()})))
 }
 
-async fn show_function(State(admin): State<Arc<Admin>>, path: Result<Path<String>, PathRejection>) -> Result<Json<Value>, HttpError> {
+async fn show_function(
+    State(admin): State<Arc<Admin>>,
+    path: Result<Path<String>, PathRejection>,
+) -> Result<Json<Value>, HttpError> {
     let Path(id) = path?;
     let row = admin.sysdb.function(&id).await?.ok_or_else(|| HttpError::unknown_function(&id))?;
     Ok(Json(function_json(&row)))
@@ -164,7 +173,9 @@ impl From<AttachError> for HttpError {
     fn from(e: AttachError) -> Self {
         match e {
             AttachError::Sysdb(e) => e.into(),
-            AttachError::Function(_) | AttachError::Invalid(_) | AttachError::Refused(_) => HttpError::bad_request(e.to_string()),
+            AttachError::Function(_) | AttachError::Invalid(_) | AttachError::Refused(_) => {
+                HttpError::bad_request(e.to_string())
+            }
             AttachError::NotInitialised(_) => HttpError::new(ErrorCode::Unavailable, e.to_string()),
         }
     }
@@ -172,11 +183,20 @@ impl From<AttachError> for HttpError {
 
 /// 201 with the new function (its marker `published`, or `pending` for the outbox relay),
 /// or 200 when the same (collection, output) is attached already (`existing`).
-async fn attach_function(State(admin): State<Arc<Admin>>, body: Result<Bytes, BytesRejection>) -> Result<Response, HttpError> {
+async fn attach_function(
+    State(admin): State<Arc<Admin>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, HttpError> {
     let body = body?;
     let req: AttachRequest = serde_json::from_slice(&body).map_err(|e| HttpError::from_json(&e))?;
-    let params = req.params.into_iter().map(|(k, v)| Ok((k.clone(), param_text(&k, v)?))).collect::<Result<BTreeMap<_, _>, HttpError>>()?;
-    let attached = attach(&admin.config, &admin.sysdb, &admin.producer, &req.collection, &req.function, &req.output, params).await?;
+    let params = req
+        .params
+        .into_iter()
+        .map(|(k, v)| Ok((k.clone(), param_text(&k, v)?)))
+        .collect::<Result<BTreeMap<_, _>, HttpError>>()?;
+    let attached =
+        attach(&admin.config, &admin.sysdb, &admin.producer, &req.collection, &req.function, &req.output, params)
+            .await?;
     let status = if attached.marker == "existing" { StatusCode::OK } else { StatusCode::CREATED };
     let location = format!("/api/v1/functions/{}", attached.function_id);
     Ok((status, [(header::LOCATION, location)], Json(json!(attached))).into_response())
@@ -196,7 +216,8 @@ async fn detach_function(
 ) -> Result<Json<Value>, HttpError> {
     let Path(id) = path?;
     let Query(q) = query?;
-    let before = admin.sysdb.detach_function(&id, q.drop_output).await?.ok_or_else(|| HttpError::unknown_function(&id))?;
+    let before =
+        admin.sysdb.detach_function(&id, q.drop_output).await?.ok_or_else(|| HttpError::unknown_function(&id))?;
     Ok(Json(json!({"detached": function_json(&before), "output_dropped": q.drop_output})))
 }
 

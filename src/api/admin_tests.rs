@@ -13,11 +13,11 @@ use tower::ServiceExt;
 use super::*;
 use crate::api::{router, AppState, Health};
 use crate::config::Config;
-use crate::sysdb::Sysdb;
 use crate::config::Secret;
 use crate::metrics::Metrics;
 use crate::positions::PositionDelta;
 use crate::record::{MetaValue, Metadata, Record};
+use crate::sysdb::Sysdb;
 use crate::sysdb::{BatchCommit, CollectionUpdate};
 
 const TOKEN: &str = "t0ken-for-tests";
@@ -39,7 +39,13 @@ async fn sysdb_with(n: usize) -> Arc<Sysdb> {
         .map(|i| {
             let mut metadata = Metadata::new();
             metadata.insert("i".into(), MetaValue::Long(i as i64));
-            let r = Record { id: format!("r{i:03}"), embedding: Some(vec![i as f32, 1.0]), metadata, document: None, offset: i as i64 };
+            let r = Record {
+                id: format!("r{i:03}"),
+                embedding: Some(vec![i as f32, 1.0]),
+                metadata,
+                document: None,
+                offset: i as i64,
+            };
             (r.id.clone(), Some(r))
         })
         .collect();
@@ -71,7 +77,10 @@ async fn call(app: &Router, method: Method, uri: &str, token: Option<&str>, body
     if let Some(t) = token {
         req = req.header("authorization", format!("Bearer {t}"));
     }
-    let req = req.header("content-type", "application/json").body(body.map(|b| Body::from(b.to_string())).unwrap_or_default()).unwrap();
+    let req = req
+        .header("content-type", "application/json")
+        .body(body.map(|b| Body::from(b.to_string())).unwrap_or_default())
+        .unwrap();
     let resp = app.clone().oneshot(req).await.unwrap();
     let status = resp.status();
     let bytes = axum::body::to_bytes(resp.into_body(), usize::MAX).await.unwrap();
@@ -140,7 +149,10 @@ async fn records_page_with_a_cursor_until_next_is_null() {
     assert_eq!(v["records"].as_array().unwrap().len(), 7, "default page holds them all");
     assert_eq!(v["next"], Value::Null);
     let r = &v["records"][1];
-    assert_eq!((r["embedding"].clone(), r["metadata"]["i"].clone(), r["offset"].clone()), (serde_json::json!([1.0, 1.0]), 1.into(), 1.into()));
+    assert_eq!(
+        (r["embedding"].clone(), r["metadata"]["i"].clone(), r["offset"].clone()),
+        (serde_json::json!([1.0, 1.0]), 1.into(), 1.into())
+    );
     // Exactly one full page: no empty extra page.
     let (_, v) = get(&app, "/api/v1/collections/c/records?limit=7").await;
     assert_eq!(v["next"], Value::Null);
@@ -172,8 +184,16 @@ async fn mutations_need_the_right_token_and_reads_do_not() {
     let wrong = call(&app, Method::POST, uri, Some("t0ken-for-testz"), body).await;
     assert_error(&wrong, StatusCode::UNAUTHORIZED, "unauthorized");
     assert_error(&call(&app, Method::POST, uri, None, Some("{")).await, StatusCode::UNAUTHORIZED, "unauthorized");
-    assert_error(&call(&app, Method::DELETE, "/api/v1/functions/f", Some("wrong"), None).await, StatusCode::UNAUTHORIZED, "unauthorized");
-    assert_error(&call(&app, Method::POST, "/api/v1/functions", None, Some("{}")).await, StatusCode::UNAUTHORIZED, "unauthorized");
+    assert_error(
+        &call(&app, Method::DELETE, "/api/v1/functions/f", Some("wrong"), None).await,
+        StatusCode::UNAUTHORIZED,
+        "unauthorized",
+    );
+    assert_error(
+        &call(&app, Method::POST, "/api/v1/functions", None, Some("{}")).await,
+        StatusCode::UNAUTHORIZED,
+        "unauthorized",
+    );
     // Right token: past the check (this body is invalid: dimension 3 vs 2, nothing produced).
     let right = call(&app, Method::POST, uri, Some(TOKEN), body).await;
     assert_error(&right, StatusCode::BAD_REQUEST, "invalid_record");
@@ -199,8 +219,16 @@ async fn bad_json_is_refused_before_anything_is_produced() {
     assert_error(&call(&app, Method::POST, uri, None, Some("not json")).await, StatusCode::BAD_REQUEST, "bad_json");
     assert_error(&call(&app, Method::POST, uri, None, Some("42")).await, StatusCode::BAD_REQUEST, "bad_json");
     assert_error(&call(&app, Method::POST, uri, None, Some("[]")).await, StatusCode::BAD_REQUEST, "bad_request");
-    assert_error(&call(&app, Method::POST, "/api/v1/functions", None, Some("{")).await, StatusCode::BAD_REQUEST, "bad_json");
-    assert_error(&call(&app, Method::POST, "/api/v1/functions", None, Some(r#"{"collection":"c"}"#)).await, StatusCode::BAD_REQUEST, "bad_request");
+    assert_error(
+        &call(&app, Method::POST, "/api/v1/functions", None, Some("{")).await,
+        StatusCode::BAD_REQUEST,
+        "bad_json",
+    );
+    assert_error(
+        &call(&app, Method::POST, "/api/v1/functions", None, Some(r#"{"collection":"c"}"#)).await,
+        StatusCode::BAD_REQUEST,
+        "bad_request",
+    );
 }
 
 #[tokio::test]
@@ -212,7 +240,12 @@ async fn invalid_records_are_listed_by_index_and_nothing_is_produced() {
     assert_eq!(v["error"], "invalid_record");
     assert!(v["message"].as_str().unwrap().contains("3 of 4"), "{v}");
     assert_eq!(v["failed"], 3);
-    let items: Vec<(u64, &str)> = v["items"].as_array().unwrap().iter().map(|i| (i["index"].as_u64().unwrap(), i["error"].as_str().unwrap())).collect();
+    let items: Vec<(u64, &str)> = v["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| (i["index"].as_u64().unwrap(), i["error"].as_str().unwrap()))
+        .collect();
     assert_eq!(items, [(1, "empty_id"), (2, "malformed"), (3, "dimension_mismatch")]);
 }
 
@@ -222,34 +255,72 @@ async fn posting_to_an_unknown_collection_is_refused_when_the_processor_rejects_
     c.processor.unknown_collections = crate::config::UnknownCollections::Reject;
     let admin = Admin::new(c, sysdb_with(0).await).unwrap();
     let app = router(AppState { metrics: Metrics::new(), health: Health::new(), admin: Some(Arc::new(admin)) });
-    let got = call(&app, Method::POST, "/api/v1/collections/new/records", None, Some(r#"{"id":"a","operation":"add"}"#)).await;
+    let got =
+        call(&app, Method::POST, "/api/v1/collections/new/records", None, Some(r#"{"id":"a","operation":"add"}"#))
+            .await;
     assert_error(&got, StatusCode::NOT_FOUND, "unknown_collection");
 }
 
 #[tokio::test]
 async fn an_oversized_body_is_a_413_json_error() {
     let app = app(None, 0).await;
-    let big = format!("[{}]", vec![r#"{"id":"a","operation":"add","document":"xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx"}"#; 300_000].join(","));
+    let big = format!(
+        "[{}]",
+        vec![
+            r#"{"id":"a","operation":"add","document":"xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx"}"#;
+            300_000
+        ]
+        .join(",")
+    );
     assert!(big.len() > MAX_BODY_BYTES);
-    assert_error(&call(&app, Method::POST, "/api/v1/collections/c/records", None, Some(&big)).await, StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large");
+    assert_error(
+        &call(&app, Method::POST, "/api/v1/collections/c/records", None, Some(&big)).await,
+        StatusCode::PAYLOAD_TOO_LARGE,
+        "payload_too_large",
+    );
 }
 
 #[tokio::test]
 async fn unknown_endpoints_and_methods_are_json_errors() {
     let app = app(None, 0).await;
     assert_error(&get(&app, "/api/v1/nope").await, StatusCode::NOT_FOUND, "not_found");
-    assert_error(&call(&app, Method::PUT, "/api/v1/collections", None, None).await, StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed");
+    assert_error(
+        &call(&app, Method::PUT, "/api/v1/collections", None, None).await,
+        StatusCode::METHOD_NOT_ALLOWED,
+        "method_not_allowed",
+    );
 }
 
 #[tokio::test]
 async fn attach_refuses_an_unknown_function_or_bad_params_without_writing() {
     let app = app(None, 1).await;
-    let unknown = call(&app, Method::POST, "/api/v1/functions", None, Some(r#"{"collection":"c","function":"nope","output":"o"}"#)).await;
+    let unknown = call(
+        &app,
+        Method::POST,
+        "/api/v1/functions",
+        None,
+        Some(r#"{"collection":"c","function":"nope","output":"o"}"#),
+    )
+    .await;
     assert_error(&unknown, StatusCode::BAD_REQUEST, "bad_request");
     assert!(unknown.1["message"].as_str().unwrap().contains("nope"), "{}", unknown.1);
-    let same = call(&app, Method::POST, "/api/v1/functions", None, Some(r#"{"collection":"c","function":"record_counter","output":"c"}"#)).await;
+    let same = call(
+        &app,
+        Method::POST,
+        "/api/v1/functions",
+        None,
+        Some(r#"{"collection":"c","function":"record_counter","output":"c"}"#),
+    )
+    .await;
     assert_error(&same, StatusCode::BAD_REQUEST, "bad_request");
-    let nested = call(&app, Method::POST, "/api/v1/functions", None, Some(r#"{"collection":"c","function":"record_counter","output":"o","params":{"a":[1]}}"#)).await;
+    let nested = call(
+        &app,
+        Method::POST,
+        "/api/v1/functions",
+        None,
+        Some(r#"{"collection":"c","function":"record_counter","output":"o","params":{"a":[1]}}"#),
+    )
+    .await;
     assert_error(&nested, StatusCode::BAD_REQUEST, "bad_request");
 }
 
@@ -257,7 +328,11 @@ async fn attach_refuses_an_unknown_function_or_bad_params_without_writing() {
 async fn unknown_functions_are_404s() {
     let app = app(Some(TOKEN), 0).await;
     assert_error(&get(&app, "/api/v1/functions/nope").await, StatusCode::NOT_FOUND, "unknown_function");
-    assert_error(&call(&app, Method::DELETE, "/api/v1/functions/nope", Some(TOKEN), None).await, StatusCode::NOT_FOUND, "unknown_function");
+    assert_error(
+        &call(&app, Method::DELETE, "/api/v1/functions/nope", Some(TOKEN), None).await,
+        StatusCode::NOT_FOUND,
+        "unknown_function",
+    );
     let (status, v) = get(&app, "/api/v1/functions?collection=c").await;
     assert_eq!(status, StatusCode::OK, "{v}");
     assert_eq!(v["functions"], serde_json::json!([]));

@@ -78,7 +78,8 @@ pub async fn require_token(State(token): State<AdminToken>, request: Request, ne
         )
         .into_response(),
         Some(presented) if token.accepts(presented) => next.run(request).await,
-        Some(_) => HttpError::new(ErrorCode::Unauthorized, "the bearer token is not the configured http.admin_token").into_response(),
+        Some(_) => HttpError::new(ErrorCode::Unauthorized, "the bearer token is not the configured http.admin_token")
+            .into_response(),
     }
 }
 

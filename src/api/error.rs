@@ -135,7 +135,9 @@ impl HttpError {
     pub fn from_kafka(e: &KafkaError) -> HttpError {
         match e {
             KafkaError::Config(_) => HttpError::new(ErrorCode::Internal, e.to_string()),
-            KafkaError::Broker { .. } | KafkaError::Delivery { .. } => HttpError::new(ErrorCode::Unavailable, e.to_string()),
+            KafkaError::Broker { .. } | KafkaError::Delivery { .. } => {
+                HttpError::new(ErrorCode::Unavailable, e.to_string())
+            }
             KafkaError::TooLarge { .. } => HttpError::new(ErrorCode::InvalidRecord, e.to_string()),
         }
     }
@@ -199,7 +201,8 @@ mod tests {
 
     #[test]
     fn a_sysdb_outage_is_unavailable_and_other_sysdb_errors_are_internal() {
-        let down = HttpError::from(SysdbError::Unavailable { backend: "postgres", message: "connection refused".into() });
+        let down =
+            HttpError::from(SysdbError::Unavailable { backend: "postgres", message: "connection refused".into() });
         assert_eq!((down.code, down.code.status()), (ErrorCode::Unavailable, StatusCode::SERVICE_UNAVAILABLE));
         let broken = HttpError::from(SysdbError::Database { backend: "sqlite", message: "disk I/O error".into() });
         assert_eq!(broken.code.status(), StatusCode::INTERNAL_SERVER_ERROR);
@@ -215,7 +218,9 @@ mod tests {
 
     #[test]
     fn item_lists_are_capped_but_the_total_is_kept() {
-        let items = (0..MAX_ITEMS + 5).map(|i| ItemError { index: i, error: "empty_id".into(), message: "id is empty".into() }).collect();
+        let items = (0..MAX_ITEMS + 5)
+            .map(|i| ItemError { index: i, error: "empty_id".into(), message: "id is empty".into() })
+            .collect();
         let e = HttpError::new(ErrorCode::InvalidRecord, "x").with_items(items);
         assert_eq!((e.items.len(), e.failed), (MAX_ITEMS, MAX_ITEMS + 5));
     }

@@ -27,19 +27,24 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::{json, Value};
 
-use super::state::Admin;
 use super::error::{ErrorCode, HttpError, ItemError};
-use crate::record::jsonl;
+use super::state::Admin;
 use crate::config::{Config, UnknownCollections};
 use crate::kafka::producer::Outgoing;
 use crate::record::framing::{frame, Framing};
+use crate::record::jsonl;
 use crate::record::validate::{validate, Limits};
 use crate::record::{codec, LogRecord};
 
 /// Parse and validate the items of a request for `collection` whose embedding dimension
 /// is `dimension` (if fixed). Either every item becomes a log record, or every problem is
 /// reported.
-pub fn parse_items(items: &[Value], collection: &str, limits: &Limits, dimension: Option<usize>) -> Result<Vec<LogRecord>, Vec<ItemError>> {
+pub fn parse_items(
+    items: &[Value],
+    collection: &str,
+    limits: &Limits,
+    dimension: Option<usize>,
+) -> Result<Vec<LogRecord>, Vec<ItemError>> {
     let mut records = Vec::with_capacity(items.len());
     let mut errors = Vec::new();
     let mut dimension = dimension;
@@ -56,7 +61,11 @@ pub fn parse_items(items: &[Value], collection: &str, limits: &Limits, dimension
             }
             Some(Value::String(c)) if c == collection => {}
             Some(other) => {
-                errors.push(fail(index, "collection_mismatch", format!("\"collection\" is {other} but the path names {collection:?} (leave the field out)")));
+                errors.push(fail(
+                    index,
+                    "collection_mismatch",
+                    format!("\"collection\" is {other} but the path names {collection:?} (leave the field out)"),
+                ));
                 continue;
             }
         }
@@ -98,11 +107,17 @@ pub fn parse_items(items: &[Value], collection: &str, limits: &Limits, dimension
 /// are checked by [`parse_items`]). Also the entry point of the `http_records_body` fuzz
 /// target.
 pub fn parse_body(body: &[u8]) -> Result<Vec<Value>, HttpError> {
-    let value: Value = serde_json::from_slice(body).map_err(|e| HttpError::new(ErrorCode::BadJson, format!("the body is not valid JSON: {e}")))?;
+    let value: Value = serde_json::from_slice(body)
+        .map_err(|e| HttpError::new(ErrorCode::BadJson, format!("the body is not valid JSON: {e}")))?;
     let items = match value {
         Value::Array(items) => items,
         v @ Value::Object(_) => vec![v],
-        _ => return Err(HttpError::new(ErrorCode::BadJson, "expected a JSON object (one record) or an array of objects")),
+        _ => {
+            return Err(HttpError::new(
+                ErrorCode::BadJson,
+                "expected a JSON object (one record) or an array of objects",
+            ))
+        }
     };
     if items.is_empty() {
         return Err(HttpError::bad_request("the array holds no records"));
@@ -138,14 +153,24 @@ pub async fn post_records(
     let dimension = row.and_then(|r| r.dimension).map(|d| d as usize);
     let records = parse_items(&items, &collection, &config.limits, dimension).map_err(|errors| {
         let n = errors.len();
-        HttpError::new(ErrorCode::InvalidRecord, format!("{n} of {} records are invalid; nothing was produced", items.len())).with_items(errors)
+        HttpError::new(
+            ErrorCode::InvalidRecord,
+            format!("{n} of {} records are invalid; nothing was produced", items.len()),
+        )
+        .with_items(errors)
     })?;
 
     let topic = config.kafka.log_topic();
     let payloads: Vec<Vec<u8>> = records.iter().map(|r| payload(config, r)).collect();
     let outgoing: Vec<Outgoing<'_>> = payloads
         .iter()
-        .map(|p| Outgoing { topic: &topic, partition: None, key: Some(collection.as_bytes()), payload: p, headers: &[] })
+        .map(|p| Outgoing {
+            topic: &topic,
+            partition: None,
+            key: Some(collection.as_bytes()),
+            payload: p,
+            headers: &[],
+        })
         .collect();
     let results = admin.producer().send_all(&outgoing).await;
     let mut delivered = Vec::with_capacity(results.len());
@@ -187,7 +212,9 @@ mod tests {
 
     #[test]
     fn items_take_the_collection_from_the_path() {
-        let v = items(r#"[{"id":"a","operation":"upsert","embedding":[1,2],"metadata":{"k":1},"document":"d"},{"id":"b","operation":"delete","collection":"c"}]"#);
+        let v = items(
+            r#"[{"id":"a","operation":"upsert","embedding":[1,2],"metadata":{"k":1},"document":"d"},{"id":"b","operation":"delete","collection":"c"}]"#,
+        );
         let recs = parse_items(&v, "c", &Limits::DEFAULT, None).unwrap();
         assert_eq!(recs.len(), 2);
         assert!(recs.iter().all(|r| r.collection_id == "c"));
@@ -212,7 +239,15 @@ mod tests {
         let got: Vec<(usize, &str)> = errors.iter().map(|e| (e.index, e.error.as_str())).collect();
         assert_eq!(
             got,
-            [(1, "malformed"), (2, "id_too_long"), (3, "malformed"), (4, "collection_mismatch"), (5, "dimension_mismatch"), (6, "empty_id"), (7, "malformed")]
+            [
+                (1, "malformed"),
+                (2, "id_too_long"),
+                (3, "malformed"),
+                (4, "collection_mismatch"),
+                (5, "dimension_mismatch"),
+                (6, "empty_id"),
+                (7, "malformed")
+            ]
         );
         assert!(errors[2].message.contains("merge"), "{:?}", errors[2]);
         assert!(errors[6].message.contains("extra"), "{:?}", errors[6]);
@@ -220,7 +255,9 @@ mod tests {
 
     #[test]
     fn the_first_embedding_fixes_the_dimension_of_a_new_collection() {
-        let v = items(r#"[{"id":"a","operation":"add","embedding":[1,2]},{"id":"b","operation":"add","embedding":[1,2,3]}]"#);
+        let v = items(
+            r#"[{"id":"a","operation":"add","embedding":[1,2]},{"id":"b","operation":"add","embedding":[1,2,3]}]"#,
+        );
         let errors = parse_items(&v, "new", &Limits::DEFAULT, None).unwrap_err();
         assert_eq!(errors.len(), 1);
         assert_eq!((errors[0].index, errors[0].error.as_str()), (1, "dimension_mismatch"));

@@ -14,10 +14,10 @@
 //! - `error.rs`: JSON errors with stable codes.
 
 pub mod admin;
-pub mod state;
 pub mod auth;
 pub mod error;
 pub mod ingest;
+pub mod state;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -34,8 +34,8 @@ use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use tracing::{info, warn};
 
-pub use admin::Admin;
 pub use crate::health::Health;
+pub use admin::Admin;
 
 use crate::metrics::{self, Metrics};
 
@@ -84,7 +84,9 @@ async fn healthz() -> Response {
 async fn readyz(State(s): State<AppState>) -> Response {
     match s.health.readiness() {
         Ok(()) => (StatusCode::OK, Json(json!({"ready": true}))).into_response(),
-        Err(reason) => (StatusCode::SERVICE_UNAVAILABLE, Json(json!({"ready": false, "reason": reason}))).into_response(),
+        Err(reason) => {
+            (StatusCode::SERVICE_UNAVAILABLE, Json(json!({"ready": false, "reason": reason}))).into_response()
+        }
     }
 }
 
@@ -164,7 +166,10 @@ mod tests {
 
         let (status, head, body) = get(addr, "/metrics").await;
         assert_eq!(status, 200);
-        assert!(head.to_ascii_lowercase().contains("content-type: application/openmetrics-text; version=1.0.0"), "{head}");
+        assert!(
+            head.to_ascii_lowercase().contains("content-type: application/openmetrics-text; version=1.0.0"),
+            "{head}"
+        );
         assert!(body.contains("sluice_build_info{"), "{body}");
         assert_eq!(get(addr, "/healthz").await.0, 200);
 

@@ -27,7 +27,10 @@ pub struct Admin {
 
 impl std::fmt::Debug for Admin {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Admin").field("sysdb", &self.sysdb.backend()).field("token", &self.token).finish_non_exhaustive()
+        f.debug_struct("Admin")
+            .field("sysdb", &self.sysdb.backend())
+            .field("token", &self.token)
+            .finish_non_exhaustive()
     }
 }
 
@@ -35,7 +38,10 @@ impl Admin {
     /// The token is `config.http.admin_token` (already overridden by `SLUICE_ADMIN_TOKEN`).
     /// Creating the producer does not contact the broker.
     pub fn new(config: Config, sysdb: Arc<Sysdb>) -> Result<Admin, KafkaError> {
-        let producer = Producer::new(&crate::kafka::ClientSettings::from_config(&config), &[("message.timeout.ms", DELIVERY_TIMEOUT_MS)])?;
+        let producer = Producer::new(
+            &crate::kafka::ClientSettings::from_config(&config),
+            &[("message.timeout.ms", DELIVERY_TIMEOUT_MS)],
+        )?;
         let token = AdminToken::new(config.http.admin_token());
         Ok(Admin { config, sysdb, producer, token })
     }

@@ -51,7 +51,14 @@ pub enum AttachError {
 }
 
 fn describe(f: &FunctionRow) -> String {
-    format!("function {} ({} on {:?} -> {:?}, {})", f.id, f.function, f.collection_id, f.output_collection, f.status.as_str())
+    format!(
+        "function {} ({} on {:?} -> {:?}, {})",
+        f.id,
+        f.function,
+        f.collection_id,
+        f.output_collection,
+        f.status.as_str()
+    )
 }
 
 /// The message of a refused attach of `function` on `collection` writing `output`.
@@ -209,7 +216,12 @@ const RELAY_BATCH: usize = 100;
 /// ones sent (with the offset they were written at); then publish again every lost
 /// marker (see [`Sysdb::lost_markers`]); then refresh the awaiting-marker gauge. Returns
 /// how many markers were published.
-pub async fn relay_once(config: &Config, sysdb: &Sysdb, producer: &Producer, metrics: Option<&crate::metrics::Metrics>) -> Result<usize, SysdbError> {
+pub async fn relay_once(
+    config: &Config,
+    sysdb: &Sysdb,
+    producer: &Producer,
+    metrics: Option<&crate::metrics::Metrics>,
+) -> Result<usize, SysdbError> {
     let mut n = 0;
     let mut broker_ok = true;
     for row in sysdb.outbox_pending(RELAY_BATCH).await? {
@@ -246,15 +258,23 @@ pub async fn relay_once(config: &Config, sysdb: &Sysdb, producer: &Producer, met
 }
 
 /// The relay checks every `relay_interval_ms`: say it once a minute, not every pass.
-static NOT_REPUBLISHED_LOG: crate::ratelimit::RateLimiter = crate::ratelimit::RateLimiter::new(Duration::from_secs(60), 1);
+static NOT_REPUBLISHED_LOG: crate::ratelimit::RateLimiter =
+    crate::ratelimit::RateLimiter::new(Duration::from_secs(60), 1);
 
 /// Publish again the markers the processor passed without starting their function.
-async fn republish_lost(config: &Config, sysdb: &Sysdb, producer: &Producer, metrics: Option<&crate::metrics::Metrics>) -> Result<usize, SysdbError> {
+async fn republish_lost(
+    config: &Config,
+    sysdb: &Sysdb,
+    producer: &Producer,
+    metrics: Option<&crate::metrics::Metrics>,
+) -> Result<usize, SysdbError> {
     let mut n = 0;
     for row in sysdb.lost_markers(&config.kafka.log_topic(), RELAY_BATCH).await? {
         // Under "reject" a marker of an unregistered collection is dead-lettered again:
         // republishing it would loop. Leave it (the awaiting-marker alert shows it).
-        if config.processor.unknown_collections == UnknownCollections::Reject && sysdb.collection(&row.collection_id).await?.is_none() {
+        if config.processor.unknown_collections == UnknownCollections::Reject
+            && sysdb.collection(&row.collection_id).await?.is_none()
+        {
             if let crate::ratelimit::Verdict::Log { suppressed } = NOT_REPUBLISHED_LOG.check("unregistered") {
                 warn!(function = %row.function_id, collection = %row.collection_id, suppressed,
                     "lost marker not republished: the collection is not registered and processor.unknown_collections = \"reject\"; detach the function or register the collection");
@@ -287,7 +307,13 @@ async fn republish_lost(config: &Config, sysdb: &Sysdb, producer: &Producer, met
 }
 
 /// The relay loop (a role of `sluice process`).
-pub async fn relay(config: Config, sysdb: std::sync::Arc<Sysdb>, producer: Producer, metrics: std::sync::Arc<crate::metrics::Metrics>, stop: tokio_util::sync::CancellationToken) {
+pub async fn relay(
+    config: Config,
+    sysdb: std::sync::Arc<Sysdb>,
+    producer: Producer,
+    metrics: std::sync::Arc<crate::metrics::Metrics>,
+    stop: tokio_util::sync::CancellationToken,
+) {
     let every = Duration::from_millis(config.backfill.relay_interval_ms);
     loop {
         if let Err(e) = relay_once(&config, &sysdb, &producer, Some(&metrics)).await {

@@ -70,7 +70,11 @@ impl Worker {
         }
         tokio::task::spawn_blocking(move || consumer.shutdown(Duration::from_secs(5))).await?;
         // Let running backfills notice the stop between chunks.
-        let _ = tokio::time::timeout(Duration::from_secs(10), self.permits.acquire_many(self.config.backfill.concurrency as u32)).await;
+        let _ = tokio::time::timeout(
+            Duration::from_secs(10),
+            self.permits.acquire_many(self.config.backfill.concurrency as u32),
+        )
+        .await;
         info!("backfill worker stopped");
         Ok(())
     }
@@ -159,7 +163,11 @@ impl Worker {
                     if finished {
                         self.metrics.backfill_task(backfill_status::FINISHED);
                         self.metrics.observe_backfill_duration(started.elapsed());
-                        info!(function = function_id, elapsed_ms = started.elapsed().as_millis() as u64, "backfill finished: function is ready");
+                        info!(
+                            function = function_id,
+                            elapsed_ms = started.elapsed().as_millis() as u64,
+                            "backfill finished: function is ready"
+                        );
                         return;
                     }
                 }

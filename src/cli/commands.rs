@@ -39,7 +39,9 @@ pub async fn init(config: &Config, partitions: Option<i32>, rf: Option<i32>) -> 
     let log = config.kafka.log_topic();
     let sysdb = open_sysdb(config).await?;
     let mut actual = partitions;
-    for (topic, n) in [(log.clone(), partitions), (config.kafka.backfill_topic(), partitions), (config.kafka.dlq_topic(), partitions)] {
+    for (topic, n) in
+        [(log.clone(), partitions), (config.kafka.backfill_topic(), partitions), (config.kafka.dlq_topic(), partitions)]
+    {
         match ensure_topic(&settings, &topic, n, rf, &[]).await? {
             TopicOutcome::Created => println!("created topic {topic} ({n} partitions, replication factor {rf})"),
             TopicOutcome::AlreadyExists { partitions: have } => {
@@ -68,9 +70,7 @@ pub async fn produce(config: &Config, input: &str) -> Result<()> {
     let reader: Box<dyn BufRead> = if input == "-" {
         Box::new(std::io::BufReader::new(std::io::stdin()))
     } else {
-        Box::new(std::io::BufReader::new(
-            std::fs::File::open(input).with_context(|| format!("cannot open {input}"))?,
-        ))
+        Box::new(std::io::BufReader::new(std::fs::File::open(input).with_context(|| format!("cannot open {input}"))?))
     };
     let mut invalid: Vec<(usize, String)> = Vec::new();
     let mut undelivered: Vec<(usize, String)> = Vec::new();
@@ -82,7 +82,9 @@ pub async fn produce(config: &Config, input: &str) -> Result<()> {
         if line.trim().is_empty() {
             continue;
         }
-        let rec = match jsonl::parse_line(&line).and_then(|r| validate(&r, &config.limits).map(|_| r).map_err(|e| e.to_string())) {
+        let rec = match jsonl::parse_line(&line)
+            .and_then(|r| validate(&r, &config.limits).map(|_| r).map_err(|e| e.to_string()))
+        {
             Ok(r) => r,
             Err(e) => {
                 invalid.push((n, e));
@@ -125,7 +127,11 @@ pub async fn produce(config: &Config, input: &str) -> Result<()> {
 }
 
 /// Produce `(line number, key, payload)` items; returns the failed lines and the count delivered.
-async fn deliver(producer: &Producer, topic: &str, pending: Vec<(usize, String, Vec<u8>)>) -> (Vec<(usize, String)>, usize) {
+async fn deliver(
+    producer: &Producer,
+    topic: &str,
+    pending: Vec<(usize, String, Vec<u8>)>,
+) -> (Vec<(usize, String)>, usize) {
     let items: Vec<Outgoing<'_>> = pending
         .iter()
         .map(|(_, key, payload)| Outgoing { topic, partition: None, key: Some(key.as_bytes()), payload, headers: &[] })
@@ -201,8 +207,8 @@ pub async fn offsets(config: &Config, cmd: OffsetsCmd) -> Result<()> {
             let rows = offset_rows(config, &sysdb).await?;
             if format == Format::Human {
                 println!(
-                    "{:<24} {:>9} {:>12} {:>12} {:>14} {:>8}  {}",
-                    "TOPIC", "PARTITION", "SYSDB_NEXT", "GROUP", "HIGH_WATERMARK", "LAG", "STATUS"
+                    "{:<24} {:>9} {:>12} {:>12} {:>14} {:>8}  STATUS",
+                    "TOPIC", "PARTITION", "SYSDB_NEXT", "GROUP", "HIGH_WATERMARK", "LAG"
                 );
                 let o = |v: Option<i64>| v.map(|v| v.to_string()).unwrap_or_else(|| "-".into());
                 for r in &rows {
@@ -210,7 +216,13 @@ pub async fn offsets(config: &Config, cmd: OffsetsCmd) -> Result<()> {
                     let status = r.status.replace(['\n', '\r'], " ");
                     println!(
                         "{:<24} {:>9} {:>12} {:>12} {:>14} {:>8}  {}",
-                        r.topic, r.partition, o(r.sysdb_next_offset), o(r.group_offset), r.high_watermark, r.lag, status
+                        r.topic,
+                        r.partition,
+                        o(r.sysdb_next_offset),
+                        o(r.group_offset),
+                        r.high_watermark,
+                        r.lag,
+                        status
                     );
                 }
             } else {
@@ -223,8 +235,10 @@ pub async fn offsets(config: &Config, cmd: OffsetsCmd) -> Result<()> {
             let group = config.kafka.group.clone();
             let t = topic.clone();
             let n = positions.len();
-            tokio::task::spawn_blocking(move || MetadataClient::new(&settings, Some(&group))?.commit_group_offsets(&t, &positions))
-                .await??;
+            tokio::task::spawn_blocking(move || {
+                MetadataClient::new(&settings, Some(&group))?.commit_group_offsets(&t, &positions)
+            })
+            .await??;
             println!("pushed {n} sysdb positions into group {}", config.kafka.group);
         }
         OffsetsCmd::Reset { partition, to, reason } => {
@@ -289,7 +303,8 @@ pub async fn checksum(config: &Config) -> Result<()> {
     let sysdb = open_sysdb(config).await?;
     let outputs: std::collections::HashSet<String> =
         sysdb.functions(None).await?.into_iter().map(|f| f.output_collection).collect();
-    let mut ids: Vec<String> = sysdb.collections().await?.into_iter().map(|c| c.id).filter(|c| !outputs.contains(c)).collect();
+    let mut ids: Vec<String> =
+        sysdb.collections().await?.into_iter().map(|c| c.id).filter(|c| !outputs.contains(c)).collect();
     ids.sort_unstable();
     let mut hasher = Sha256::new();
     let mut n = 0u64;
@@ -361,15 +376,21 @@ pub async fn functions(config: &Config, cmd: super::FunctionsCmd) -> Result<()> 
                 params.insert(k.to_string(), v.to_string());
             }
             // Publishing fails fast when the broker is down (the relay retries later).
-            let producer = Producer::new(&crate::kafka::ClientSettings::from_config(config), &[("message.timeout.ms", "10000")])?;
-            let attached = crate::backfill::attach::attach(config, &sysdb, &producer, &collection, &function, &output, params).await?;
+            let producer =
+                Producer::new(&crate::kafka::ClientSettings::from_config(config), &[("message.timeout.ms", "10000")])?;
+            let attached =
+                crate::backfill::attach::attach(config, &sysdb, &producer, &collection, &function, &output, params)
+                    .await?;
             println!("{}", serde_json::to_string(&attached)?);
         }
         FunctionsCmd::List { collection, format } => {
             let rows = sysdb.functions(collection.as_deref()).await?;
             let views: Vec<crate::backfill::attach::FunctionView> = rows.iter().map(Into::into).collect();
             if format == Format::Human {
-                println!("{:<36} {:<24} {:<14} {:<24} {:<16} {:>8} {:>15}", "ID", "COLLECTION", "FUNCTION", "OUTPUT", "STATUS", "MARKER", "BACKFILL");
+                println!(
+                    "{:<36} {:<24} {:<14} {:<24} {:<16} {:>8} {:>15}",
+                    "ID", "COLLECTION", "FUNCTION", "OUTPUT", "STATUS", "MARKER", "BACKFILL"
+                );
                 for v in &views {
                     println!(
                         "{:<36} {:<24} {:<14} {:<24} {:<16} {:>8} {:>15}",
@@ -379,24 +400,30 @@ pub async fn functions(config: &Config, cmd: super::FunctionsCmd) -> Result<()> 
                         v.output,
                         v.status,
                         v.marker_offset.map(|o| o.to_string()).unwrap_or_else(|| "-".into()),
-                        format!("{}/{}", v.backfill_done, v.backfill_total.map(|t| t.to_string()).unwrap_or_else(|| "?".into()))
+                        format!(
+                            "{}/{}",
+                            v.backfill_done,
+                            v.backfill_total.map(|t| t.to_string()).unwrap_or_else(|| "?".into())
+                        )
                     );
                 }
             } else {
                 println!("{}", serde_json::to_string_pretty(&views)?);
             }
         }
-        FunctionsCmd::Detach { function_id, drop_output } => match sysdb.detach_function(&function_id, drop_output).await? {
-            Some(row) => println!(
-                "detached function {} ({} on {} -> {}){}",
-                row.id,
-                row.function,
-                row.collection_id,
-                row.output_collection,
-                if drop_output { "; output collection dropped" } else { "" }
-            ),
-            None => bail!("no function with id {function_id:?} (see `sluice functions list`)"),
-        },
+        FunctionsCmd::Detach { function_id, drop_output } => {
+            match sysdb.detach_function(&function_id, drop_output).await? {
+                Some(row) => println!(
+                    "detached function {} ({} on {} -> {}){}",
+                    row.id,
+                    row.function,
+                    row.collection_id,
+                    row.output_collection,
+                    if drop_output { "; output collection dropped" } else { "" }
+                ),
+                None => bail!("no function with id {function_id:?} (see `sluice functions list`)"),
+            }
+        }
     }
     Ok(())
 }
@@ -413,7 +440,13 @@ mod tests {
 
     #[test]
     fn canonical_line_is_exact() {
-        let mut r = Record { id: "a".into(), embedding: Some(vec![1.0, -0.5]), metadata: Default::default(), document: None, offset: 9 };
+        let mut r = Record {
+            id: "a".into(),
+            embedding: Some(vec![1.0, -0.5]),
+            metadata: Default::default(),
+            document: None,
+            offset: 9,
+        };
         r.metadata.insert("z".into(), MetaValue::Double(0.5));
         r.metadata.insert("b".into(), MetaValue::Bool(true));
         r.metadata.insert("n".into(), MetaValue::Long(-3));
@@ -422,7 +455,13 @@ mod tests {
             canonical_line("c", &r),
             "c\ta\t0000803f000000bf\tb=b:true,n=l:-3,s=s:x y,z=d:3fe0000000000000\t-\n"
         );
-        let bare = Record { id: "b".into(), embedding: None, metadata: Default::default(), document: Some("d".into()), offset: 0 };
+        let bare = Record {
+            id: "b".into(),
+            embedding: None,
+            metadata: Default::default(),
+            document: Some("d".into()),
+            offset: 0,
+        };
         assert_eq!(canonical_line("c", &bare), "c\tb\t-\t-\td\n");
     }
 

@@ -43,10 +43,7 @@ pub fn reference_outputs(log: &[(i64, LogRecord)], collection: &str, function: &
 
     let state = reference(log);
     let no_records = BTreeMap::new();
-    let records = state
-        .collections
-        .get(collection)
-        .map_or(&no_records, |c| &c.records);
+    let records = state.collections.get(collection).map_or(&no_records, |c| &c.records);
     let mut outputs = BTreeMap::new();
     match function {
         "record_counter" => {
@@ -60,16 +57,14 @@ pub fn reference_outputs(log: &[(i64, LogRecord)], collection: &str, function: &
         "statistics" => {
             for record in records.values() {
                 for (key, value) in &record.metadata {
-                    let output = outputs
-                        .entry(statistics::output_id(key, value))
-                        .or_insert_with(|| ModelOutput {
-                            metadata: Metadata::from([
-                                ("key".to_string(), MetaValue::String(key.clone())),
-                                ("value".to_string(), value.clone()),
-                                ("count".to_string(), MetaValue::Long(0)),
-                            ]),
-                            ..ModelOutput::default()
-                        });
+                    let output = outputs.entry(statistics::output_id(key, value)).or_insert_with(|| ModelOutput {
+                        metadata: Metadata::from([
+                            ("key".to_string(), MetaValue::String(key.clone())),
+                            ("value".to_string(), value.clone()),
+                            ("count".to_string(), MetaValue::Long(0)),
+                        ]),
+                        ..ModelOutput::default()
+                    });
                     if let Some(MetaValue::Long(count)) = output.metadata.get_mut("count") {
                         *count += 1;
                     }
@@ -90,8 +85,6 @@ pub fn reference_outputs(log: &[(i64, LogRecord)], collection: &str, function: &
     }
     outputs
 }
-
-/// One log record applied to its collection, exactly as the table in section 4 reads.
 
 #[cfg(test)]
 mod tests {

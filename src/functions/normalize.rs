@@ -99,10 +99,7 @@ mod tests {
 
     #[test]
     fn normalize_removes_at_the_source_offset() {
-        assert_eq!(
-            deltas(Some(&record(None, 2)), None, 11),
-            vec![OutputDelta::Remove { id: "a".into(), offset: 11 }]
-        );
+        assert_eq!(deltas(Some(&record(None, 2)), None, 11), vec![OutputDelta::Remove { id: "a".into(), offset: 11 }]);
     }
 
     #[test]

@@ -11,8 +11,8 @@ use proptest::prelude::*;
 use super::apply::{apply_deltas, OutputStore};
 use super::registry::{self, NAMES};
 use super::{record_counter, ChangeRef};
-use crate::materialize::fold_batch;
 use crate::functions::model::{reference_outputs, ModelOutput};
+use crate::materialize::fold_batch;
 use crate::record::{LogRecord, MetaValue, Metadata, Operation, Record};
 
 /// The output as a reader sees it: an absent `record_counter` counter reads as 0
@@ -65,14 +65,7 @@ struct Entry {
 }
 
 fn arb_entry() -> impl Strategy<Value = Entry> {
-    (
-        (0..5u8, 0..5u8, 0..10u8),
-        (0..8u8, -1..2i8, 0..2i8),
-        vec((0..4usize, any::<u8>()), 0..3),
-        0..4u8,
-        1..3i64,
-        0..3u8,
-    )
+    ((0..5u8, 0..5u8, 0..10u8), (0..8u8, -1..2i8, 0..2i8), vec((0..4usize, any::<u8>()), 0..3), 0..4u8, 1..3i64, 0..3u8)
         .prop_map(|((collection, id, op), (kind, a, b), pairs, document, gap, cut)| {
             let operation = match op {
                 0..=2 => Operation::Add,
@@ -110,10 +103,7 @@ fn with_offsets(entries: &[Entry]) -> Vec<(i64, LogRecord)> {
 /// every change to every function. Returns the output stores per (collection, function).
 fn run_live(entries: &[Entry], versioned: bool) -> BTreeMap<(String, &'static str), OutputStore> {
     let log = with_offsets(entries);
-    let functions: Vec<_> = NAMES
-        .iter()
-        .map(|name| registry::build(name, &BTreeMap::new()).expect("builds"))
-        .collect();
+    let functions: Vec<_> = NAMES.iter().map(|name| registry::build(name, &BTreeMap::new()).expect("builds")).collect();
     let mut outputs = BTreeMap::new();
     for collection in ["c0", "c1"] {
         let mut store: BTreeMap<String, Record> = BTreeMap::new();
@@ -208,7 +198,10 @@ fn generated_logs_exercise_the_function_cases() {
         );
         hit(
             "zero vector",
-            out.changes.iter().filter_map(|c| c.after.as_ref()).any(|r| r.embedding.as_ref().is_some_and(|e| e.iter().all(|x| *x == 0.0))),
+            out.changes
+                .iter()
+                .filter_map(|c| c.after.as_ref())
+                .any(|r| r.embedding.as_ref().is_some_and(|e| e.iter().all(|x| *x == 0.0))),
         );
         let stats = reference_outputs(&log, "c0", "statistics");
         hit("escaped key", stats.keys().any(|k| k.starts_with("a%3Db=") || k.starts_with("50%25=")));

@@ -34,7 +34,6 @@ pub fn build(name: &str, params: &BTreeMap<String, String>) -> Result<Box<dyn Fu
     }
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::*;

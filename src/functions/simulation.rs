@@ -35,8 +35,8 @@ use super::apply::{apply_deltas, OutputStore};
 use super::proptests::{embedding, meta_value, observed, KEYS};
 use super::registry::{self, NAMES};
 use super::{ChangeRef, Function, FunctionStatus};
-use crate::materialize::fold_batch;
 use crate::functions::model::{reference_outputs, ModelOutput};
+use crate::materialize::fold_batch;
 use crate::record::{BackfillRef, LogRecord, Operation, Record};
 
 const COLLECTION: &str = "c";
@@ -133,7 +133,9 @@ fn scenario(rng: &mut Rng) -> Scenario {
             record.embedding = embedding(rng.byte(), rng.below(3) as i8 - 1, rng.below(2) as i8);
             if rng.percent(70) {
                 let pairs = 1 + rng.below(3);
-                record.metadata = Some((0..pairs).map(|_| (KEYS[rng.below(KEYS.len())].to_string(), meta_value(rng.byte()))).collect());
+                record.metadata = Some(
+                    (0..pairs).map(|_| (KEYS[rng.below(KEYS.len())].to_string(), meta_value(rng.byte()))).collect(),
+                );
             }
             record.document = [None, Some("d".to_string()), Some("e".to_string())][rng.below(3)].clone();
             record
@@ -269,7 +271,12 @@ fn process_batch(store: &mut Store, batch: &[(i64, LogRecord)], protocol: Protoc
             }
             if applies {
                 let mut deltas = Vec::new();
-                let change = ChangeRef { id: &change.id, before: change.before.as_ref(), after: change.after.as_ref(), offset: change.offset };
+                let change = ChangeRef {
+                    id: &change.id,
+                    before: change.before.as_ref(),
+                    after: change.after.as_ref(),
+                    offset: change.offset,
+                };
                 f.f.deltas(&change, &mut deltas);
                 let versioned = f.status == FunctionStatus::Backfilling && protocol.versioned;
                 stats.stale_writes_refused += apply_deltas(&mut f.output, &deltas, versioned).stale;
@@ -285,7 +292,10 @@ fn process_batch(store: &mut Store, batch: &[(i64, LogRecord)], protocol: Protoc
     store.dimension = out.dimension;
 }
 
-fn after_cursor<'a, V>(map: &'a BTreeMap<String, V>, cursor: &Option<String>) -> impl Iterator<Item = (&'a String, &'a V)> {
+fn after_cursor<'a, V>(
+    map: &'a BTreeMap<String, V>,
+    cursor: &Option<String>,
+) -> impl Iterator<Item = (&'a String, &'a V)> {
     let from = cursor.as_ref().map_or(Bound::Unbounded, |c| Bound::Excluded(c.clone()));
     map.range::<String, _>((from, Bound::Unbounded))
 }
@@ -377,10 +387,8 @@ struct Oracle<'a> {
 impl Oracle<'_> {
     fn check(&mut self, upto: usize, f: &FunctionState) -> Result<(), Divergence> {
         let log = self.log;
-        let expected = self
-            .cached
-            .entry((upto, f.name))
-            .or_insert_with(|| reference_outputs(&log[..upto], COLLECTION, f.name));
+        let expected =
+            self.cached.entry((upto, f.name)).or_insert_with(|| reference_outputs(&log[..upto], COLLECTION, f.name));
         let actual = observed(&f.output, f.name);
         if actual == *expected {
             Ok(())
@@ -432,7 +440,9 @@ pub(super) fn simulate(seed: u64, protocol: Protocol) -> (Stats, Vec<Divergence>
             .collect(),
     };
     let mut workers: Vec<Worker> = (0..NAMES.len())
-        .flat_map(|function| (0..s.workers_per_function).map(move |_| Worker { function, expected: None, pending: None }))
+        .flat_map(|function| {
+            (0..s.workers_per_function).map(move |_| Worker { function, expected: None, pending: None })
+        })
         .collect();
     let mut oracle = Oracle { log: &s.log, cached: BTreeMap::new() };
     let mut stats = Stats::default();
@@ -575,10 +585,22 @@ fn simulated_runs_exercise_every_race() {
 #[test]
 fn each_known_protocol_mistake_fails_the_simulation() {
     let mistakes = [
-        ("(a) preimages read before current rows", Protocol { read: ReadMode::PreimagesThenCurrent, ..Protocol::EXACT }, vec!["record_counter", "statistics"]),
-        ("two reads without de-duplication", Protocol { read: ReadMode::CurrentThenPreimagesNoDedup, ..Protocol::EXACT }, vec!["record_counter", "statistics"]),
+        (
+            "(a) preimages read before current rows",
+            Protocol { read: ReadMode::PreimagesThenCurrent, ..Protocol::EXACT },
+            vec!["record_counter", "statistics"],
+        ),
+        (
+            "two reads without de-duplication",
+            Protocol { read: ReadMode::CurrentThenPreimagesNoDedup, ..Protocol::EXACT },
+            vec!["record_counter", "statistics"],
+        ),
         ("(b) unversioned map outputs", Protocol { versioned: false, ..Protocol::EXACT }, vec!["normalize"]),
-        ("(c) preimages captured up to the marker", Protocol { capture_up_to_marker: true, ..Protocol::EXACT }, vec!["normalize", "record_counter", "statistics"]),
+        (
+            "(c) preimages captured up to the marker",
+            Protocol { capture_up_to_marker: true, ..Protocol::EXACT },
+            vec!["normalize", "record_counter", "statistics"],
+        ),
     ];
     for (mistake, protocol, hurt) in mistakes {
         let (_, failures) = run_seeds(0..1000, protocol);

@@ -373,7 +373,8 @@ mod tests {
             "[=%:a-c0-9]{0,6}".prop_map(MetaValue::String),
             any::<i64>().prop_map(MetaValue::Long),
             any::<u64>().prop_map(|bits| MetaValue::Double(f64::from_bits(bits))),
-            prop_oneof![Just(0.0), Just(-0.0), Just(0.1), Just(1e-300), Just(f64::INFINITY)].prop_map(MetaValue::Double),
+            prop_oneof![Just(0.0), Just(-0.0), Just(0.1), Just(1e-300), Just(f64::INFINITY)]
+                .prop_map(MetaValue::Double),
             any::<bool>().prop_map(MetaValue::Bool),
         ]
     }

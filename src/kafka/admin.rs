@@ -35,7 +35,8 @@ pub async fn ensure_topic(
         new = new.set(k, v);
     }
     let opts = AdminOptions::new().operation_timeout(Some(settings.timeout()));
-    let results = admin.create_topics([&new], &opts).await.map_err(|e| broker_err(format!("create topic {topic}"), e))?;
+    let results =
+        admin.create_topics([&new], &opts).await.map_err(|e| broker_err(format!("create topic {topic}"), e))?;
     match results.into_iter().next() {
         Some(Ok(_)) => Ok(TopicOutcome::Created),
         Some(Err((_, RDKafkaErrorCode::TopicAlreadyExists))) => {
@@ -123,12 +124,11 @@ impl MetadataClient {
     pub fn commit_group_offsets(&self, topic: &str, offsets: &[(i32, i64)]) -> Result<(), KafkaError> {
         let mut tpl = TopicPartitionList::new();
         for (p, o) in offsets {
-            tpl.add_partition_offset(topic, *p, Offset::Offset(*o))
-                .map_err(|e| broker_err("build offsets", e))?;
+            tpl.add_partition_offset(topic, *p, Offset::Offset(*o)).map_err(|e| broker_err("build offsets", e))?;
         }
-        self.consumer
-            .commit(&tpl, CommitMode::Sync)
-            .map_err(|e| broker_err(format!("commit group offsets of {topic} (is the group empty? stop the replicas first)"), e))
+        self.consumer.commit(&tpl, CommitMode::Sync).map_err(|e| {
+            broker_err(format!("commit group offsets of {topic} (is the group empty? stop the replicas first)"), e)
+        })
     }
 }
 

@@ -102,8 +102,14 @@ pub enum Command {
     Resume(Vec<i32>),
     /// Back-pressure from one slow partition: pause it (or resume it) without touching
     /// the others.
-    Throttle { partition: i32, on: bool },
-    Seek { partition: i32, offset: i64 },
+    Throttle {
+        partition: i32,
+        on: bool,
+    },
+    Seek {
+        partition: i32,
+        offset: i64,
+    },
     /// Leave the group and stop the thread.
     Shutdown,
 }
@@ -162,10 +168,7 @@ impl ConsumerHandle {
             .set("isolation.level", "read_committed")
             .set("session.timeout.ms", settings.session_timeout_ms.to_string())
             .set("max.poll.interval.ms", settings.max_poll_interval_ms.to_string())
-            .set(
-                "partition.assignment.strategy",
-                if settings.cooperative { "cooperative-sticky" } else { "range" },
-            )
+            .set("partition.assignment.strategy", if settings.cooperative { "cooperative-sticky" } else { "range" })
             .set_log_level(RDKafkaLogLevel::Warning);
         if !settings.client.librdkafka.contains_key("queued.max.messages.kbytes") {
             // Prefetch bound per partition (librdkafka default 65536 KiB): the processor
@@ -175,8 +178,7 @@ impl ConsumerHandle {
         if let Some(id) = &settings.instance_id {
             c.set("group.instance.id", id);
         }
-        let consumer: BaseConsumer<Ctx> =
-            c.create_with_context(ctx).map_err(|e| KafkaError::Config(e.to_string()))?;
+        let consumer: BaseConsumer<Ctx> = c.create_with_context(ctx).map_err(|e| KafkaError::Config(e.to_string()))?;
         consumer
             .subscribe(&[&settings.topic])
             .map_err(|e| super::broker_err(format!("subscribe to {}", settings.topic), e))?;
@@ -339,8 +341,7 @@ impl Ctx {
         // Halted partitions stay paused; so do all new ones while back-pressure holds the
         // others (they are resumed together when it ends).
         let backpressure = self.state().backpressure_paused;
-        let to_pause: Vec<i32> =
-            decisions.iter().filter(|d| d.paused || backpressure).map(|d| d.partition).collect();
+        let to_pause: Vec<i32> = decisions.iter().filter(|d| d.paused || backpressure).map(|d| d.partition).collect();
         if !to_pause.is_empty() {
             if let Err(e) = consumer.pause(&self.tpl(to_pause.iter().copied())) {
                 error!(%e, "cannot pause partitions at assignment");
@@ -499,7 +500,13 @@ struct PendingSeek {
     next_at: Instant,
 }
 
-fn try_seek(consumer: &BaseConsumer<Ctx>, seeks: &mut HashMap<i32, PendingSeek>, partition: i32, offset: i64, attempts: u32) {
+fn try_seek(
+    consumer: &BaseConsumer<Ctx>,
+    seeks: &mut HashMap<i32, PendingSeek>,
+    partition: i32,
+    offset: i64,
+    attempts: u32,
+) {
     let ctx = consumer.context();
     match consumer.seek(&ctx.topic, partition, Offset::Offset(offset), Duration::from_secs(5)) {
         Ok(()) => {
@@ -644,8 +651,11 @@ fn poll_loop(consumer: BaseConsumer<Ctx>, commands: std_mpsc::Receiver<Command>)
         if shutting_down {
             break;
         }
-        let due: Vec<(i32, i64, u32)> =
-            seeks.iter().filter(|(_, s)| s.next_at <= Instant::now()).map(|(p, s)| (*p, s.offset, s.attempts)).collect();
+        let due: Vec<(i32, i64, u32)> = seeks
+            .iter()
+            .filter(|(_, s)| s.next_at <= Instant::now())
+            .map(|(p, s)| (*p, s.offset, s.attempts))
+            .collect();
         for (p, offset, attempts) in due {
             try_seek(&consumer, &mut seeks, p, offset, attempts);
         }

@@ -184,8 +184,9 @@ pub fn check_connection(settings: &ClientSettings, timeout: Duration) -> Result<
         }
         client.poll(Duration::ZERO); // serves the error callbacks
         let reports = client.context().snapshot();
-        if let Some(cause @ (Cause::Authentication | Cause::UntrustedCertificate | Cause::Tls | Cause::ProtocolMismatch)) =
-            decisive_cause(&reports)
+        if let Some(
+            cause @ (Cause::Authentication | Cause::UntrustedCertificate | Cause::Tls | Cause::ProtocolMismatch),
+        ) = decisive_cause(&reports)
         {
             return Err(explain(&cause, settings, &pick_detail(&reports, &cause)));
         }
@@ -279,7 +280,10 @@ mod tests {
         assert!(auth.contains("authentication failed for user 'bob' (SASL/SCRAM-SHA-512)"), "{auth}");
         assert!(auth.contains("SLUICE_SASL_PASSWORD"), "{auth}");
         let cert = explain(&Cause::UntrustedCertificate, &s, "").to_string();
-        assert!(cert.contains("certificate") && cert.contains("ssl.ca.location") && cert.contains("/tmp/ca.pem"), "{cert}");
+        assert!(
+            cert.contains("certificate") && cert.contains("ssl.ca.location") && cert.contains("/tmp/ca.pem"),
+            "{cert}"
+        );
         let down = explain(&Cause::Unreachable, &s, "").to_string();
         assert!(down.contains("cannot reach any broker at 127.0.0.1:29192"), "{down}");
         for m in [auth, cert, down] {

@@ -113,12 +113,16 @@ impl Producer {
                         futures.push(Ok(f));
                         break;
                     }
-                    Err((rdkafka::error::KafkaError::MessageProduction(rdkafka::types::RDKafkaErrorCode::QueueFull), r)) => {
+                    Err((
+                        rdkafka::error::KafkaError::MessageProduction(rdkafka::types::RDKafkaErrorCode::QueueFull),
+                        r,
+                    )) => {
                         rec = r;
                         tokio::time::sleep(Duration::from_millis(5)).await;
                     }
                     Err((e, _)) => {
-                        futures.push(Err(KafkaError::Delivery { topic: out.topic.to_string(), message: e.to_string() }));
+                        futures
+                            .push(Err(KafkaError::Delivery { topic: out.topic.to_string(), message: e.to_string() }));
                         break;
                     }
                 }
@@ -129,8 +133,12 @@ impl Producer {
             results.push(match f {
                 Ok(f) => match f.await {
                     Ok(Ok(d)) => Ok(Delivered { partition: d.partition, offset: d.offset }),
-                    Ok(Err((e, _))) => Err(KafkaError::Delivery { topic: out.topic.to_string(), message: e.to_string() }),
-                    Err(_) => Err(KafkaError::Delivery { topic: out.topic.to_string(), message: "producer dropped".into() }),
+                    Ok(Err((e, _))) => {
+                        Err(KafkaError::Delivery { topic: out.topic.to_string(), message: e.to_string() })
+                    }
+                    Err(_) => {
+                        Err(KafkaError::Delivery { topic: out.topic.to_string(), message: "producer dropped".into() })
+                    }
                 },
                 Err(e) => Err(e),
             });

@@ -22,7 +22,11 @@ pub struct TaskConsumer {
 
 impl TaskConsumer {
     /// Subscribe to `topic` in `group` and forward every message value.
-    pub fn start(settings: &ClientSettings, group: &str, topic: &str) -> Result<(TaskConsumer, mpsc::Receiver<Vec<u8>>), KafkaError> {
+    pub fn start(
+        settings: &ClientSettings,
+        group: &str,
+        topic: &str,
+    ) -> Result<(TaskConsumer, mpsc::Receiver<Vec<u8>>), KafkaError> {
         let mut c = settings.client_config();
         c.set("group.id", group)
             .set("enable.auto.commit", "true")

@@ -124,11 +124,8 @@ pub enum IgnoreReason {
 
 impl IgnoreReason {
     /// Every reason, for pre-registering metric label values.
-    pub const ALL: [IgnoreReason; 3] = [
-        IgnoreReason::AddExisting,
-        IgnoreReason::UpdateMissing,
-        IgnoreReason::DeleteMissing,
-    ];
+    pub const ALL: [IgnoreReason; 3] =
+        [IgnoreReason::AddExisting, IgnoreReason::UpdateMissing, IgnoreReason::DeleteMissing];
 
     /// The metric label value (`sluice_..._ignored_total{reason=...}`).
     pub fn label(self) -> &'static str {
@@ -180,10 +177,7 @@ impl BatchOutcome {
     /// deleted), in id order — what the store writes. Ids only ignored or rejected
     /// are absent. Derived from `changes` (the last change of each id).
     pub fn final_states(&self) -> BTreeMap<&str, Option<&Record>> {
-        self.changes
-            .iter()
-            .map(|c| (c.id.as_str(), c.after.as_ref()))
-            .collect()
+        self.changes.iter().map(|c| (c.id.as_str(), c.after.as_ref())).collect()
     }
 }
 
@@ -232,10 +226,7 @@ pub fn fold_batch<'a, V>(
 where
     V: RecordView + ?Sized,
 {
-    let mut out = BatchOutcome {
-        dimension,
-        ..BatchOutcome::default()
-    };
+    let mut out = BatchOutcome { dimension, ..BatchOutcome::default() };
     let mut overlay: HashMap<&'a str, Slot> = HashMap::new();
     let mut first: Option<(&'a str, i64)> = None;
 
@@ -264,19 +255,12 @@ where
 
         if let (Some(expected), Some(embedding)) = (out.dimension, rec.embedding.as_ref()) {
             if embedding.len() != expected {
-                out.rejected.push(Rejected {
-                    offset,
-                    id: rec.id.clone(),
-                    expected,
-                    actual: embedding.len(),
-                });
+                out.rejected.push(Rejected { offset, id: rec.id.clone(), expected, actual: embedding.len() });
                 continue;
             }
         }
 
-        let slot = overlay
-            .entry(rec.id.as_str())
-            .or_insert_with(|| Slot::Base(view.get(&rec.id)));
+        let slot = overlay.entry(rec.id.as_str()).or_insert_with(|| Slot::Base(view.get(&rec.id)));
         let current = match slot {
             Slot::Base(base) => base.as_ref(),
             Slot::Changed(i) => out.changes[*i].after.as_ref(),
@@ -311,12 +295,7 @@ where
             Slot::Changed(i) => out.changes[*i].after.clone(),
         };
         *slot = Slot::Changed(out.changes.len());
-        out.changes.push(Change {
-            id: rec.id.clone(),
-            before,
-            after,
-            offset,
-        });
+        out.changes.push(Change { id: rec.id.clone(), before, after, offset });
     }
     Ok(out)
 }
@@ -360,13 +339,7 @@ fn insert(offset: i64, rec: &LogRecord) -> Record {
         .filter(|(_, v)| !matches!(v, MetaValue::Null))
         .map(|(k, v)| (k.clone(), v.clone()))
         .collect();
-    Record {
-        id: rec.id.clone(),
-        embedding: rec.embedding.clone(),
-        metadata,
-        document: rec.document.clone(),
-        offset,
-    }
+    Record { id: rec.id.clone(), embedding: rec.embedding.clone(), metadata, document: rec.document.clone(), offset }
 }
 
 /// `live` merged with `rec`: metadata key by key (`Null` removes the key), document

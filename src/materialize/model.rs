@@ -51,16 +51,9 @@ pub fn reference(log: &[(i64, LogRecord)]) -> ModelState {
     for (offset, record) in log {
         let offset = *offset;
         if let Some(last) = last_offsets.insert(&record.collection_id, offset) {
-            assert!(
-                offset > last,
-                "model log of collection {:?}: offset {offset} after {last}",
-                record.collection_id
-            );
+            assert!(offset > last, "model log of collection {:?}: offset {offset} after {last}", record.collection_id);
         }
-        let collection = state
-            .collections
-            .entry(record.collection_id.clone())
-            .or_default();
+        let collection = state.collections.entry(record.collection_id.clone()).or_default();
         apply(collection, offset, record);
     }
 
@@ -69,6 +62,8 @@ pub fn reference(log: &[(i64, LogRecord)]) -> ModelState {
     state
 }
 
+/// One log record applied to its collection, exactly as the table in docs/design.md
+/// section 5 reads.
 fn apply(collection: &mut CollectionModel, offset: i64, record: &LogRecord) {
     // Control records are never materialized.
     if record.operation == Operation::BackfillFn {
@@ -188,12 +183,7 @@ mod tests {
         let c = &state.collections["c"];
         assert_eq!(c.records.keys().collect::<Vec<_>>(), vec!["a"]);
         assert_eq!(c.records["a"].offset, 4);
-        let expected: BTreeMap<&str, u64> = [
-            ("add_existing", 1),
-            ("update_missing", 1),
-            ("delete_missing", 1),
-        ]
-        .into();
+        let expected: BTreeMap<&str, u64> = [("add_existing", 1), ("update_missing", 1), ("delete_missing", 1)].into();
         assert_eq!(c.ignored, expected);
         assert_eq!(c.controls, vec![8]);
         assert!(c.rejected.is_empty());
@@ -226,9 +216,6 @@ mod tests {
     #[test]
     #[should_panic(expected = "offset 3 after 5")]
     fn model_refuses_a_log_out_of_offset_order() {
-        reference(&[
-            (5, log_record("c", "a", Operation::Add)),
-            (3, log_record("c", "b", Operation::Add)),
-        ]);
+        reference(&[(5, log_record("c", "a", Operation::Add)), (3, log_record("c", "b", Operation::Add))]);
     }
 }

@@ -52,14 +52,8 @@ fn meta_value(n: u8) -> MetaValue {
 
 /// `None` 40% of the time, else up to 3 entries over keys `k0`..`k3`, Nulls frequent.
 fn arb_metadata() -> impl Strategy<Value = Option<Metadata>> {
-    option::weighted(0.6, vec((0..4u8, 0..12u8), 0..4)).prop_map(|pairs| {
-        pairs.map(|pairs| {
-            pairs
-                .into_iter()
-                .map(|(k, v)| (format!("k{k}"), meta_value(v)))
-                .collect()
-        })
-    })
+    option::weighted(0.6, vec((0..4u8, 0..12u8), 0..4))
+        .prop_map(|pairs| pairs.map(|pairs| pairs.into_iter().map(|(k, v)| (format!("k{k}"), meta_value(v))).collect()))
 }
 
 /// Mostly dimension 3, occasionally 2 or 4, often none.
@@ -85,30 +79,15 @@ fn arb_document() -> impl Strategy<Value = Option<String>> {
 }
 
 fn arb_entry() -> impl Strategy<Value = Entry> {
-    (
-        0..3u8,
-        0..8u8,
-        arb_operation(),
-        arb_embedding(),
-        arb_metadata(),
-        arb_document(),
-        1..3i64,
-        0..10u8,
+    (0..3u8, 0..8u8, arb_operation(), arb_embedding(), arb_metadata(), arb_document(), 1..3i64, 0..10u8).prop_map(
+        |(collection, id, operation, embedding, metadata, document, gap, cut)| {
+            let mut record = LogRecord::data(format!("c{collection}"), format!("id{id}"), operation);
+            record.embedding = embedding;
+            record.metadata = metadata;
+            record.document = document;
+            Entry { record, gap, cut: cut < 3 }
+        },
     )
-        .prop_map(
-            |(collection, id, operation, embedding, metadata, document, gap, cut)| {
-                let mut record =
-                    LogRecord::data(format!("c{collection}"), format!("id{id}"), operation);
-                record.embedding = embedding;
-                record.metadata = metadata;
-                record.document = document;
-                Entry {
-                    record,
-                    gap,
-                    cut: cut < 3,
-                }
-            },
-        )
 }
 
 fn arb_log() -> impl Strategy<Value = Vec<Entry>> {
@@ -150,9 +129,7 @@ fn fold_in_batches(entries: &[Entry]) -> Result<BTreeMap<String, Folded>, TestCa
         if !open.get(collection).copied().unwrap_or(false) {
             per.push(Vec::new());
         }
-        per.last_mut()
-            .expect("pushed above")
-            .push((*offset, record));
+        per.last_mut().expect("pushed above").push((*offset, record));
         open.insert(collection, !entry.cut);
     }
 
@@ -205,12 +182,7 @@ fn check_batch_outcome(
     for change in &out.changes {
         prop_assert!(change.offset > previous, "changes out of offset order");
         previous = change.offset;
-        prop_assert_eq!(
-            replay.get(&change.id),
-            change.before.as_ref(),
-            "before of change at {}",
-            change.offset
-        );
+        prop_assert_eq!(replay.get(&change.id), change.before.as_ref(), "before of change at {}", change.offset);
         match &change.after {
             Some(after) => {
                 prop_assert_eq!(after.offset, change.offset);
@@ -272,10 +244,7 @@ fn generated_logs_exercise_every_case() {
         let log = with_offsets(&entries);
         let mut by_collection: BTreeMap<&str, Vec<(i64, &LogRecord)>> = BTreeMap::new();
         for (offset, record) in &log {
-            by_collection
-                .entry(&record.collection_id)
-                .or_default()
-                .push((*offset, record));
+            by_collection.entry(&record.collection_id).or_default().push((*offset, record));
         }
         if entries.iter().filter(|e| e.cut).count() >= 2 {
             *seen.entry("several batches").or_default() += 1;
@@ -287,10 +256,8 @@ fn generated_logs_exercise_every_case() {
                     *seen.entry(reason.label()).or_default() += 1;
                 }
             }
-            let fresh_after_delete = out
-                .changes
-                .windows(2)
-                .any(|w| w[0].id == w[1].id && w[0].after.is_none() && w[1].before.is_none());
+            let fresh_after_delete =
+                out.changes.windows(2).any(|w| w[0].id == w[1].id && w[0].after.is_none() && w[1].before.is_none());
             let null_removed = out.changes.iter().any(|c| match (&c.before, &c.after) {
                 (Some(b), Some(a)) => b.metadata.keys().any(|k| !a.metadata.contains_key(k)),
                 _ => false,
@@ -305,12 +272,7 @@ fn generated_logs_exercise_every_case() {
                 ("delete then insert", fresh_after_delete),
                 ("null removes key", null_removed),
                 ("merge over embedding", kept_embedding),
-                (
-                    "merge",
-                    out.changes
-                        .iter()
-                        .any(|c| c.before.is_some() && c.after.is_some()),
-                ),
+                ("merge", out.changes.iter().any(|c| c.before.is_some() && c.after.is_some())),
                 ("remove", out.changes.iter().any(|c| c.after.is_none())),
             ] {
                 if hit {
@@ -332,9 +294,6 @@ fn generated_logs_exercise_every_case() {
         "merge",
         "remove",
     ] {
-        assert!(
-            seen.get(case).copied().unwrap_or(0) >= 20,
-            "case {case:?} too rare: {seen:?}"
-        );
+        assert!(seen.get(case).copied().unwrap_or(0) >= 20, "case {case:?} too rare: {seen:?}");
     }
 }

@@ -278,7 +278,12 @@ pub fn ids_to_read(records: &[(i64, LogRecord)], dimension: Option<u32>, with_fu
 }
 
 /// Assemble the commit.
-pub fn commit(topic: &str, delta: PositionDelta, collections: Vec<CollectionUpdate>, functions: Vec<FunctionBatch>) -> BatchCommit {
+pub fn commit(
+    topic: &str,
+    delta: PositionDelta,
+    collections: Vec<CollectionUpdate>,
+    functions: Vec<FunctionBatch>,
+) -> BatchCommit {
     BatchCommit { topic: topic.to_string(), delta, collections, functions }
 }
 
@@ -288,7 +293,14 @@ mod tests {
     use crate::record::{codec::encode, MetaValue};
 
     fn msg(offset: i64, key: Option<&str>, payload: Vec<u8>) -> Msg {
-        Msg { partition: 0, offset, generation: 1, key: key.map(|k| k.as_bytes().to_vec()), payload: Some(payload), timestamp_ms: None }
+        Msg {
+            partition: 0,
+            offset,
+            generation: 1,
+            key: key.map(|k| k.as_bytes().to_vec()),
+            payload: Some(payload),
+            timestamp_ms: None,
+        }
     }
 
     fn rec(c: &str, id: &str, op: Operation) -> LogRecord {
@@ -333,7 +345,13 @@ mod tests {
         let mut known = HashMap::new();
         known.insert(
             home1.clone(),
-            Known::Registered(CollectionRow { id: home1.clone(), partition: 3, dimension: None, log_position: -1, record_count: 0 }),
+            Known::Registered(CollectionRow {
+                id: home1.clone(),
+                partition: 3,
+                dimension: None,
+                log_position: -1,
+                record_count: 0,
+            }),
         );
         let r = route(decoded, 1, 4, &known, UnknownCollections::Register);
         assert_eq!(r.dlq.iter().map(|d| d.offset).collect::<Vec<_>>(), vec![10, 11]);

@@ -92,7 +92,11 @@ fn applies_after(a: &Attached, markers: &[(i64, &BackfillRef)]) -> Option<Option
 }
 
 /// Each attached function's work for this batch of one collection.
-pub fn function_batches(attached: &[Attached], outcome: &BatchOutcome, markers: &[(i64, &BackfillRef)]) -> Vec<FunctionBatch> {
+pub fn function_batches(
+    attached: &[Attached],
+    outcome: &BatchOutcome,
+    markers: &[(i64, &BackfillRef)],
+) -> Vec<FunctionBatch> {
     let mut out = Vec::new();
     for a in attached {
         let own_markers: Vec<(i64, String)> = markers
@@ -104,7 +108,10 @@ pub fn function_batches(attached: &[Attached], outcome: &BatchOutcome, markers: 
         if let Some(after) = applies_after(a, markers) {
             for c in outcome.changes.iter().filter(|c| after.is_none_or(|m| c.offset > m)) {
                 let mut deltas = Vec::new();
-                a.f.deltas(&ChangeRef { id: &c.id, before: c.before.as_ref(), after: c.after.as_ref(), offset: c.offset }, &mut deltas);
+                a.f.deltas(
+                    &ChangeRef { id: &c.id, before: c.before.as_ref(), after: c.after.as_ref(), offset: c.offset },
+                    &mut deltas,
+                );
                 changes.push(FunctionChange { offset: c.offset, id: c.id.clone(), before: c.before.clone(), deltas });
             }
         }
@@ -118,10 +125,18 @@ pub fn function_batches(attached: &[Attached], outcome: &BatchOutcome, markers: 
 /// Backfill tasks for the markers that will start a backfill (the function awaits a
 /// marker with that request id). Produced and acknowledged before the batch commits
 /// (design.md invariant 7); a duplicate is harmless.
-pub fn tasks(attached: &[Attached], markers: &[(i64, &BackfillRef)], topic: &str, partition: i32, now_ms: i64) -> Vec<BackfillTask> {
+pub fn tasks(
+    attached: &[Attached],
+    markers: &[(i64, &BackfillRef)],
+    topic: &str,
+    partition: i32,
+    now_ms: i64,
+) -> Vec<BackfillTask> {
     let mut out = Vec::new();
     for a in attached.iter().filter(|a| a.row.status == FunctionStatus::AwaitingMarker) {
-        if let Some((o, b)) = markers.iter().find(|(_, b)| b.function_id == a.row.id && b.request_id == a.row.request_id) {
+        if let Some((o, b)) =
+            markers.iter().find(|(_, b)| b.function_id == a.row.id && b.request_id == a.row.request_id)
+        {
             out.push(BackfillTask {
                 request_id: b.request_id.clone(),
                 function_id: a.row.id.clone(),

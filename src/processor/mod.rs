@@ -19,8 +19,8 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
-use crate::health::Health;
 use crate::config::Config;
+use crate::health::Health;
 use crate::kafka::admin::MetadataClient;
 use crate::kafka::consumer::{Command, ConsumerHandle, ConsumerSettings, Event, StartDecision};
 use crate::kafka::producer::Producer;
@@ -362,15 +362,21 @@ async fn assign(
     let positions = retry_sysdb(&shared.metrics, || shared.sysdb.positions(&shared.topic)).await?;
     let mut decisions = Vec::new();
     for info in partitions {
-        let mut s: Start =
-            resolve_start(positions.get(&info.partition).copied(), info, cfg.kafka.auto_offset_reset, cfg.processor.on_data_loss);
+        let mut s: Start = resolve_start(
+            positions.get(&info.partition).copied(),
+            info,
+            cfg.kafka.auto_offset_reset,
+            cfg.processor.on_data_loss,
+        );
         if s.group_ahead {
             shared.metrics.group_offset_ahead();
             warn!(partition = info.partition, sysdb = s.offset, group = ?info.group_offset, "group offset is AHEAD of the sysdb position; the sysdb wins (records after it will be re-read and applied once)");
         }
         if s.needs_row {
             let from = s.gap.map(|(from, _)| from).unwrap_or(s.offset);
-            let stored = retry_sysdb(&shared.metrics, || shared.sysdb.init_position(&shared.topic, info.partition, from)).await?;
+            let stored =
+                retry_sysdb(&shared.metrics, || shared.sysdb.init_position(&shared.topic, info.partition, from))
+                    .await?;
             if stored != from {
                 // Another replica created the row meanwhile: decide again from it.
                 s = resolve_start(Some(stored), info, cfg.kafka.auto_offset_reset, cfg.processor.on_data_loss);
@@ -379,7 +385,10 @@ async fn assign(
         if let Some((from, to)) = s.gap {
             retry_sysdb(&shared.metrics, || shared.sysdb.record_gap(&shared.topic, info.partition, from, to)).await?;
             shared.metrics.gap();
-            warn!(partition = info.partition, from, to, "records deleted before processing; gap recorded and skipped (on_data_loss = \"skip\")");
+            warn!(
+                partition = info.partition,
+                from, to, "records deleted before processing; gap recorded and skipped (on_data_loss = \"skip\")"
+            );
         }
         let p = info.partition;
         let reason = match s.halted {

@@ -16,8 +16,8 @@ use tracing::{error, warn};
 
 use super::batch::{DlqEntry, Known};
 use super::functions;
-use crate::health::Health;
 use crate::config::{Config, OnDataLoss};
+use crate::health::Health;
 use crate::kafka::admin::MetadataClient;
 use crate::kafka::consumer::{Command, Commander};
 use crate::kafka::producer::Producer;
@@ -81,15 +81,24 @@ pub enum WorkerMsg {
     Messages(Vec<Msg>),
     /// The assignment took effect with this generation.
     Generation(u64),
-    Seeked { offset: i64, generation: u64 },
+    Seeked {
+        offset: i64,
+        generation: u64,
+    },
     /// The partition's fetch position fell below its log start: compare with the
     /// watermarks after committing what is buffered.
     CheckGap,
     /// Everything before `offset` was handed over; what lies between the last message and
     /// `offset` are transaction markers or aborted records.
-    Position { offset: i64, generation: u64 },
+    Position {
+        offset: i64,
+        generation: u64,
+    },
     /// The consumer could not seek (bounded retries): halt.
-    SeekFailed { offset: i64, error: String },
+    SeekFailed {
+        offset: i64,
+        error: String,
+    },
 }
 
 /// Sysdb attempts of a batch that fails with a non-transient, non-record error before the
@@ -364,7 +373,12 @@ impl Worker {
             }
             OnDataLoss::Skip => match self.shared.sysdb.record_gap(&self.shared.topic, p, self.next, low).await {
                 Ok(()) => {
-                    warn!(partition = p, from = self.next, to = low, "data-loss gap recorded; skipping (on_data_loss = \"skip\")");
+                    warn!(
+                        partition = p,
+                        from = self.next,
+                        to = low,
+                        "data-loss gap recorded; skipping (on_data_loss = \"skip\")"
+                    );
                     self.next = low;
                     self.shared.metrics.partition_sysdb_next(p, low);
                     self.generation = 0;
@@ -383,7 +397,9 @@ impl Worker {
             let md = self.shared.metadata.clone();
             let topic = self.shared.topic.clone();
             let p = self.partition;
-            let wm = tokio::task::spawn_blocking(move || md.lock().unwrap_or_else(|e| e.into_inner()).watermarks(&topic, p)).await;
+            let wm =
+                tokio::task::spawn_blocking(move || md.lock().unwrap_or_else(|e| e.into_inner()).watermarks(&topic, p))
+                    .await;
             match wm {
                 Ok(Ok((low, _high))) => return Some(low),
                 Ok(Err(e)) => warn!(%e, partition = p, "cannot read the watermarks; retrying"),

@@ -38,8 +38,7 @@ pub fn backfill_task_schema() -> &'static Schema {
 fn parse_embedded(json: &str, file: &str) -> Schema {
     // The text is compiled into the binary and parsed by a unit test, so a failure here
     // is a build defect, not a runtime condition.
-    Schema::parse_str(json)
-        .unwrap_or_else(|e| panic!("embedded schemas/{file} does not parse: {e}"))
+    Schema::parse_str(json).unwrap_or_else(|e| panic!("embedded schemas/{file} does not parse: {e}"))
 }
 
 /// The 64-bit Rabin fingerprint (CRC-64-AVRO) of the schema's Parsing Canonical Form, as
@@ -74,11 +73,7 @@ pub enum ValueError {
     #[error("record has no field `{field}`")]
     MissingField { field: &'static str },
     #[error("field `{field}`: expected {expected}, found {found}")]
-    WrongType {
-        field: &'static str,
-        expected: &'static str,
-        found: String,
-    },
+    WrongType { field: &'static str, expected: &'static str, found: String },
     #[error("field `{field}`: unknown enum symbol `{symbol}`")]
     UnknownSymbol { field: &'static str, symbol: String },
     #[error("embedding of {len} bytes is not a multiple of 4")]
@@ -116,10 +111,7 @@ pub fn log_record_to_value(r: &LogRecord) -> Value {
     let metadata = match &r.metadata {
         None => union(0, Value::Null),
         Some(m) => {
-            let map: HashMap<String, Value> = m
-                .iter()
-                .map(|(k, v)| (k.clone(), meta_to_value(v)))
-                .collect();
+            let map: HashMap<String, Value> = m.iter().map(|(k, v)| (k.clone(), meta_to_value(v))).collect();
             union(1, Value::Map(map))
         }
     };
@@ -138,15 +130,9 @@ pub fn log_record_to_value(r: &LogRecord) -> Value {
         ),
     };
     Value::Record(vec![
-        (
-            "collection_id".into(),
-            Value::String(r.collection_id.clone()),
-        ),
+        ("collection_id".into(), Value::String(r.collection_id.clone())),
         ("id".into(), Value::String(r.id.clone())),
-        (
-            "operation".into(),
-            Value::Enum(op.avro_index(), op.symbol().into()),
-        ),
+        ("operation".into(), Value::Enum(op.avro_index(), op.symbol().into())),
         ("embedding".into(), embedding),
         ("encoding".into(), Value::Enum(0, "FLOAT32".into())),
         ("metadata".into(), metadata),
@@ -182,30 +168,18 @@ fn strip_union(v: Value) -> Value {
 fn record_fields(v: Value) -> Result<HashMap<String, Value>, ValueError> {
     match v {
         Value::Record(fields) => Ok(fields.into_iter().collect()),
-        other => Err(ValueError::NotARecord {
-            found: kind_of(&other),
-        }),
+        other => Err(ValueError::NotARecord { found: kind_of(&other) }),
     }
 }
 
 fn take(fields: &mut HashMap<String, Value>, field: &'static str) -> Result<Value, ValueError> {
-    fields
-        .remove(field)
-        .map(strip_union)
-        .ok_or(ValueError::MissingField { field })
+    fields.remove(field).map(strip_union).ok_or(ValueError::MissingField { field })
 }
 
-fn take_string(
-    fields: &mut HashMap<String, Value>,
-    field: &'static str,
-) -> Result<String, ValueError> {
+fn take_string(fields: &mut HashMap<String, Value>, field: &'static str) -> Result<String, ValueError> {
     match take(fields, field)? {
         Value::String(s) => Ok(s),
-        other => Err(ValueError::WrongType {
-            field,
-            expected: "string",
-            found: kind_of(&other),
-        }),
+        other => Err(ValueError::WrongType { field, expected: "string", found: kind_of(&other) }),
     }
 }
 
@@ -213,25 +187,14 @@ fn take_long(fields: &mut HashMap<String, Value>, field: &'static str) -> Result
     match take(fields, field)? {
         Value::Long(l) | Value::TimestampMillis(l) => Ok(l),
         Value::Int(i) => Ok(i64::from(i)),
-        other => Err(ValueError::WrongType {
-            field,
-            expected: "long",
-            found: kind_of(&other),
-        }),
+        other => Err(ValueError::WrongType { field, expected: "long", found: kind_of(&other) }),
     }
 }
 
-fn take_symbol(
-    fields: &mut HashMap<String, Value>,
-    field: &'static str,
-) -> Result<String, ValueError> {
+fn take_symbol(fields: &mut HashMap<String, Value>, field: &'static str) -> Result<String, ValueError> {
     match take(fields, field)? {
         Value::Enum(_, symbol) => Ok(symbol),
-        other => Err(ValueError::WrongType {
-            field,
-            expected: "enum",
-            found: kind_of(&other),
-        }),
+        other => Err(ValueError::WrongType { field, expected: "enum", found: kind_of(&other) }),
     }
 }
 
@@ -245,31 +208,17 @@ pub fn log_record_from_value(v: Value) -> Result<LogRecord, ValueError> {
     let operation = Operation::ALL
         .into_iter()
         .find(|op| op.symbol() == symbol)
-        .ok_or(ValueError::UnknownSymbol {
-            field: "operation",
-            symbol,
-        })?;
+        .ok_or(ValueError::UnknownSymbol { field: "operation", symbol })?;
     let embedding = match take(&mut f, "embedding")? {
         Value::Null => None,
-        Value::Bytes(b) => Some(
-            f32s_from_le_bytes(&b).ok_or(ValueError::EmbeddingNotMultipleOf4 { len: b.len() })?,
-        ),
+        Value::Bytes(b) => Some(f32s_from_le_bytes(&b).ok_or(ValueError::EmbeddingNotMultipleOf4 { len: b.len() })?),
         other => {
-            return Err(ValueError::WrongType {
-                field: "embedding",
-                expected: "null or bytes",
-                found: kind_of(&other),
-            })
+            return Err(ValueError::WrongType { field: "embedding", expected: "null or bytes", found: kind_of(&other) })
         }
     };
     let encoding = match take_symbol(&mut f, "encoding")?.as_str() {
         "FLOAT32" => Encoding::Float32,
-        symbol => {
-            return Err(ValueError::UnknownSymbol {
-                field: "encoding",
-                symbol: symbol.into(),
-            })
-        }
+        symbol => return Err(ValueError::UnknownSymbol { field: "encoding", symbol: symbol.into() }),
     };
     let metadata = match take(&mut f, "metadata")? {
         Value::Null => None,
@@ -281,22 +230,14 @@ pub fn log_record_from_value(v: Value) -> Result<LogRecord, ValueError> {
             Some(out)
         }
         other => {
-            return Err(ValueError::WrongType {
-                field: "metadata",
-                expected: "null or map",
-                found: kind_of(&other),
-            })
+            return Err(ValueError::WrongType { field: "metadata", expected: "null or map", found: kind_of(&other) })
         }
     };
     let document = match take(&mut f, "document")? {
         Value::Null => None,
         Value::String(s) => Some(s),
         other => {
-            return Err(ValueError::WrongType {
-                field: "document",
-                expected: "null or string",
-                found: kind_of(&other),
-            })
+            return Err(ValueError::WrongType { field: "document", expected: "null or string", found: kind_of(&other) })
         }
     };
     let backfill = match take(&mut f, "backfill")? {
@@ -309,23 +250,10 @@ pub fn log_record_from_value(v: Value) -> Result<LogRecord, ValueError> {
             })
         }
         other => {
-            return Err(ValueError::WrongType {
-                field: "backfill",
-                expected: "null or record",
-                found: kind_of(&other),
-            })
+            return Err(ValueError::WrongType { field: "backfill", expected: "null or record", found: kind_of(&other) })
         }
     };
-    Ok(LogRecord {
-        collection_id,
-        id,
-        operation,
-        embedding,
-        encoding,
-        metadata,
-        document,
-        backfill,
-    })
+    Ok(LogRecord { collection_id, id, operation, embedding, encoding, metadata, document, backfill })
 }
 
 fn meta_from_value(v: Value) -> Result<MetaValue, ValueError> {
@@ -353,10 +281,7 @@ fn meta_from_value(v: Value) -> Result<MetaValue, ValueError> {
 
 /// Encodes through apache-avro (`Value` + `to_avro_datum`, which validates the value).
 pub fn encode_generic(r: &LogRecord) -> Result<Vec<u8>, GenericError> {
-    Ok(apache_avro::to_avro_datum(
-        log_record_schema(),
-        log_record_to_value(r),
-    )?)
+    Ok(apache_avro::to_avro_datum(log_record_schema(), log_record_to_value(r))?)
 }
 
 /// Decodes datums written with one writer schema into the current `LogRecord` shape.
@@ -374,10 +299,7 @@ impl GenericDecoder {
     pub fn new(writer: Schema, reader: &Schema) -> Result<Self, GenericError> {
         SchemaCompatibility::can_read(&writer, reader)?;
         let same = writer.canonical_form() == reader.canonical_form();
-        Ok(GenericDecoder {
-            writer,
-            reader: (!same).then(|| reader.clone()),
-        })
+        Ok(GenericDecoder { writer, reader: (!same).then(|| reader.clone()) })
     }
 
     /// A decoder for `LogRecord`s written with `writer`, read as the current schema.
@@ -388,10 +310,7 @@ impl GenericDecoder {
     /// The decoder for datums written with the current `LogRecord` schema.
     pub fn current() -> &'static GenericDecoder {
         static DECODER: OnceLock<GenericDecoder> = OnceLock::new();
-        DECODER.get_or_init(|| GenericDecoder {
-            writer: log_record_schema().clone(),
-            reader: None,
-        })
+        DECODER.get_or_init(|| GenericDecoder { writer: log_record_schema().clone(), reader: None })
     }
 
     /// Decodes one datum to a `Value` shaped by the reader schema, consuming all bytes.
@@ -423,17 +342,11 @@ pub fn backfill_task_to_value(t: &BackfillTask) -> Value {
     Value::Record(vec![
         ("request_id".into(), Value::String(t.request_id.clone())),
         ("function_id".into(), Value::String(t.function_id.clone())),
-        (
-            "collection_id".into(),
-            Value::String(t.collection_id.clone()),
-        ),
+        ("collection_id".into(), Value::String(t.collection_id.clone())),
         ("topic".into(), Value::String(t.topic.clone())),
         ("partition".into(), Value::Int(t.partition)),
         ("marker_offset".into(), Value::Long(t.marker_offset)),
-        (
-            "produced_at_ms".into(),
-            Value::TimestampMillis(t.produced_at_ms),
-        ),
+        ("produced_at_ms".into(), Value::TimestampMillis(t.produced_at_ms)),
     ])
 }
 
@@ -442,13 +355,7 @@ pub fn backfill_task_from_value(v: Value) -> Result<BackfillTask, ValueError> {
     let mut f = record_fields(v)?;
     let partition = match take(&mut f, "partition")? {
         Value::Int(p) => p,
-        other => {
-            return Err(ValueError::WrongType {
-                field: "partition",
-                expected: "int",
-                found: kind_of(&other),
-            })
-        }
+        other => return Err(ValueError::WrongType { field: "partition", expected: "int", found: kind_of(&other) }),
     };
     Ok(BackfillTask {
         request_id: take_string(&mut f, "request_id")?,
@@ -463,10 +370,7 @@ pub fn backfill_task_from_value(v: Value) -> Result<BackfillTask, ValueError> {
 
 /// Encodes a backfill task datum (no framing).
 pub fn encode_backfill_task(t: &BackfillTask) -> Result<Vec<u8>, GenericError> {
-    Ok(apache_avro::to_avro_datum(
-        backfill_task_schema(),
-        backfill_task_to_value(t),
-    )?)
+    Ok(apache_avro::to_avro_datum(backfill_task_schema(), backfill_task_to_value(t))?)
 }
 
 /// Decodes a backfill task datum written with the current schema, consuming all bytes.

@@ -23,10 +23,7 @@ const LOG_RECORD_V0: &str = r#"{
 fn sample() -> LogRecord {
     let mut r = LogRecord::data("c-1", "r-1", Operation::Upsert);
     r.embedding = Some(vec![1.0, -2.5, f32::MIN_POSITIVE]);
-    r.metadata = Some(Metadata::from([
-        ("a".to_string(), MetaValue::Long(-7)),
-        ("b".to_string(), MetaValue::Null),
-    ]));
+    r.metadata = Some(Metadata::from([("a".to_string(), MetaValue::Long(-7)), ("b".to_string(), MetaValue::Null)]));
     r.document = Some("héllo".into());
     r
 }
@@ -47,14 +44,8 @@ fn records(v: &serde_json::Value, out: &mut Vec<serde_json::Value>) {
 
 #[test]
 fn embedded_schemas_parse_in_namespace_with_a_doc_on_every_field() {
-    assert_eq!(
-        log_record_schema().name().map(|n| n.fullname(None)),
-        Some("sluice.v1.LogRecord".into())
-    );
-    assert_eq!(
-        backfill_task_schema().name().map(|n| n.fullname(None)),
-        Some("sluice.v1.BackfillTask".into())
-    );
+    assert_eq!(log_record_schema().name().map(|n| n.fullname(None)), Some("sluice.v1.LogRecord".into()));
+    assert_eq!(backfill_task_schema().name().map(|n| n.fullname(None)), Some("sluice.v1.BackfillTask".into()));
     for json in [LOG_RECORD_SCHEMA_JSON, BACKFILL_TASK_SCHEMA_JSON] {
         let parsed: serde_json::Value = serde_json::from_str(json).expect("valid JSON");
         let mut recs = Vec::new();
@@ -71,26 +62,12 @@ fn embedded_schemas_parse_in_namespace_with_a_doc_on_every_field() {
 
 #[test]
 fn log_record_fields_are_in_the_order_the_codec_reads_them() {
-    let parsed: serde_json::Value =
-        serde_json::from_str(LOG_RECORD_SCHEMA_JSON).expect("valid JSON");
-    let names: Vec<&str> = parsed["fields"]
-        .as_array()
-        .expect("fields")
-        .iter()
-        .filter_map(|f| f["name"].as_str())
-        .collect();
+    let parsed: serde_json::Value = serde_json::from_str(LOG_RECORD_SCHEMA_JSON).expect("valid JSON");
+    let names: Vec<&str> =
+        parsed["fields"].as_array().expect("fields").iter().filter_map(|f| f["name"].as_str()).collect();
     assert_eq!(
         names,
-        [
-            "collection_id",
-            "id",
-            "operation",
-            "embedding",
-            "encoding",
-            "metadata",
-            "document",
-            "backfill"
-        ]
+        ["collection_id", "id", "operation", "embedding", "encoding", "metadata", "document", "backfill"]
     );
 }
 
@@ -115,15 +92,9 @@ fn spec_rabin(data: &[u8]) -> u64 {
 #[test]
 fn fingerprints_are_the_spec_rabin_of_the_canonical_form() {
     let lr = log_record_schema();
-    assert_eq!(
-        log_record_fingerprint(),
-        spec_rabin(lr.canonical_form().as_bytes())
-    );
+    assert_eq!(log_record_fingerprint(), spec_rabin(lr.canonical_form().as_bytes()));
     let bt = backfill_task_schema();
-    assert_eq!(
-        backfill_task_fingerprint(),
-        spec_rabin(bt.canonical_form().as_bytes())
-    );
+    assert_eq!(backfill_task_fingerprint(), spec_rabin(bt.canonical_form().as_bytes()));
     assert_ne!(log_record_fingerprint(), backfill_task_fingerprint());
     // Spec test vector: the fingerprint of the schema `"int"`.
     let int = Schema::parse_str(r#""int""#).expect("int schema");
@@ -144,14 +115,8 @@ fn record_written_with_schema_without_backfill_is_read_with_current_schema() {
     // Without resolution the hand-written decoder sees a truncated datum. (apache-avro
     // 0.21 reads end-of-input at a union index as branch 0, so its plain decode of
     // these bytes "works" by accident; the codec is deliberately stricter.)
-    assert_eq!(
-        crate::record::codec::decode(&bytes).map_err(|e| e.kind()),
-        Err("truncated")
-    );
-    assert_eq!(
-        decode_generic(&bytes).expect("apache-avro EOF-as-null quirk"),
-        sample()
-    );
+    assert_eq!(crate::record::codec::decode(&bytes).map_err(|e| e.kind()), Err("truncated"));
+    assert_eq!(decode_generic(&bytes).expect("apache-avro EOF-as-null quirk"), sample());
 }
 
 #[test]
@@ -168,27 +133,18 @@ fn incompatible_writer_schema_is_refused_at_construction() {
             "fields":[{"name":"collection_id","type":"long"}]}"#,
     )
     .expect("parses");
-    assert!(matches!(
-        GenericDecoder::for_log_records(writer),
-        Err(GenericError::Incompatible(_))
-    ));
+    assert!(matches!(GenericDecoder::for_log_records(writer), Err(GenericError::Incompatible(_))));
 }
 
 #[test]
 fn generic_roundtrip_and_trailing_bytes() {
     let mut r = sample();
     r.operation = Operation::BackfillFn;
-    r.backfill = Some(BackfillRef {
-        request_id: "req".into(),
-        function_id: "fn".into(),
-    });
+    r.backfill = Some(BackfillRef { request_id: "req".into(), function_id: "fn".into() });
     let mut bytes = encode_generic(&r).expect("encode");
     assert_eq!(decode_generic(&bytes).expect("decode"), r);
     bytes.push(0);
-    assert!(matches!(
-        decode_generic(&bytes),
-        Err(GenericError::TrailingBytes { count: 1 })
-    ));
+    assert!(matches!(decode_generic(&bytes), Err(GenericError::TrailingBytes { count: 1 })));
 }
 
 #[test]
@@ -205,25 +161,16 @@ fn backfill_task_roundtrips_through_its_schema() {
     let mut bytes = encode_backfill_task(&task).expect("encode");
     assert_eq!(decode_backfill_task(&bytes).expect("decode"), task);
     bytes.push(0);
-    assert!(matches!(
-        decode_backfill_task(&bytes),
-        Err(GenericError::TrailingBytes { count: 1 })
-    ));
+    assert!(matches!(decode_backfill_task(&bytes), Err(GenericError::TrailingBytes { count: 1 })));
     assert!(decode_backfill_task(&bytes[..bytes.len() - 4]).is_err());
 }
 
 #[test]
 fn value_of_wrong_shape_is_a_typed_error() {
-    assert!(matches!(
-        log_record_from_value(Value::Null),
-        Err(ValueError::NotARecord { .. })
-    ));
+    assert!(matches!(log_record_from_value(Value::Null), Err(ValueError::NotARecord { .. })));
     let mut v = log_record_to_value(&sample());
     if let Value::Record(fields) = &mut v {
         fields.retain(|(name, _)| name != "id");
     }
-    assert_eq!(
-        log_record_from_value(v),
-        Err(ValueError::MissingField { field: "id" })
-    );
+    assert_eq!(log_record_from_value(v), Err(ValueError::MissingField { field: "id" }));
 }

@@ -27,54 +27,22 @@ use super::{BackfillRef, Encoding, LogRecord, MetaValue, Metadata, Operation};
 pub enum DecodeError {
     #[error("input ends inside field `{field}` (item starting at byte {pos})")]
     Truncated { field: &'static str, pos: usize },
-    #[error(
-        "varint in field `{field}` at byte {pos} is longer than 10 bytes or overflows 64 bits"
-    )]
+    #[error("varint in field `{field}` at byte {pos} is longer than 10 bytes or overflows 64 bits")]
     VarintOverflow { field: &'static str, pos: usize },
     #[error("negative length {len} in field `{field}` at byte {pos}")]
-    NegativeLength {
-        field: &'static str,
-        len: i64,
-        pos: usize,
-    },
-    #[error(
-        "field `{field}` at byte {pos} declares {len} but only {max} fit in the remaining input"
-    )]
-    LengthOverflow {
-        field: &'static str,
-        len: u64,
-        max: usize,
-        pos: usize,
-    },
+    NegativeLength { field: &'static str, len: i64, pos: usize },
+    #[error("field `{field}` at byte {pos} declares {len} but only {max} fit in the remaining input")]
+    LengthOverflow { field: &'static str, len: u64, max: usize, pos: usize },
     #[error("union branch {index} out of range 0..{branches} in field `{field}` at byte {pos}")]
-    BadUnionIndex {
-        field: &'static str,
-        index: i64,
-        branches: u8,
-        pos: usize,
-    },
+    BadUnionIndex { field: &'static str, index: i64, branches: u8, pos: usize },
     #[error("enum index {index} out of range 0..{symbols} in field `{field}` at byte {pos}")]
-    BadEnumIndex {
-        field: &'static str,
-        index: i64,
-        symbols: u8,
-        pos: usize,
-    },
+    BadEnumIndex { field: &'static str, index: i64, symbols: u8, pos: usize },
     #[error("invalid UTF-8 in field `{field}` at byte {pos}")]
     InvalidUtf8 { field: &'static str, pos: usize },
     #[error("boolean byte {byte:#04x} (must be 0 or 1) in field `{field}` at byte {pos}")]
-    BadBool {
-        field: &'static str,
-        byte: u8,
-        pos: usize,
-    },
+    BadBool { field: &'static str, byte: u8, pos: usize },
     #[error("map block in field `{field}` at byte {pos} declares {declared} bytes but its entries take {actual}")]
-    BadBlockSize {
-        field: &'static str,
-        declared: u64,
-        actual: usize,
-        pos: usize,
-    },
+    BadBlockSize { field: &'static str, declared: u64, actual: usize, pos: usize },
     #[error("duplicate key in field `{field}` at byte {pos}")]
     DuplicateMapKey { field: &'static str, pos: usize },
     #[error("embedding of {len} bytes at byte {pos} is not a multiple of 4 (packed f32)")]
@@ -133,15 +101,12 @@ pub fn decode(input: &[u8]) -> Result<LogRecord, DecodeError> {
     let operation = {
         let pos = r.pos;
         let index = r.long("operation")?;
-        u32::try_from(index)
-            .ok()
-            .and_then(Operation::from_avro_index)
-            .ok_or(DecodeError::BadEnumIndex {
-                field: "operation",
-                index,
-                symbols: 5,
-                pos,
-            })?
+        u32::try_from(index).ok().and_then(Operation::from_avro_index).ok_or(DecodeError::BadEnumIndex {
+            field: "operation",
+            index,
+            symbols: 5,
+            pos,
+        })?
     };
     let embedding = match r.union_index("embedding", 2)? {
         0 => None,
@@ -151,14 +116,7 @@ pub fn decode(input: &[u8]) -> Result<LogRecord, DecodeError> {
         let pos = r.pos;
         match r.long("encoding")? {
             0 => Encoding::Float32,
-            index => {
-                return Err(DecodeError::BadEnumIndex {
-                    field: "encoding",
-                    index,
-                    symbols: 1,
-                    pos,
-                })
-            }
+            index => return Err(DecodeError::BadEnumIndex { field: "encoding", index, symbols: 1, pos }),
         }
     };
     let metadata = match r.union_index("metadata", 2)? {
@@ -180,16 +138,7 @@ pub fn decode(input: &[u8]) -> Result<LogRecord, DecodeError> {
     if count != 0 {
         return Err(DecodeError::TrailingBytes { count, pos: r.pos });
     }
-    Ok(LogRecord {
-        collection_id,
-        id,
-        operation,
-        embedding,
-        encoding,
-        metadata,
-        document,
-        backfill,
-    })
+    Ok(LogRecord { collection_id, id, operation, embedding, encoding, metadata, document, backfill })
 }
 
 /// Converts packed little-endian f32 bytes to floats, bit for bit (NaN payloads included).
@@ -207,11 +156,7 @@ pub fn f32s_from_le_bytes(bytes: &[u8]) -> Option<Vec<f32>> {
     let n = bytes.len() / 4;
     let mut out: Vec<f32> = Vec::with_capacity(n);
     let mut written = 0;
-    for (dst, c) in out
-        .spare_capacity_mut()
-        .iter_mut()
-        .zip(bytes.chunks_exact(4))
-    {
+    for (dst, c) in out.spare_capacity_mut().iter_mut().zip(bytes.chunks_exact(4)) {
         dst.write(f32::from_le_bytes([c[0], c[1], c[2], c[3]]));
         written += 1;
     }
@@ -285,12 +230,7 @@ impl<'a> Reader<'a> {
         let index = self.long(field)?;
         match u8::try_from(index) {
             Ok(i) if i < branches => Ok(i),
-            _ => Err(DecodeError::BadUnionIndex {
-                field,
-                index,
-                branches,
-                pos,
-            }),
+            _ => Err(DecodeError::BadUnionIndex { field, index, branches, pos }),
         }
     }
 
@@ -301,23 +241,12 @@ impl<'a> Reader<'a> {
         let start = self.pos;
         let len = self.long(field)?;
         let Ok(len_u) = u64::try_from(len) else {
-            return Err(DecodeError::NegativeLength {
-                field,
-                len,
-                pos: start,
-            });
+            return Err(DecodeError::NegativeLength { field, len, pos: start });
         };
         let max = self.remaining();
         let end = match usize::try_from(len_u) {
             Ok(n) if n <= max => self.pos + n,
-            _ => {
-                return Err(DecodeError::LengthOverflow {
-                    field,
-                    len: len_u,
-                    max,
-                    pos: start,
-                })
-            }
+            _ => return Err(DecodeError::LengthOverflow { field, len: len_u, max, pos: start }),
         };
         let data_pos = self.pos;
         let Some(data) = self.buf.get(data_pos..end) else {
@@ -332,20 +261,14 @@ impl<'a> Reader<'a> {
         let (data, data_pos) = self.bytes(field)?;
         match std::str::from_utf8(data) {
             Ok(s) => Ok(s.to_owned()),
-            Err(e) => Err(DecodeError::InvalidUtf8 {
-                field,
-                pos: data_pos + e.valid_up_to(),
-            }),
+            Err(e) => Err(DecodeError::InvalidUtf8 { field, pos: data_pos + e.valid_up_to() }),
         }
     }
 
     #[inline]
     fn embedding(&mut self) -> Result<Vec<f32>, DecodeError> {
         let (data, data_pos) = self.bytes("embedding")?;
-        f32s_from_le_bytes(data).ok_or(DecodeError::EmbeddingNotMultipleOf4 {
-            len: data.len(),
-            pos: data_pos,
-        })
+        f32s_from_le_bytes(data).ok_or(DecodeError::EmbeddingNotMultipleOf4 { len: data.len(), pos: data_pos })
     }
 
     fn fixed<const N: usize>(&mut self, field: &'static str) -> Result<[u8; N], DecodeError> {
@@ -375,11 +298,7 @@ impl<'a> Reader<'a> {
                 let size_pos = self.pos;
                 let size = self.long(FIELD)?;
                 let Ok(size) = u64::try_from(size) else {
-                    return Err(DecodeError::NegativeLength {
-                        field: FIELD,
-                        len: size,
-                        pos: size_pos,
-                    });
+                    return Err(DecodeError::NegativeLength { field: FIELD, len: size, pos: size_pos });
                 };
                 Some(size)
             } else {
@@ -389,21 +308,11 @@ impl<'a> Reader<'a> {
             // cannot fit is rejected before looping, and bounds the map's allocations.
             let max = self.remaining();
             if entries > (max / 2) as u64 {
-                return Err(DecodeError::LengthOverflow {
-                    field: FIELD,
-                    len: entries,
-                    max: max / 2,
-                    pos: block_pos,
-                });
+                return Err(DecodeError::LengthOverflow { field: FIELD, len: entries, max: max / 2, pos: block_pos });
             }
             if let Some(size) = declared_size {
                 if size > max as u64 {
-                    return Err(DecodeError::LengthOverflow {
-                        field: FIELD,
-                        len: size,
-                        max,
-                        pos: block_pos,
-                    });
+                    return Err(DecodeError::LengthOverflow { field: FIELD, len: size, max, pos: block_pos });
                 }
             }
             let entries_start = self.pos;
@@ -416,22 +325,14 @@ impl<'a> Reader<'a> {
                         slot.insert(value);
                     }
                     Entry::Occupied(_) => {
-                        return Err(DecodeError::DuplicateMapKey {
-                            field: FIELD,
-                            pos: key_pos,
-                        });
+                        return Err(DecodeError::DuplicateMapKey { field: FIELD, pos: key_pos });
                     }
                 }
             }
             if let Some(declared) = declared_size {
                 let actual = self.pos - entries_start;
                 if actual as u64 != declared {
-                    return Err(DecodeError::BadBlockSize {
-                        field: FIELD,
-                        declared,
-                        actual,
-                        pos: block_pos,
-                    });
+                    return Err(DecodeError::BadBlockSize { field: FIELD, declared, actual, pos: block_pos });
                 }
             }
         }
@@ -449,13 +350,7 @@ impl<'a> Reader<'a> {
                 match self.fixed::<1>(FIELD)?[0] {
                     0 => MetaValue::Bool(false),
                     1 => MetaValue::Bool(true),
-                    byte => {
-                        return Err(DecodeError::BadBool {
-                            field: FIELD,
-                            byte,
-                            pos,
-                        })
-                    }
+                    byte => return Err(DecodeError::BadBool { field: FIELD, byte, pos }),
                 }
             }
         })
@@ -526,14 +421,9 @@ pub fn encode_into(record: &LogRecord, out: &mut Vec<u8>) {
 fn encoded_len_hint(record: &LogRecord) -> usize {
     let mut n = 64 + record.collection_id.len() + record.id.len();
     n += record.embedding.as_ref().map_or(0, |e| e.len() * 4);
-    n += record.metadata.as_ref().map_or(0, |m| {
-        m.iter().map(|(k, v)| 20 + k.len() + meta_len(v)).sum()
-    });
+    n += record.metadata.as_ref().map_or(0, |m| m.iter().map(|(k, v)| 20 + k.len() + meta_len(v)).sum());
     n += record.document.as_ref().map_or(0, String::len);
-    n += record
-        .backfill
-        .as_ref()
-        .map_or(0, |b| b.request_id.len() + b.function_id.len());
+    n += record.backfill.as_ref().map_or(0, |b| b.request_id.len() + b.function_id.len());
     n
 }
 

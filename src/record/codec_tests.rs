@@ -79,20 +79,11 @@ fn encodes_the_avro_spec_zigzag_varints() {
         (1, vec![0x02]),
         (-64, vec![0x7f]),
         (64, vec![0x80, 0x01]),
-        (
-            i64::MAX,
-            vec![0xfe, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01],
-        ),
-        (
-            i64::MIN,
-            vec![0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01],
-        ),
+        (i64::MAX, vec![0xfe, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01]),
+        (i64::MIN, vec![0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01]),
     ] {
         assert_eq!(long(v), bytes, "encoding {v}");
-        let mut r = Reader {
-            buf: &bytes,
-            pos: 0,
-        };
+        let mut r = Reader { buf: &bytes, pos: 0 };
         assert_eq!(r.long("x"), Ok(v));
         assert_eq!(r.pos, bytes.len());
     }
@@ -110,15 +101,8 @@ fn minimal_record_roundtrips_and_matches_generic_bytes() {
 #[test]
 fn nan_embedding_and_metadata_roundtrip_bit_for_bit() {
     let mut r = sample();
-    r.embedding = Some(vec![
-        f32::from_bits(0x7fc0_1234),
-        f32::from_bits(0xffff_ffff),
-        -0.0,
-    ]);
-    r.metadata = Some(Metadata::from([(
-        "n".to_string(),
-        MetaValue::Double(f64::from_bits(0xfff0_0000_0000_0001)),
-    )]));
+    r.embedding = Some(vec![f32::from_bits(0x7fc0_1234), f32::from_bits(0xffff_ffff), -0.0]);
+    r.metadata = Some(Metadata::from([("n".to_string(), MetaValue::Double(f64::from_bits(0xfff0_0000_0000_0001)))]));
     let decoded = decode(&encode(&r)).expect("decode");
     assert!(bitwise_eq(&decoded, &r), "{decoded:?} != {r:?}");
 }
@@ -148,10 +132,7 @@ fn map_in_several_blocks_with_negative_counts_decodes_like_apache_avro() {
         ("c".to_string(), MetaValue::Bool(true)),
     ]));
     assert_eq!(decode(&bytes), Ok(expected.clone()));
-    assert_eq!(
-        decode_generic(&bytes).expect("apache-avro agrees"),
-        expected
-    );
+    assert_eq!(decode_generic(&bytes).expect("apache-avro agrees"), expected);
 }
 
 fn err(bytes: &[u8]) -> DecodeError {
@@ -164,57 +145,22 @@ fn err(bytes: &[u8]) -> DecodeError {
 #[test]
 fn truncated_input_names_the_field_and_its_start() {
     let bytes = encode(&sample());
-    assert_eq!(
-        err(&[]),
-        DecodeError::Truncated {
-            field: "collection_id",
-            pos: 0
-        }
-    );
+    assert_eq!(err(&[]), DecodeError::Truncated { field: "collection_id", pos: 0 });
     // Cut inside the document string: the length says more than what remains.
     let doc_start = bytes.len() - 1 - "a document".len() - 1;
     let e = err(&bytes[..bytes.len() - 3]);
     assert_eq!(e.kind(), "length_overflow");
-    assert_eq!(
-        e,
-        DecodeError::LengthOverflow {
-            field: "document",
-            len: 10,
-            max: 8,
-            pos: doc_start
-        }
-    );
+    assert_eq!(e, DecodeError::LengthOverflow { field: "document", len: 10, max: 8, pos: doc_start });
     // Cut before the last union index.
-    assert_eq!(
-        err(&bytes[..bytes.len() - 1]),
-        DecodeError::Truncated {
-            field: "backfill",
-            pos: bytes.len() - 1
-        }
-    );
+    assert_eq!(err(&bytes[..bytes.len() - 1]), DecodeError::Truncated { field: "backfill", pos: bytes.len() - 1 });
 }
 
 #[test]
 fn lying_lengths_are_rejected_before_allocating() {
     // i64::MAX-long collection id in a 10-byte input.
     let e = err(&long(i64::MAX));
-    assert_eq!(
-        e,
-        DecodeError::LengthOverflow {
-            field: "collection_id",
-            len: i64::MAX as u64,
-            max: 0,
-            pos: 0
-        }
-    );
-    assert_eq!(
-        err(&long(-5)),
-        DecodeError::NegativeLength {
-            field: "collection_id",
-            len: -5,
-            pos: 0
-        }
-    );
+    assert_eq!(e, DecodeError::LengthOverflow { field: "collection_id", len: i64::MAX as u64, max: 0, pos: 0 });
+    assert_eq!(err(&long(-5)), DecodeError::NegativeLength { field: "collection_id", len: -5, pos: 0 });
     // 2^62 map entries.
     let e = err(&[prefix(), long(1), long(1 << 62)].concat());
     assert_eq!(e.kind(), "length_overflow");
@@ -222,177 +168,67 @@ fn lying_lengths_are_rejected_before_allocating() {
     let e = err(&[prefix(), long(1), long(i64::MIN), long(0)].concat());
     assert_eq!(e.kind(), "length_overflow");
     // Huge declared block size.
-    let e = err(&[
-        prefix(),
-        long(1),
-        long(-1),
-        long(i64::MAX),
-        string("a"),
-        long(0),
-        long(0),
-    ]
-    .concat());
+    let e = err(&[prefix(), long(1), long(-1), long(i64::MAX), string("a"), long(0), long(0)].concat());
     assert_eq!(e.kind(), "length_overflow");
     // Huge embedding.
     let e = err(&[string("c"), string("i"), long(0), long(1), long(i64::MAX)].concat());
-    assert!(matches!(
-        e,
-        DecodeError::LengthOverflow {
-            field: "embedding",
-            ..
-        }
-    ));
+    assert!(matches!(e, DecodeError::LengthOverflow { field: "embedding", .. }));
 }
 
 #[test]
 fn each_malformed_item_gets_its_kind_and_position() {
     let p = prefix().len();
     let cases: Vec<(Vec<u8>, DecodeError)> = vec![
-        (
-            vec![0xff; 11],
-            DecodeError::VarintOverflow {
-                field: "collection_id",
-                pos: 0,
-            },
-        ),
-        (
-            [vec![0xff; 9], vec![0x02]].concat(),
-            DecodeError::VarintOverflow {
-                field: "collection_id",
-                pos: 0,
-            },
-        ),
-        (
-            [string("c"), long(1), vec![0xff]].concat(),
-            DecodeError::InvalidUtf8 {
-                field: "id",
-                pos: 3,
-            },
-        ),
+        (vec![0xff; 11], DecodeError::VarintOverflow { field: "collection_id", pos: 0 }),
+        ([vec![0xff; 9], vec![0x02]].concat(), DecodeError::VarintOverflow { field: "collection_id", pos: 0 }),
+        ([string("c"), long(1), vec![0xff]].concat(), DecodeError::InvalidUtf8 { field: "id", pos: 3 }),
         (
             [string("c"), string("i"), long(5)].concat(),
-            DecodeError::BadEnumIndex {
-                field: "operation",
-                index: 5,
-                symbols: 5,
-                pos: 4,
-            },
+            DecodeError::BadEnumIndex { field: "operation", index: 5, symbols: 5, pos: 4 },
         ),
         (
             [string("c"), string("i"), long(-1)].concat(),
-            DecodeError::BadEnumIndex {
-                field: "operation",
-                index: -1,
-                symbols: 5,
-                pos: 4,
-            },
+            DecodeError::BadEnumIndex { field: "operation", index: -1, symbols: 5, pos: 4 },
         ),
         (
             [string("c"), string("i"), long(0), long(2)].concat(),
-            DecodeError::BadUnionIndex {
-                field: "embedding",
-                index: 2,
-                branches: 2,
-                pos: 5,
-            },
+            DecodeError::BadUnionIndex { field: "embedding", index: 2, branches: 2, pos: 5 },
         ),
         (
-            [
-                string("c"),
-                string("i"),
-                long(0),
-                long(1),
-                long(5),
-                vec![0; 5],
-            ]
-            .concat(),
+            [string("c"), string("i"), long(0), long(1), long(5), vec![0; 5]].concat(),
             DecodeError::EmbeddingNotMultipleOf4 { len: 5, pos: 7 },
         ),
         (
             [string("c"), string("i"), long(0), long(0), long(1)].concat(),
-            DecodeError::BadEnumIndex {
-                field: "encoding",
-                index: 1,
-                symbols: 1,
-                pos: 6,
-            },
+            DecodeError::BadEnumIndex { field: "encoding", index: 1, symbols: 1, pos: 6 },
         ),
         (
             [prefix(), long(1), long(1), string("k"), long(5)].concat(),
-            DecodeError::BadUnionIndex {
-                field: "metadata.value",
-                index: 5,
-                branches: 5,
-                pos: p + 4,
-            },
+            DecodeError::BadUnionIndex { field: "metadata.value", index: 5, branches: 5, pos: p + 4 },
         ),
         (
             [prefix(), long(1), long(1), string("k"), long(4), vec![2]].concat(),
-            DecodeError::BadBool {
-                field: "metadata.value",
-                byte: 2,
-                pos: p + 5,
-            },
+            DecodeError::BadBool { field: "metadata.value", byte: 2, pos: p + 5 },
         ),
         (
             [prefix(), long(1), long(1), string("k"), long(3), vec![0; 7]].concat(),
-            DecodeError::Truncated {
-                field: "metadata.value",
-                pos: p + 5,
-            },
+            DecodeError::Truncated { field: "metadata.value", pos: p + 5 },
         ),
         (
-            [
-                prefix(),
-                long(1),
-                long(2),
-                string("k"),
-                long(0),
-                string("k"),
-                long(0),
-                long(0),
-            ]
-            .concat(),
-            DecodeError::DuplicateMapKey {
-                field: "metadata",
-                pos: p + 5,
-            },
+            [prefix(), long(1), long(2), string("k"), long(0), string("k"), long(0), long(0)].concat(),
+            DecodeError::DuplicateMapKey { field: "metadata", pos: p + 5 },
         ),
         (
-            [
-                prefix(),
-                long(1),
-                long(-1),
-                long(5),
-                string("k"),
-                long(0),
-                long(0),
-                long(0),
-                long(0),
-                long(0),
-            ]
-            .concat(),
-            DecodeError::BadBlockSize {
-                field: "metadata",
-                declared: 5,
-                actual: 3,
-                pos: p + 1,
-            },
+            [prefix(), long(1), long(-1), long(5), string("k"), long(0), long(0), long(0), long(0), long(0)].concat(),
+            DecodeError::BadBlockSize { field: "metadata", declared: 5, actual: 3, pos: p + 1 },
         ),
         (
             [prefix(), long(1), long(-1), long(-3)].concat(),
-            DecodeError::NegativeLength {
-                field: "metadata",
-                len: -3,
-                pos: p + 2,
-            },
+            DecodeError::NegativeLength { field: "metadata", len: -3, pos: p + 2 },
         ),
         (
             [prefix(), long(0), long(0), long(0), vec![9, 9]].concat(),
-            DecodeError::TrailingBytes {
-                count: 2,
-                pos: p + 3,
-            },
+            DecodeError::TrailingBytes { count: 2, pos: p + 3 },
         ),
     ];
     for (bytes, expected) in cases {
@@ -408,47 +244,13 @@ fn error_kinds_are_distinct_snake_case_labels() {
     let kinds = [
         DecodeError::Truncated { field: "f", pos: 0 }.kind(),
         DecodeError::VarintOverflow { field: "f", pos: 0 }.kind(),
-        DecodeError::NegativeLength {
-            field: "f",
-            len: -1,
-            pos: 0,
-        }
-        .kind(),
-        DecodeError::LengthOverflow {
-            field: "f",
-            len: 1,
-            max: 0,
-            pos: 0,
-        }
-        .kind(),
-        DecodeError::BadUnionIndex {
-            field: "f",
-            index: 9,
-            branches: 2,
-            pos: 0,
-        }
-        .kind(),
-        DecodeError::BadEnumIndex {
-            field: "f",
-            index: 9,
-            symbols: 2,
-            pos: 0,
-        }
-        .kind(),
+        DecodeError::NegativeLength { field: "f", len: -1, pos: 0 }.kind(),
+        DecodeError::LengthOverflow { field: "f", len: 1, max: 0, pos: 0 }.kind(),
+        DecodeError::BadUnionIndex { field: "f", index: 9, branches: 2, pos: 0 }.kind(),
+        DecodeError::BadEnumIndex { field: "f", index: 9, symbols: 2, pos: 0 }.kind(),
         DecodeError::InvalidUtf8 { field: "f", pos: 0 }.kind(),
-        DecodeError::BadBool {
-            field: "f",
-            byte: 2,
-            pos: 0,
-        }
-        .kind(),
-        DecodeError::BadBlockSize {
-            field: "f",
-            declared: 1,
-            actual: 2,
-            pos: 0,
-        }
-        .kind(),
+        DecodeError::BadBool { field: "f", byte: 2, pos: 0 }.kind(),
+        DecodeError::BadBlockSize { field: "f", declared: 1, actual: 2, pos: 0 }.kind(),
         DecodeError::DuplicateMapKey { field: "f", pos: 0 }.kind(),
         DecodeError::EmbeddingNotMultipleOf4 { len: 3, pos: 0 }.kind(),
         DecodeError::TrailingBytes { count: 1, pos: 0 }.kind(),
@@ -456,11 +258,7 @@ fn error_kinds_are_distinct_snake_case_labels() {
     let unique: std::collections::BTreeSet<_> = kinds.iter().collect();
     assert_eq!(unique.len(), kinds.len());
     for k in kinds {
-        assert!(
-            k.chars()
-                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_'),
-            "{k}"
-        );
+        assert!(k.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_'), "{k}");
     }
 }
 
@@ -485,17 +283,11 @@ fn meta_value() -> impl Strategy<Value = MetaValue> {
 }
 
 pub(crate) fn log_record() -> impl Strategy<Value = LogRecord> {
-    let embedding = prop::option::of(prop::collection::vec(
-        any::<u32>().prop_map(f32::from_bits),
-        0..48,
-    ));
+    let embedding = prop::option::of(prop::collection::vec(any::<u32>().prop_map(f32::from_bits), 0..48));
     let metadata = prop::option::of(prop::collection::btree_map(unicode(12), meta_value(), 0..6));
-    let backfill = prop::option::of((unicode(16), unicode(16)).prop_map(
-        |(request_id, function_id)| BackfillRef {
-            request_id,
-            function_id,
-        },
-    ));
+    let backfill = prop::option::of(
+        (unicode(16), unicode(16)).prop_map(|(request_id, function_id)| BackfillRef { request_id, function_id }),
+    );
     (
         unicode(16),
         unicode(40),
@@ -505,18 +297,16 @@ pub(crate) fn log_record() -> impl Strategy<Value = LogRecord> {
         prop::option::of(unicode(64)),
         backfill,
     )
-        .prop_map(
-            |(collection_id, id, operation, embedding, metadata, document, backfill)| LogRecord {
-                collection_id,
-                id,
-                operation,
-                embedding,
-                encoding: Encoding::Float32,
-                metadata,
-                document,
-                backfill,
-            },
-        )
+        .prop_map(|(collection_id, id, operation, embedding, metadata, document, backfill)| LogRecord {
+            collection_id,
+            id,
+            operation,
+            embedding,
+            encoding: Encoding::Float32,
+            metadata,
+            document,
+            backfill,
+        })
 }
 
 /// A valid encoding damaged by a few edits: byte overwrites, truncation, insertion, and
@@ -532,11 +322,7 @@ fn mutated_encoding() -> impl Strategy<Value = Vec<u8>> {
                 1 => bytes.truncate(i),
                 2 => bytes.insert(i, byte),
                 _ => {
-                    let v = if byte % 2 == 0 {
-                        i64::MAX
-                    } else {
-                        i64::MIN + i64::from(byte)
-                    };
+                    let v = if byte % 2 == 0 { i64::MAX } else { i64::MIN + i64::from(byte) };
                     let tail = bytes.split_off(i.min(bytes.len()));
                     bytes.extend(long(v));
                     bytes.extend(tail);
@@ -634,7 +420,10 @@ fn encoding_pool() -> Vec<Vec<u8>> {
     use proptest::strategy::ValueTree;
     use proptest::test_runner::{Config, TestRunner};
 
-    let mut runner = TestRunner::new_with_rng(Config::default(), proptest::test_runner::TestRng::deterministic_rng(proptest::test_runner::RngAlgorithm::ChaCha));
+    let mut runner = TestRunner::new_with_rng(
+        Config::default(),
+        proptest::test_runner::TestRng::deterministic_rng(proptest::test_runner::RngAlgorithm::ChaCha),
+    );
     let strategy = log_record();
     let mut pool: Vec<Vec<u8>> = Vec::new();
     for _ in 0..512 {
@@ -646,10 +435,7 @@ fn encoding_pool() -> Vec<Vec<u8>> {
 }
 
 fn fuzz_seed() -> u64 {
-    std::env::var("SLUICE_FUZZ_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(0x5eed_u64)
+    std::env::var("SLUICE_FUZZ_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(0x5eed_u64)
 }
 
 /// The `n`-th input: arbitrary bytes, a valid encoding with 1-4 random edits, or a
@@ -720,15 +506,21 @@ fn decoder_survives_arbitrary_inputs(inputs: usize) {
 /// - a 10-byte varint whose last byte carries bits beyond 64 wraps instead of failing.
 fn apache_avro_leniency(e: &DecodeError) -> Option<&'static str> {
     match e {
-        DecodeError::Truncated { .. } | DecodeError::LengthOverflow { .. } => Some("it reads a string or bytes value cut short by the end of the input as null"),
+        DecodeError::Truncated { .. } | DecodeError::LengthOverflow { .. } => {
+            Some("it reads a string or bytes value cut short by the end of the input as null")
+        }
         DecodeError::VarintOverflow { .. } => Some("it wraps a 10-byte varint that overflows 64 bits"),
         // Stricter by design, not leniencies of apache-avro's alone (the Java reader
         // accepts both too): metadata whose key repeats is ambiguous (which value wins
         // depends on the reader), and a block whose declared byte size disagrees with its
         // items comes from a broken encoder. Both go to the DLQ with their own kind rather
         // than have Sluice pick a value silently.
-        DecodeError::DuplicateMapKey { .. } => Some("it keeps the last value of a repeated map key (refused here: duplicate_map_key)"),
-        DecodeError::BadBlockSize { .. } => Some("it ignores a block byte size that disagrees with the block's items (refused here: bad_block_size)"),
+        DecodeError::DuplicateMapKey { .. } => {
+            Some("it keeps the last value of a repeated map key (refused here: duplicate_map_key)")
+        }
+        DecodeError::BadBlockSize { .. } => {
+            Some("it ignores a block byte size that disagrees with the block's items (refused here: bad_block_size)")
+        }
         _ => None,
     }
 }
@@ -756,7 +548,10 @@ fn decoder_agrees_with_apache_avro_on_arbitrary_inputs() {
         let stdout = String::from_utf8_lossy(&out.stdout);
         println!("{stdout}");
         assert!(out.status.success(), "child failed: {}\n{}", out.status, String::from_utf8_lossy(&out.stderr));
-        assert!(stdout.contains("disagreements") && stdout.contains("1 passed"), "the child ran the comparison:\n{stdout}");
+        assert!(
+            stdout.contains("disagreements") && stdout.contains("1 passed"),
+            "the child ran the comparison:\n{stdout}"
+        );
         return;
     }
     let cap = apache_avro::util::max_allocation_bytes(64 << 10);
@@ -779,22 +574,32 @@ fn decoder_agrees_with_apache_avro_on_arbitrary_inputs() {
             (Err(_), Err(_)) => both_err += 1,
             (Err(e), Ok(_)) if apache_avro_leniency(&e).is_some() => {
                 let hex = input.iter().map(|b| format!("{b:02x}")).collect::<String>();
-                lenient.entry(apache_avro_leniency(&e).unwrap_or_default()).or_insert((0, format!("{hex} ({e})"))).0 += 1;
+                lenient.entry(apache_avro_leniency(&e).unwrap_or_default()).or_insert((0, format!("{hex} ({e})"))).0 +=
+                    1;
             }
             (fast, generic) => {
                 let class = format!(
                     "hand-written {} / apache-avro {}",
                     fast.as_ref().map_or_else(|e| e.kind(), |_| "ok"),
-                    generic.as_ref().map_or_else(|e| format!("{e}").split(':').take(2).collect::<Vec<_>>().join(":"), |_| "ok".into())
+                    generic.as_ref().map_or_else(
+                        |e| format!("{e}").split(':').take(2).collect::<Vec<_>>().join(":"),
+                        |_| "ok".into()
+                    )
                 );
-                disagreements.push((class, format!(
-                    "input {}\n  hand-written: {fast:?}\n  apache-avro:  {generic:?}",
-                    input.iter().map(|b| format!("{b:02x}")).collect::<String>()
-                )));
+                disagreements.push((
+                    class,
+                    format!(
+                        "input {}\n  hand-written: {fast:?}\n  apache-avro:  {generic:?}",
+                        input.iter().map(|b| format!("{b:02x}")).collect::<String>()
+                    ),
+                ));
             }
         }
     }
-    println!("{inputs} inputs (seed {seed:#x}): {both_ok} decoded alike, {both_err} refused by both, {} disagreements", disagreements.len());
+    println!(
+        "{inputs} inputs (seed {seed:#x}): {both_ok} decoded alike, {both_err} refused by both, {} disagreements",
+        disagreements.len()
+    );
     for (why, (count, first)) in &lenient {
         println!("{count:>6} x refused here, accepted by apache-avro because {why}; first: {first}");
     }
@@ -807,5 +612,8 @@ fn decoder_agrees_with_apache_avro_on_arbitrary_inputs() {
     }
     let disagreements: Vec<&String> = disagreements.iter().map(|(_, d)| d).collect();
     assert!(disagreements.is_empty(), "{} disagreements, first: {}", disagreements.len(), disagreements[0]);
-    assert!(both_ok > inputs / 100 && both_err > inputs / 100, "the inputs reach both outcomes: {both_ok} ok, {both_err} errors");
+    assert!(
+        both_ok > inputs / 100 && both_err > inputs / 100,
+        "the inputs reach both outcomes: {both_ok} ok, {both_err} errors"
+    );
 }

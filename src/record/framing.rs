@@ -98,10 +98,7 @@ mod tests {
     fn confluent_header_is_magic_then_big_endian_schema_id() {
         let framed = frame(Framing::Confluent, 0x0102_0304, b"datum");
         assert_eq!(framed, b"\x00\x01\x02\x03\x04datum");
-        assert_eq!(
-            unframe(Framing::Confluent, &framed),
-            Ok((Some(0x0102_0304), &b"datum"[..]))
-        );
+        assert_eq!(unframe(Framing::Confluent, &framed), Ok((Some(0x0102_0304), &b"datum"[..])));
     }
 
     #[test]
@@ -116,22 +113,13 @@ mod tests {
     fn short_or_unmagic_confluent_messages_are_typed_errors() {
         for len in 0..CONFLUENT_HEADER_LEN {
             let bytes = vec![0u8; len];
-            assert_eq!(
-                unframe(Framing::Confluent, &bytes),
-                Err(FramingError::TooShort { len })
-            );
+            assert_eq!(unframe(Framing::Confluent, &bytes), Err(FramingError::TooShort { len }));
         }
-        assert_eq!(
-            unframe(Framing::Confluent, &[0, 0, 0, 0, 9]),
-            Ok((Some(9), &[][..]))
-        );
+        assert_eq!(unframe(Framing::Confluent, &[0, 0, 0, 0, 9]), Ok((Some(9), &[][..])));
         let e = unframe(Framing::Confluent, &[1, 0, 0, 0, 9, 42]).expect_err("bad magic");
         assert_eq!(e, FramingError::MissingMagicByte { found: 1 });
         assert_eq!(e.kind(), "framing_missing_magic_byte");
-        assert_eq!(
-            FramingError::TooShort { len: 0 }.kind(),
-            "framing_too_short"
-        );
+        assert_eq!(FramingError::TooShort { len: 0 }.kind(), "framing_too_short");
     }
 
     proptest! {

@@ -45,11 +45,9 @@ pub fn parse_value(v: &Value) -> Result<LogRecord, String> {
     };
     let metadata = match obj.get("metadata") {
         None | Some(Value::Null) => None,
-        Some(Value::Object(m)) => Some(
-            m.iter()
-                .map(|(k, v)| Ok((k.clone(), meta_from_json(k, v)?)))
-                .collect::<Result<Metadata, String>>()?,
-        ),
+        Some(Value::Object(m)) => {
+            Some(m.iter().map(|(k, v)| Ok((k.clone(), meta_from_json(k, v)?))).collect::<Result<Metadata, String>>()?)
+        }
         Some(_) => return Err("metadata must be an object or null".into()),
     };
     let document = match obj.get("document") {
@@ -130,13 +128,16 @@ mod tests {
         assert_eq!(m["e"], MetaValue::Null);
         assert!(parse_line("{").is_err());
         assert!(parse_line(r#"{"collection":"c","id":"1","operation":"merge"}"#).unwrap_err().contains("merge"));
-        assert!(parse_line(r#"{"collection":"c","id":"1","operation":"add","extra":1}"#).unwrap_err().contains("extra"));
+        assert!(parse_line(r#"{"collection":"c","id":"1","operation":"add","extra":1}"#)
+            .unwrap_err()
+            .contains("extra"));
         assert!(parse_line(r#"{"collection":"c","id":"1","operation":"add","embedding":["x"]}"#).is_err());
     }
 
     #[test]
     fn round_trips_through_log_record_json() {
-        let line = r#"{"collection":"c","id":"1","operation":"add","embedding":[0.5],"metadata":{"k":"v"},"document":null}"#;
+        let line =
+            r#"{"collection":"c","id":"1","operation":"add","embedding":[0.5],"metadata":{"k":"v"},"document":null}"#;
         let r = parse_line(line).unwrap();
         assert_eq!(parse_line(&log_record_to_json(&r).to_string()).unwrap(), r);
     }

@@ -24,13 +24,8 @@ pub enum Operation {
 }
 
 impl Operation {
-    pub const ALL: [Operation; 5] = [
-        Operation::Add,
-        Operation::Update,
-        Operation::Upsert,
-        Operation::Delete,
-        Operation::BackfillFn,
-    ];
+    pub const ALL: [Operation; 5] =
+        [Operation::Add, Operation::Update, Operation::Upsert, Operation::Delete, Operation::BackfillFn];
 
     /// Position of the symbol in the Avro enum (the wire value).
     pub fn avro_index(self) -> u32 {

@@ -183,30 +183,20 @@ pub fn validate(record: &LogRecord, limits: &Limits) -> Result<(), ValidationErr
         return Err(E::EmptyCollectionId);
     }
     if cid > limits.max_id_bytes {
-        return Err(E::CollectionIdTooLong {
-            len: cid,
-            max: limits.max_id_bytes,
-        });
+        return Err(E::CollectionIdTooLong { len: cid, max: limits.max_id_bytes });
     }
     if record.id.len() > limits.max_id_bytes {
-        return Err(E::IdTooLong {
-            len: record.id.len(),
-            max: limits.max_id_bytes,
-        });
+        return Err(E::IdTooLong { len: record.id.len(), max: limits.max_id_bytes });
     }
 
     match (record.operation, &record.backfill) {
         (Operation::BackfillFn, None) => return Err(E::BackfillWithoutPayload),
         (Operation::BackfillFn, Some(b)) => {
             if b.request_id.is_empty() {
-                return Err(E::EmptyBackfillRef {
-                    field: "request_id",
-                });
+                return Err(E::EmptyBackfillRef { field: "request_id" });
             }
             if b.function_id.is_empty() {
-                return Err(E::EmptyBackfillRef {
-                    field: "function_id",
-                });
+                return Err(E::EmptyBackfillRef { field: "function_id" });
             }
         }
         (operation, Some(_)) => return Err(E::PayloadOnDataOperation { operation }),
@@ -222,10 +212,7 @@ pub fn validate(record: &LogRecord, limits: &Limits) -> Result<(), ValidationErr
             return Err(E::EmptyEmbedding);
         }
         if embedding.len() > limits.max_embedding_dim {
-            return Err(E::EmbeddingTooLarge {
-                dim: embedding.len(),
-                max: limits.max_embedding_dim,
-            });
+            return Err(E::EmbeddingTooLarge { dim: embedding.len(), max: limits.max_embedding_dim });
         }
         if let Some(index) = embedding.iter().position(|v| !v.is_finite()) {
             return Err(E::NonFiniteEmbedding { index });
@@ -234,21 +221,14 @@ pub fn validate(record: &LogRecord, limits: &Limits) -> Result<(), ValidationErr
 
     if let Some(metadata) = &record.metadata {
         if metadata.len() > limits.max_metadata_keys {
-            return Err(E::TooManyMetadataKeys {
-                count: metadata.len(),
-                max: limits.max_metadata_keys,
-            });
+            return Err(E::TooManyMetadataKeys { count: metadata.len(), max: limits.max_metadata_keys });
         }
         for (key, value) in metadata {
             if key.is_empty() {
                 return Err(E::MetadataKeyEmpty);
             }
             if key.len() > limits.max_id_bytes {
-                return Err(E::MetadataKeyTooLong {
-                    key: short_key(key),
-                    len: key.len(),
-                    max: limits.max_id_bytes,
-                });
+                return Err(E::MetadataKeyTooLong { key: short_key(key), len: key.len(), max: limits.max_id_bytes });
             }
             match value {
                 MetaValue::String(s) if s.len() > limits.max_metadata_value_bytes => {
@@ -259,9 +239,7 @@ pub fn validate(record: &LogRecord, limits: &Limits) -> Result<(), ValidationErr
                     });
                 }
                 MetaValue::Double(d) if !d.is_finite() => {
-                    return Err(E::NonFiniteMetadataDouble {
-                        key: short_key(key),
-                    });
+                    return Err(E::NonFiniteMetadataDouble { key: short_key(key) });
                 }
                 _ => {}
             }
@@ -270,10 +248,7 @@ pub fn validate(record: &LogRecord, limits: &Limits) -> Result<(), ValidationErr
 
     if let Some(document) = &record.document {
         if document.len() > limits.max_document_bytes {
-            return Err(E::DocumentTooLarge {
-                len: document.len(),
-                max: limits.max_document_bytes,
-            });
+            return Err(E::DocumentTooLarge { len: document.len(), max: limits.max_document_bytes });
         }
     }
     check_nul(record)
@@ -338,10 +313,7 @@ mod tests {
 
     fn marker() -> LogRecord {
         let mut r = LogRecord::data("coll", "", Operation::BackfillFn);
-        r.backfill = Some(BackfillRef {
-            request_id: "req".into(),
-            function_id: "fn".into(),
-        });
+        r.backfill = Some(BackfillRef { request_id: "req".into(), function_id: "fn".into() });
         r
     }
 
@@ -361,13 +333,7 @@ mod tests {
     fn valid_data_records_and_markers_pass() {
         assert_eq!(validate(&ok_record(), &Limits::default()), Ok(()));
         assert_eq!(validate(&marker(), &Limits::default()), Ok(()));
-        assert_eq!(
-            validate(
-                &LogRecord::data("c", "i", Operation::Delete),
-                &Limits::default()
-            ),
-            Ok(())
-        );
+        assert_eq!(validate(&LogRecord::data("c", "i", Operation::Delete), &Limits::default()), Ok(()));
     }
 
     #[test]
@@ -384,18 +350,9 @@ mod tests {
 
     #[test]
     fn ids() {
-        assert_eq!(
-            kind_of(&LogRecord::data("", "i", Operation::Add), &SMALL),
-            "empty_collection_id"
-        );
-        assert_eq!(
-            kind_of(&LogRecord::data("ccccc", "i", Operation::Add), &SMALL),
-            "collection_id_too_long"
-        );
-        assert_eq!(
-            kind_of(&LogRecord::data("c", "", Operation::Add), &SMALL),
-            "empty_id"
-        );
+        assert_eq!(kind_of(&LogRecord::data("", "i", Operation::Add), &SMALL), "empty_collection_id");
+        assert_eq!(kind_of(&LogRecord::data("ccccc", "i", Operation::Add), &SMALL), "collection_id_too_long");
+        assert_eq!(kind_of(&LogRecord::data("c", "", Operation::Add), &SMALL), "empty_id");
         // Four characters, eight bytes: the limit is on bytes.
         assert_eq!(
             validate(&LogRecord::data("c", "éééé", Operation::Add), &SMALL),
@@ -407,39 +364,15 @@ mod tests {
     fn backfill_payload_belongs_to_markers_only() {
         let mut r = marker();
         r.backfill = None;
-        assert_eq!(
-            validate(&r, &SMALL),
-            Err(ValidationError::BackfillWithoutPayload)
-        );
+        assert_eq!(validate(&r, &SMALL), Err(ValidationError::BackfillWithoutPayload));
         let mut r = marker();
-        r.backfill = Some(BackfillRef {
-            request_id: String::new(),
-            function_id: "f".into(),
-        });
-        assert_eq!(
-            validate(&r, &SMALL),
-            Err(ValidationError::EmptyBackfillRef {
-                field: "request_id"
-            })
-        );
-        r.backfill = Some(BackfillRef {
-            request_id: "r".into(),
-            function_id: String::new(),
-        });
-        assert_eq!(
-            validate(&r, &SMALL),
-            Err(ValidationError::EmptyBackfillRef {
-                field: "function_id"
-            })
-        );
+        r.backfill = Some(BackfillRef { request_id: String::new(), function_id: "f".into() });
+        assert_eq!(validate(&r, &SMALL), Err(ValidationError::EmptyBackfillRef { field: "request_id" }));
+        r.backfill = Some(BackfillRef { request_id: "r".into(), function_id: String::new() });
+        assert_eq!(validate(&r, &SMALL), Err(ValidationError::EmptyBackfillRef { field: "function_id" }));
         let mut r = LogRecord::data("c", "i", Operation::Update);
         r.backfill = marker().backfill;
-        assert_eq!(
-            validate(&r, &SMALL),
-            Err(ValidationError::PayloadOnDataOperation {
-                operation: Operation::Update
-            })
-        );
+        assert_eq!(validate(&r, &SMALL), Err(ValidationError::PayloadOnDataOperation { operation: Operation::Update }));
         assert_eq!(kind_of(&r, &SMALL), "payload_on_data_operation");
     }
 
@@ -449,16 +382,10 @@ mod tests {
         r.embedding = Some(vec![]);
         assert_eq!(kind_of(&r, &SMALL), "empty_embedding");
         r.embedding = Some(vec![0.0; 4]);
-        assert_eq!(
-            validate(&r, &SMALL),
-            Err(ValidationError::EmbeddingTooLarge { dim: 4, max: 3 })
-        );
+        assert_eq!(validate(&r, &SMALL), Err(ValidationError::EmbeddingTooLarge { dim: 4, max: 3 }));
         for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
             r.embedding = Some(vec![0.0, bad, 1.0]);
-            assert_eq!(
-                validate(&r, &SMALL),
-                Err(ValidationError::NonFiniteEmbedding { index: 1 })
-            );
+            assert_eq!(validate(&r, &SMALL), Err(ValidationError::NonFiniteEmbedding { index: 1 }));
         }
         assert_eq!(kind_of(&r, &SMALL), "non_finite_embedding");
     }
@@ -470,34 +397,16 @@ mod tests {
             r.metadata = Some(pairs.into_iter().map(|(k, v)| (k.to_string(), v)).collect());
             r
         };
-        let r = with(vec![
-            ("a", MetaValue::Null),
-            ("b", MetaValue::Null),
-            ("c", MetaValue::Null),
-        ]);
-        assert_eq!(
-            validate(&r, &SMALL),
-            Err(ValidationError::TooManyMetadataKeys { count: 3, max: 2 })
-        );
-        assert_eq!(
-            kind_of(&with(vec![("", MetaValue::Long(1))]), &SMALL),
-            "metadata_key_empty"
-        );
+        let r = with(vec![("a", MetaValue::Null), ("b", MetaValue::Null), ("c", MetaValue::Null)]);
+        assert_eq!(validate(&r, &SMALL), Err(ValidationError::TooManyMetadataKeys { count: 3, max: 2 }));
+        assert_eq!(kind_of(&with(vec![("", MetaValue::Long(1))]), &SMALL), "metadata_key_empty");
         assert_eq!(
             validate(&with(vec![("kkkkk", MetaValue::Long(1))]), &SMALL),
-            Err(ValidationError::MetadataKeyTooLong {
-                key: "kkkkk".into(),
-                len: 5,
-                max: 4
-            })
+            Err(ValidationError::MetadataKeyTooLong { key: "kkkkk".into(), len: 5, max: 4 })
         );
         assert_eq!(
             validate(&with(vec![("k", MetaValue::String("vvvv".into()))]), &SMALL),
-            Err(ValidationError::MetadataValueTooLarge {
-                key: "k".into(),
-                len: 4,
-                max: 3
-            })
+            Err(ValidationError::MetadataValueTooLarge { key: "k".into(), len: 4, max: 3 })
         );
         for bad in [f64::NAN, f64::INFINITY, f64::NEG_INFINITY] {
             assert_eq!(
@@ -505,10 +414,7 @@ mod tests {
                 Err(ValidationError::NonFiniteMetadataDouble { key: "x".into() })
             );
         }
-        assert_eq!(
-            kind_of(&with(vec![("x", MetaValue::Double(f64::NAN))]), &SMALL),
-            "non_finite_metadata_double"
-        );
+        assert_eq!(kind_of(&with(vec![("x", MetaValue::Double(f64::NAN))]), &SMALL), "non_finite_metadata_double");
     }
 
     #[test]
@@ -528,10 +434,7 @@ mod tests {
     fn documents() {
         let mut r = LogRecord::data("c", "i", Operation::Add);
         r.document = Some("dddddd".into());
-        assert_eq!(
-            validate(&r, &SMALL),
-            Err(ValidationError::DocumentTooLarge { len: 6, max: 5 })
-        );
+        assert_eq!(validate(&r, &SMALL), Err(ValidationError::DocumentTooLarge { len: 6, max: 5 }));
         assert_eq!(kind_of(&r, &SMALL), "document_too_large");
     }
 
@@ -550,13 +453,7 @@ mod tests {
             }
         );
         let some: Limits = toml::from_str("max_embedding_dim = 1536").expect("one key");
-        assert_eq!(
-            some,
-            Limits {
-                max_embedding_dim: 1536,
-                ..Limits::default()
-            }
-        );
+        assert_eq!(some, Limits { max_embedding_dim: 1536, ..Limits::default() });
         assert!(toml::from_str::<Limits>("max_embedding_dims = 1536").is_err());
     }
 
@@ -619,37 +516,22 @@ mod tests {
             ValidationError::EmptyId,
             ValidationError::IdTooLong { len: 0, max: 0 },
             ValidationError::BackfillWithoutPayload,
-            ValidationError::EmptyBackfillRef {
-                field: "request_id",
-            },
-            ValidationError::PayloadOnDataOperation {
-                operation: Operation::Add,
-            },
+            ValidationError::EmptyBackfillRef { field: "request_id" },
+            ValidationError::PayloadOnDataOperation { operation: Operation::Add },
             ValidationError::EmptyEmbedding,
             ValidationError::EmbeddingTooLarge { dim: 0, max: 0 },
             ValidationError::NonFiniteEmbedding { index: 0 },
             ValidationError::TooManyMetadataKeys { count: 0, max: 0 },
             ValidationError::MetadataKeyEmpty,
-            ValidationError::MetadataKeyTooLong {
-                key: String::new(),
-                len: 0,
-                max: 0,
-            },
-            ValidationError::MetadataValueTooLarge {
-                key: String::new(),
-                len: 0,
-                max: 0,
-            },
+            ValidationError::MetadataKeyTooLong { key: String::new(), len: 0, max: 0 },
+            ValidationError::MetadataValueTooLarge { key: String::new(), len: 0, max: 0 },
             ValidationError::NonFiniteMetadataDouble { key: String::new() },
             ValidationError::DocumentTooLarge { len: 0, max: 0 },
             ValidationError::NulCharacter { field: String::new() },
         ];
-        let kinds: std::collections::BTreeSet<_> =
-            errors.iter().map(ValidationError::kind).collect();
+        let kinds: std::collections::BTreeSet<_> = errors.iter().map(ValidationError::kind).collect();
         assert_eq!(kinds.len(), errors.len());
-        assert!(kinds
-            .iter()
-            .all(|k| k.chars().all(|c| c.is_ascii_lowercase() || c == '_')));
+        assert!(kinds.iter().all(|k| k.chars().all(|c| c.is_ascii_lowercase() || c == '_')));
         assert!(errors.iter().all(|e| !e.to_string().is_empty()));
     }
 }

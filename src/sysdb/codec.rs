@@ -38,10 +38,7 @@ pub(crate) fn decode_embedding(bytes: &[u8]) -> Result<Vec<f32>, String> {
     if bytes.len() % 4 != 0 {
         return Err(format!("stored embedding has {} bytes, not a multiple of 4", bytes.len()));
     }
-    Ok(bytes
-        .chunks_exact(4)
-        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-        .collect())
+    Ok(bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect())
 }
 
 /// JSON text of `metadata`, `None` when it has no (non-null) key. Serialized straight
@@ -120,7 +117,8 @@ impl<'de> Visitor<'de> for MetadataVisitor {
     fn visit_map<A: MapAccess<'de>>(self, mut access: A) -> Result<Metadata, A::Error> {
         let mut out = Metadata::new();
         while let Some(k) = access.next_key::<String>()? {
-            let v: StoredValue = access.next_value().map_err(|e| de::Error::custom(format!("metadata key {k:?}: {e}")))?;
+            let v: StoredValue =
+                access.next_value().map_err(|e| de::Error::custom(format!("metadata key {k:?}: {e}")))?;
             let meta = match v {
                 StoredValue::Null => continue,
                 StoredValue::Meta(m) => m,
@@ -232,7 +230,9 @@ pub(crate) fn metadata_bit_eq(a: &Metadata, b: &Metadata) -> bool {
         && a.iter().zip(b.iter()).all(|((ka, va), (kb, vb))| {
             ka == kb
                 && match (va, vb) {
-                    (MetaValue::Double(x), MetaValue::Double(y)) => x.to_bits() == y.to_bits() || (x.is_nan() && y.is_nan()),
+                    (MetaValue::Double(x), MetaValue::Double(y)) => {
+                        x.to_bits() == y.to_bits() || (x.is_nan() && y.is_nan())
+                    }
                     _ => va == vb,
                 }
         })
@@ -243,7 +243,7 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
-/// The straightforward `Value`-tree encoding: the oracle of the serializer above.
+    /// The straightforward `Value`-tree encoding: the oracle of the serializer above.
     fn encode_metadata_via_value(metadata: &Metadata) -> Option<String> {
         let mut map = serde_json::Map::new();
         for (k, v) in metadata {
@@ -275,7 +275,7 @@ mod tests {
         }
         Some(Value::Object(map).to_string())
     }
-    
+
     fn decode_metadata_via_value(text: Option<&str>) -> Result<Metadata, String> {
         let mut out = Metadata::new();
         let Some(text) = text else { return Ok(out) };
@@ -289,7 +289,9 @@ mod tests {
                 Value::Bool(b) => MetaValue::Bool(b),
                 Value::Number(n) => match n.as_i64() {
                     Some(i) => MetaValue::Long(i),
-                    None => MetaValue::Double(n.as_f64().ok_or_else(|| format!("metadata key {k:?}: number {n} out of range"))?),
+                    None => MetaValue::Double(
+                        n.as_f64().ok_or_else(|| format!("metadata key {k:?}: number {n} out of range"))?,
+                    ),
                 },
                 Value::Object(tagged) => match tagged.get(NON_FINITE_TAG).and_then(Value::as_str) {
                     Some("NaN") => MetaValue::Double(f64::NAN),
@@ -354,7 +356,10 @@ mod tests {
 
     #[test]
     fn params_round_trip() {
-        let p = std::collections::BTreeMap::from([("k".to_string(), "v \" ☃".to_string()), ("a".to_string(), String::new())]);
+        let p = std::collections::BTreeMap::from([
+            ("k".to_string(), "v \" ☃".to_string()),
+            ("a".to_string(), String::new()),
+        ]);
         assert_eq!(decode_params(&encode_params(&p)).unwrap(), p);
         assert_eq!(encode_params(&std::collections::BTreeMap::new()), "{}");
         assert!(decode_params("{\"k\":1}").is_err());
@@ -364,7 +369,10 @@ mod tests {
     fn embeddings_keep_every_bit() {
         let v = [f32::from_bits(0x7fc0_1234), -0.0, f32::MIN_POSITIVE / 2.0, f32::MAX, f32::NEG_INFINITY, 0.1];
         let back = decode_embedding(&encode_embedding(&v)).unwrap();
-        assert_eq!(back.iter().map(|x| x.to_bits()).collect::<Vec<_>>(), v.iter().map(|x| x.to_bits()).collect::<Vec<_>>());
+        assert_eq!(
+            back.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+            v.iter().map(|x| x.to_bits()).collect::<Vec<_>>()
+        );
     }
 
     proptest! {

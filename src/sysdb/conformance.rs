@@ -10,7 +10,9 @@ use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
 
 use super::codec::metadata_bit_eq;
-use super::{BatchCommit, CollectionRow, CollectionUpdate, CommitReport, ErrorClass, PartitionState, Sysdb, SysdbError};
+use super::{
+    BatchCommit, CollectionRow, CollectionUpdate, CommitReport, ErrorClass, PartitionState, Sysdb, SysdbError,
+};
 use crate::positions::{IncompatibleDelta, PositionDelta};
 use crate::record::{MetaValue, Metadata, Record};
 
@@ -36,10 +38,22 @@ fn delete(id: &str) -> (String, Option<Record>) {
 }
 
 fn batch(topic: &str, partition: i32, from: i64, to: i64, collections: Vec<CollectionUpdate>) -> BatchCommit {
-    BatchCommit { topic: topic.into(), delta: PositionDelta::new(partition, from, to).expect("valid delta"), collections, functions: Vec::new() }
+    BatchCommit {
+        topic: topic.into(),
+        delta: PositionDelta::new(partition, from, to).expect("valid delta"),
+        collections,
+        functions: Vec::new(),
+    }
 }
 
-fn update(id: &str, partition: i32, dimension: Option<u32>, log_position: i64, delta: i64, writes: Vec<(String, Option<Record>)>) -> CollectionUpdate {
+fn update(
+    id: &str,
+    partition: i32,
+    dimension: Option<u32>,
+    log_position: i64,
+    delta: i64,
+    writes: Vec<(String, Option<Record>)>,
+) -> CollectionUpdate {
     CollectionUpdate { id: id.into(), partition, dimension, log_position, record_count_delta: delta, writes }
 }
 
@@ -51,7 +65,12 @@ fn assert_records_bit_eq(got: &Record, want: &Record, what: &str) {
     assert_eq!(got.id, want.id, "{what}: id");
     assert_eq!(got.document, want.document, "{what}: document");
     assert_eq!(got.offset, want.offset, "{what}: offset");
-    assert!(metadata_bit_eq(&got.metadata, &want.metadata), "{what}: metadata\n got  {:?}\n want {:?}", got.metadata, want.metadata);
+    assert!(
+        metadata_bit_eq(&got.metadata, &want.metadata),
+        "{what}: metadata\n got  {:?}\n want {:?}",
+        got.metadata,
+        want.metadata
+    );
     let bits = |e: &Option<Vec<f32>>| e.as_ref().map(|v| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>());
     assert_eq!(bits(&got.embedding), bits(&want.embedding), "{what}: embedding bits");
 }
@@ -159,7 +178,10 @@ pub async fn commit_batch_applies_records_collections_and_position(db: &Sysdb) {
 
     // Second batch: delete a, replace b, insert d; c2 gets its dimension; c1's dimension
     // is already set and must not change; a listed partition never moves an existing row.
-    let b2 = Record { metadata: Metadata::from([("k".to_string(), MetaValue::Bool(true))]), ..record("b", 5, Some(vec![7.0, 8.0, 9.0])) };
+    let b2 = Record {
+        metadata: Metadata::from([("k".to_string(), MetaValue::Bool(true))]),
+        ..record("b", 5, Some(vec![7.0, 8.0, 9.0]))
+    };
     let d = record("d", 6, Some(vec![0.5, 0.25, 0.125]));
     let y = record("y", 7, Some(vec![1.0, 1.0]));
     db.commit_batch(&batch(
@@ -181,7 +203,11 @@ pub async fn commit_batch_applies_records_collections_and_position(db: &Sysdb) {
     assert_eq!(row1.partition, 3, "partition of an existing collection changed");
     assert_eq!((row1.log_position, row1.record_count), (6, 3));
     let row2 = db.collection(&c2).await.expect("collection").expect("c2 exists");
-    assert_eq!((row2.dimension, row2.log_position, row2.record_count), (Some(2), 7, 2), "dimension not set on first embedding");
+    assert_eq!(
+        (row2.dimension, row2.log_position, row2.record_count),
+        (Some(2), 7, 2),
+        "dimension not set on first embedding"
+    );
 
     let got = all_records(db, &c1).await;
     assert_eq!(got.iter().map(|r| r.id.as_str()).collect::<Vec<_>>(), ["b", "c", "d"], "delete/upsert");
@@ -194,7 +220,8 @@ pub async fn commit_batch_applies_records_collections_and_position(db: &Sysdb) {
         .expect("empty delta");
     assert_eq!(db.positions(&topic).await.expect("positions"), HashMap::from([(3, 9)]));
 
-    let listed: Vec<_> = db.collections().await.expect("collections").into_iter().filter(|c| c.id == c1 || c.id == c2).collect();
+    let listed: Vec<_> =
+        db.collections().await.expect("collections").into_iter().filter(|c| c.id == c1 || c.id == c2).collect();
     assert_eq!(listed.len(), 2, "collections() lists both");
     assert!(listed.windows(2).all(|w| w[0].id < w[1].id), "collections() in id order");
 }
@@ -203,9 +230,15 @@ pub async fn cas_conflict_leaves_everything_untouched(db: &Sysdb) {
     let topic = unique("cas");
     let (coll, fresh) = (unique("coll"), unique("coll"));
     db.init_position(&topic, 0, 0).await.expect("init");
-    db.commit_batch(&batch(&topic, 0, 0, 5, vec![update(&coll, 0, None, 4, 2, vec![upsert(record("a", 3, None)), upsert(record("b", 4, None))])]))
-        .await
-        .expect("setup commit");
+    db.commit_batch(&batch(
+        &topic,
+        0,
+        0,
+        5,
+        vec![update(&coll, 0, None, 4, 2, vec![upsert(record("a", 3, None)), upsert(record("b", 4, None))])],
+    ))
+    .await
+    .expect("setup commit");
     let records_before = all_records(db, &coll).await;
     let row_before = db.collection(&coll).await.expect("collection");
 
@@ -216,7 +249,14 @@ pub async fn cas_conflict_leaves_everything_untouched(db: &Sysdb) {
             from,
             from + 10,
             vec![
-                update(&coll, 0, Some(8), 99, 5, vec![delete("a"), upsert(record("b", 99, Some(vec![0.0; 8]))), upsert(record("z", 99, None))]),
+                update(
+                    &coll,
+                    0,
+                    Some(8),
+                    99,
+                    5,
+                    vec![delete("a"), upsert(record("b", 99, Some(vec![0.0; 8]))), upsert(record("z", 99, None))],
+                ),
                 update(&fresh, 0, Some(8), 99, 1, vec![upsert(record("q", 99, None))]),
             ],
         )
@@ -248,7 +288,14 @@ pub async fn commit_without_a_position_row_is_refused(db: &Sysdb) {
     let coll = unique("coll");
     db.init_position(&topic, 0, 0).await.expect("init another partition");
     expect_conflict(
-        db.commit_batch(&batch(&topic, 7, 0, 3, vec![update(&coll, 7, None, 2, 1, vec![upsert(record("a", 2, None))])])).await,
+        db.commit_batch(&batch(
+            &topic,
+            7,
+            0,
+            3,
+            vec![update(&coll, 7, None, 2, 1, vec![upsert(record("a", 2, None))])],
+        ))
+        .await,
         IncompatibleDelta::Missing { partition: 7, expected: 0 },
         "commit on a partition without a row",
     );
@@ -279,7 +326,9 @@ async fn concurrent_commits(a: &Sysdb, b: &Sysdb) {
     for round in 0..ROUNDS {
         let (from, to) = (round * 10, round * 10 + 10);
         let side = |name: &str| {
-            let records: Vec<_> = (0..50).map(|i| upsert(record(&format!("{name}-{round:02}-{i:02}"), to - 1, Some(vec![round as f32; 4])))).collect();
+            let records: Vec<_> = (0..50)
+                .map(|i| upsert(record(&format!("{name}-{round:02}-{i:02}"), to - 1, Some(vec![round as f32; 4]))))
+                .collect();
             batch(&topic, 0, from, to, vec![update(&coll, 0, Some(4), to - 1, 50, records)])
         };
         let (ba, bb) = (side("a"), side("b"));
@@ -325,7 +374,11 @@ pub async fn gaps_move_the_position_and_are_listed(db: &Sysdb) {
         IncompatibleDelta::PositionMoved { partition: 1, expected: 10, stored: 50 },
         "stale gap",
     );
-    expect_conflict(db.record_gap(&topic, 2, 0, 5).await, IncompatibleDelta::Missing { partition: 2, expected: 0 }, "gap without a row");
+    expect_conflict(
+        db.record_gap(&topic, 2, 0, 5).await,
+        IncompatibleDelta::Missing { partition: 2, expected: 0 },
+        "gap without a row",
+    );
     assert!(db.record_gap(&topic, 1, 50, 40).await.is_err(), "backwards gap accepted");
     assert_eq!(db.gaps(&topic).await.expect("gaps").len(), 1, "a refused gap was recorded");
     assert_eq!(db.positions(&topic).await.expect("positions"), HashMap::from([(1, 50)]));
@@ -340,7 +393,8 @@ pub async fn reset_is_audited_and_returns_the_previous_value(db: &Sysdb) {
     assert_eq!(db.positions(&topic).await.expect("positions"), HashMap::from([(2, 40)]));
 
     let resets = db.resets(&topic).await.expect("resets");
-    let summary: Vec<_> = resets.iter().map(|r| (r.partition, r.from_offset, r.to_offset, r.actor.as_str(), r.reason.as_str())).collect();
+    let summary: Vec<_> =
+        resets.iter().map(|r| (r.partition, r.from_offset, r.to_offset, r.actor.as_str(), r.reason.as_str())).collect();
     assert_eq!(summary, [(2, None, 100, "alice", "first start"), (2, Some(100), 40, "bob", "replay")]);
     assert!(resets.iter().all(|r| r.topic == topic && r.at_ms > 0));
 
@@ -368,7 +422,11 @@ pub async fn halts_are_stored_listed_and_cleared_by_a_reset(db: &Sysdb) {
     assert!(db.partition_states(&topic).await.expect("states").is_empty());
     db.init_position(&topic, 1, 7).await.expect("init p1");
     db.init_position(&topic, 0, 3).await.expect("init p0");
-    assert_eq!(db.partition_states(&topic).await.expect("states"), [state(0, 3, None, None), state(1, 7, None, None)], "new rows run");
+    assert_eq!(
+        db.partition_states(&topic).await.expect("states"),
+        [state(0, 3, None, None), state(1, 7, None, None)],
+        "new rows run"
+    );
 
     db.set_partition_halted(&topic, 1, Some("record refused: id holds U+0000")).await.expect("halt");
     let states = db.partition_states(&topic).await.expect("states");
@@ -381,7 +439,11 @@ pub async fn halts_are_stored_listed_and_cleared_by_a_reset(db: &Sysdb) {
     db.set_partition_halted(&topic, 1, Some("still refused")).await.expect("halt again");
     assert_eq!(db.partition_states(&topic).await.expect("states")[1], state(1, 7, Some("still refused"), Some(at)));
     db.commit_batch(&batch(&topic, 1, 7, 9, vec![])).await.expect("commit on a halted partition");
-    assert_eq!(db.partition_states(&topic).await.expect("states")[1], state(1, 9, Some("still refused"), Some(at)), "a commit changed the halt");
+    assert_eq!(
+        db.partition_states(&topic).await.expect("states")[1],
+        state(1, 9, Some("still refused"), Some(at)),
+        "a commit changed the halt"
+    );
 
     db.set_partition_halted(&topic, 1, None).await.expect("clear");
     assert_eq!(db.partition_states(&topic).await.expect("states")[1], state(1, 9, None, None));
@@ -389,7 +451,11 @@ pub async fn halts_are_stored_listed_and_cleared_by_a_reset(db: &Sysdb) {
 
     db.set_partition_halted(&topic, 0, Some("operator look")).await.expect("halt p0");
     assert_eq!(db.reset_position(&topic, 0, 2, "ops", "skip back").await.expect("reset"), Some(3));
-    assert_eq!(db.partition_states(&topic).await.expect("states"), [state(0, 2, None, None), state(1, 9, None, None)], "reset kept the halt");
+    assert_eq!(
+        db.partition_states(&topic).await.expect("states"),
+        [state(0, 2, None, None), state(1, 9, None, None)],
+        "reset kept the halt"
+    );
 
     assert!(db.set_partition_halted(&topic, 5, Some("x")).await.is_err(), "halted a partition without a row");
     db.set_partition_halted(&topic, 5, None).await.expect("clearing a missing row is a no-op");
@@ -425,7 +491,20 @@ pub async fn refused_values_are_record_errors_that_leave_the_position(db: &Sysdb
     let bad_ids = [format!("nul\0{}", unique("id")), incompressible(4000)];
     for bad in &bad_ids {
         let commit = db
-            .commit_batch(&batch(&topic, 0, 10, 12, vec![update(&coll, 0, None, 11, 2, vec![upsert(record("good", 10, None)), upsert(record(bad, 11, None))])]))
+            .commit_batch(&batch(
+                &topic,
+                0,
+                10,
+                12,
+                vec![update(
+                    &coll,
+                    0,
+                    None,
+                    11,
+                    2,
+                    vec![upsert(record("good", 10, None)), upsert(record(bad, 11, None))],
+                )],
+            ))
             .await;
         match db.backend() {
             "postgres" => {
@@ -433,8 +512,16 @@ pub async fn refused_values_are_record_errors_that_leave_the_position(db: &Sysdb
                 assert_eq!(err.class(), ErrorClass::Record, "{err}");
                 assert!(matches!(err, SysdbError::Rejected { .. }), "{err:?}");
                 assert!(!err.is_retryable());
-                assert_eq!(db.positions(&topic).await.expect("positions"), HashMap::from([(0, 10)]), "a refused batch moved the position");
-                assert_eq!(db.collection(&coll).await.expect("collection"), None, "a refused batch created its collection");
+                assert_eq!(
+                    db.positions(&topic).await.expect("positions"),
+                    HashMap::from([(0, 10)]),
+                    "a refused batch moved the position"
+                );
+                assert_eq!(
+                    db.collection(&coll).await.expect("collection"),
+                    None,
+                    "a refused batch created its collection"
+                );
             }
             _ => {
                 commit.expect("sqlite stores any text");
@@ -442,9 +529,15 @@ pub async fn refused_values_are_record_errors_that_leave_the_position(db: &Sysdb
             }
         }
     }
-    db.commit_batch(&batch(&topic, 0, 10, 12, vec![update(&coll, 0, None, 11, 1, vec![upsert(record("good", 10, None))])]))
-        .await
-        .expect("the batch without the refused record commits");
+    db.commit_batch(&batch(
+        &topic,
+        0,
+        10,
+        12,
+        vec![update(&coll, 0, None, 11, 1, vec![upsert(record("good", 10, None))])],
+    ))
+    .await
+    .expect("the batch without the refused record commits");
     assert_eq!(db.positions(&topic).await.expect("positions"), HashMap::from([(0, 12)]));
     assert!(all_records(db, &coll).await.iter().any(|r| r.id == "good"));
 }
@@ -455,7 +548,10 @@ pub async fn list_records_pages_in_id_order(db: &Sysdb) {
     let other = unique("coll");
     db.init_position(&topic, 0, 0).await.expect("init");
     // Ids whose order differs between byte order and a locale collation.
-    let mut ids: Vec<String> = ["B", "a", "a0", "a-", "Z9", "é", "e", "ü", "10", "9", "_x", "A b", "~", "中"].iter().map(|s| s.to_string()).collect();
+    let mut ids: Vec<String> = ["B", "a", "a0", "a-", "Z9", "é", "e", "ü", "10", "9", "_x", "A b", "~", "中"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
     ids.extend((0..23).map(|i| format!("n{:03}", (i * 37) % 101)));
     let writes: Vec<_> = ids.iter().map(|id| upsert(record(id, 1, None))).collect();
     db.commit_batch(&batch(
@@ -463,7 +559,10 @@ pub async fn list_records_pages_in_id_order(db: &Sysdb) {
         0,
         0,
         2,
-        vec![update(&coll, 0, None, 1, ids.len() as i64, writes), update(&other, 0, None, 1, 1, vec![upsert(record("a1", 1, None))])],
+        vec![
+            update(&coll, 0, None, 1, ids.len() as i64, writes),
+            update(&other, 0, None, 1, 1, vec![upsert(record("a1", 1, None))]),
+        ],
     ))
     .await
     .expect("commit");
@@ -492,9 +591,15 @@ pub async fn get_records_returns_only_present_ids(db: &Sysdb) {
     let coll = unique("coll");
     db.init_position(&topic, 0, 0).await.expect("init");
     let (a, b) = (record("a", 0, Some(vec![1.5])), record("b", 1, None));
-    db.commit_batch(&batch(&topic, 0, 0, 2, vec![update(&coll, 0, Some(1), 1, 2, vec![upsert(a.clone()), upsert(b.clone())])]))
-        .await
-        .expect("commit");
+    db.commit_batch(&batch(
+        &topic,
+        0,
+        0,
+        2,
+        vec![update(&coll, 0, Some(1), 1, 2, vec![upsert(a.clone()), upsert(b.clone())])],
+    ))
+    .await
+    .expect("commit");
     let got = db
         .get_records(&coll, &["b".to_string(), "nope".to_string(), "a".to_string(), "b".to_string()])
         .await
@@ -516,7 +621,10 @@ pub async fn get_records_many_reads_several_collections_at_once(db: &Sysdb) {
         0,
         0,
         3,
-        vec![update(&c1, 0, Some(2), 1, 2, vec![upsert(a.clone()), upsert(b.clone())]), update(&c2, 0, Some(1), 2, 1, vec![upsert(x.clone())])],
+        vec![
+            update(&c1, 0, Some(2), 1, 2, vec![upsert(a.clone()), upsert(b.clone())]),
+            update(&c2, 0, Some(1), 2, 1, vec![upsert(x.clone())]),
+        ],
     ))
     .await
     .expect("commit");
@@ -539,7 +647,10 @@ pub async fn get_records_many_reads_several_collections_at_once(db: &Sysdb) {
     assert!(db.get_records_many(vec![]).await.expect("nothing asked").is_empty());
     // Not whole: existence, metadata and offset are always there; a backend may leave
     // out the embedding and the document.
-    let light = db.get_records_many(vec![(c1.clone(), vec![("a".to_string(), false), ("nope".to_string(), false)])]).await.expect("light");
+    let light = db
+        .get_records_many(vec![(c1.clone(), vec![("a".to_string(), false), ("nope".to_string(), false)])])
+        .await
+        .expect("light");
     let got = &light[&c1]["a"];
     assert_eq!(light[&c1].len(), 1, "absent ids returned");
     assert!(metadata_bit_eq(&got.metadata, &a.metadata), "light metadata");
@@ -552,7 +663,23 @@ pub async fn metadata_round_trips_exactly(db: &Sysdb) {
     let topic = unique("meta");
     let coll = unique("coll");
     db.init_position(&topic, 0, 0).await.expect("init");
-    let doubles = [1.0, -0.0, 0.0, 1e300, -1e300, 1e-300, 5e-324, f64::MAX, f64::MIN, f64::MIN_POSITIVE, 0.1, 1.0 / 3.0, 9007199254740993.0, 1e16, -2.5];
+    let doubles = [
+        1.0,
+        -0.0,
+        0.0,
+        1e300,
+        -1e300,
+        1e-300,
+        5e-324,
+        f64::MAX,
+        f64::MIN,
+        f64::MIN_POSITIVE,
+        0.1,
+        1.0 / 3.0,
+        9007199254740993.0,
+        1e16,
+        -2.5,
+    ];
     let mut metadata = Metadata::new();
     for (i, d) in doubles.iter().enumerate() {
         metadata.insert(format!("d{i:02}"), MetaValue::Double(*d));
@@ -572,13 +699,20 @@ pub async fn metadata_round_trips_exactly(db: &Sysdb) {
 
     let rich = Record { id: "rich".into(), embedding: None, metadata, document: Some(String::new()), offset: 0 };
     let bare = Record { id: "bare".into(), embedding: None, metadata: Metadata::new(), document: None, offset: 1 };
-    db.commit_batch(&batch(&topic, 0, 0, 2, vec![update(&coll, 0, None, 1, 2, vec![upsert(rich.clone()), upsert(bare.clone())])]))
-        .await
-        .expect("commit");
+    db.commit_batch(&batch(
+        &topic,
+        0,
+        0,
+        2,
+        vec![update(&coll, 0, None, 1, 2, vec![upsert(rich.clone()), upsert(bare.clone())])],
+    ))
+    .await
+    .expect("commit");
     let got = db.get_records(&coll, &["rich".to_string(), "bare".to_string()]).await.expect("get");
     assert_records_bit_eq(&got["rich"], &rich, "metadata of every type");
     assert_records_bit_eq(&got["bare"], &bare, "no metadata, no document");
-    let kinds: BTreeMap<_, _> = got["rich"].metadata.iter().map(|(k, v)| (k.clone(), std::mem::discriminant(v))).collect();
+    let kinds: BTreeMap<_, _> =
+        got["rich"].metadata.iter().map(|(k, v)| (k.clone(), std::mem::discriminant(v))).collect();
     assert_eq!(kinds[&"d00".to_string()], std::mem::discriminant(&MetaValue::Double(0.0)), "1.0 read back as a Long");
     assert_eq!(kinds[&"l1".to_string()], std::mem::discriminant(&MetaValue::Long(0)), "i64::MAX read back as a Double");
 }
@@ -604,7 +738,13 @@ pub async fn embeddings_round_trip_bit_exact(db: &Sysdb) {
     let records = [
         Record { id: "odd".into(), embedding: Some(odd), metadata: Metadata::new(), document: None, offset: 0 },
         Record { id: "wide".into(), embedding: Some(wide), metadata: Metadata::new(), document: None, offset: 1 },
-        Record { id: "empty".into(), embedding: Some(Vec::new()), metadata: Metadata::new(), document: None, offset: 2 },
+        Record {
+            id: "empty".into(),
+            embedding: Some(Vec::new()),
+            metadata: Metadata::new(),
+            document: None,
+            offset: 2,
+        },
         Record { id: "none".into(), embedding: None, metadata: Metadata::new(), document: None, offset: 3 },
     ];
     let writes = records.iter().cloned().map(upsert).collect();
@@ -631,7 +771,13 @@ pub async fn measure_commit_throughput(db: &Sysdb, n: usize, dim: usize, rounds:
                 metadata.insert("page".into(), MetaValue::Long(i as i64));
                 metadata.insert("score".into(), MetaValue::Double(i as f64 * 0.37));
                 let embedding = (0..dim).map(|j| ((i * dim + j) as f32 * 0.001).sin()).collect();
-                upsert(Record { id: format!("{id_round:03}-{i:08}"), embedding: Some(embedding), metadata, document: None, offset })
+                upsert(Record {
+                    id: format!("{id_round:03}-{i:08}"),
+                    embedding: Some(embedding),
+                    metadata,
+                    document: None,
+                    offset,
+                })
             })
             .collect()
     };

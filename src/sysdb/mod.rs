@@ -92,7 +92,6 @@ impl SysdbError {
 
 pub type Result<T, E = SysdbError> = std::result::Result<T, E>;
 
-
 /// A collection as the sysdb knows it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CollectionRow {
@@ -399,7 +398,10 @@ impl Sysdb {
     /// the backend MAY leave out the embedding and the document (SQLite does; the
     /// caller must only ask that when the fold cannot need them, see
     /// `processor::batch::ids_to_read`).
-    pub async fn get_records_many(&self, wanted: Vec<(String, Vec<(String, bool)>)>) -> Result<HashMap<String, HashMap<String, Record>>> {
+    pub async fn get_records_many(
+        &self,
+        wanted: Vec<(String, Vec<(String, bool)>)>,
+    ) -> Result<HashMap<String, HashMap<String, Record>>> {
         dispatch!(self, s => s.get_records_many(wanted).await)
     }
 
@@ -492,7 +494,13 @@ impl Sysdb {
     /// record's offset) with versioned output writes; advance the cursor and
     /// `backfill_done` (and set `backfill_total` on the first step). A chunk shorter than
     /// `limit` finishes: status `ready`, preimages and the output's tombstones deleted.
-    pub async fn backfill_step(&self, function_id: &str, expected_cursor: Option<&str>, limit: usize, f: &dyn Function) -> Result<StepResult> {
+    pub async fn backfill_step(
+        &self,
+        function_id: &str,
+        expected_cursor: Option<&str>,
+        limit: usize,
+        f: &dyn Function,
+    ) -> Result<StepResult> {
         dispatch!(self, s => s.backfill_step(function_id, expected_cursor, limit, f).await)
     }
 
@@ -513,7 +521,14 @@ impl Sysdb {
     /// Operator override of a partition's `next_offset`, audited in the same transaction,
     /// which also clears the partition's halt. Returns the previous value (None if there
     /// was no row).
-    pub async fn reset_position(&self, topic: &str, partition: i32, to: i64, actor: &str, reason: &str) -> Result<Option<i64>> {
+    pub async fn reset_position(
+        &self,
+        topic: &str,
+        partition: i32,
+        to: i64,
+        actor: &str,
+        reason: &str,
+    ) -> Result<Option<i64>> {
         dispatch!(self, s => s.reset_position(topic, partition, to, actor, reason).await)
     }
 
@@ -540,10 +555,7 @@ pub(crate) fn topic_partitions_key(topic: &str) -> String {
 }
 
 pub(crate) fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as i64)
-        .unwrap_or(0)
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
 }
 
 #[cfg(test)]

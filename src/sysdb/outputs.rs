@@ -38,7 +38,8 @@ pub(crate) struct FunctionState {
 }
 
 /// Columns of a `functions` row, in [`RawFunction`] order.
-pub(crate) const FUNCTION_COLUMNS: &str = "id, collection_id, function, output_collection, params, status, request_id, \
+pub(crate) const FUNCTION_COLUMNS: &str =
+    "id, collection_id, function, output_collection, params, status, request_id, \
      marker_offset, backfill_cursor, backfill_done, backfill_total, created_at_ms, updated_at_ms";
 
 /// A `functions` row as read, before decoding.
@@ -60,8 +61,10 @@ pub(crate) struct RawFunction {
 
 impl RawFunction {
     pub fn decode(self, backend: &'static str) -> Result<FunctionRow, SysdbError> {
-        let bad = |message: String| SysdbError::Database { backend, message: format!("function {:?}: {message}", self.id) };
-        let status = FunctionStatus::parse(&self.status).ok_or_else(|| bad(format!("unknown status {:?}", self.status)))?;
+        let bad =
+            |message: String| SysdbError::Database { backend, message: format!("function {:?}: {message}", self.id) };
+        let status =
+            FunctionStatus::parse(&self.status).ok_or_else(|| bad(format!("unknown status {:?}", self.status)))?;
         let params = decode_params(&self.params).map_err(bad)?;
         Ok(FunctionRow {
             id: self.id,
@@ -156,27 +159,29 @@ impl OutputPlan {
     /// Fold `delta`, emitted for a change at `offset`.
     pub fn add(&mut self, offset: i64, delta: &OutputDelta) {
         match delta {
-            OutputDelta::Count { output_id, fields, count_field, delta, remove_at_zero } => match self.count_index.get(output_id) {
-                Some(&i) => {
-                    let c = &mut self.counts[i];
-                    c.delta += delta;
-                    c.fields.clone_from(fields);
-                    c.count_field = count_field;
-                    c.remove_at_zero = *remove_at_zero;
-                    c.offset = c.offset.max(offset);
+            OutputDelta::Count { output_id, fields, count_field, delta, remove_at_zero } => {
+                match self.count_index.get(output_id) {
+                    Some(&i) => {
+                        let c = &mut self.counts[i];
+                        c.delta += delta;
+                        c.fields.clone_from(fields);
+                        c.count_field = count_field;
+                        c.remove_at_zero = *remove_at_zero;
+                        c.offset = c.offset.max(offset);
+                    }
+                    None => {
+                        self.count_index.insert(output_id.clone(), self.counts.len());
+                        self.counts.push(CountWrite {
+                            output_id: output_id.clone(),
+                            delta: *delta,
+                            fields: fields.clone(),
+                            count_field,
+                            remove_at_zero: *remove_at_zero,
+                            offset,
+                        });
+                    }
                 }
-                None => {
-                    self.count_index.insert(output_id.clone(), self.counts.len());
-                    self.counts.push(CountWrite {
-                        output_id: output_id.clone(),
-                        delta: *delta,
-                        fields: fields.clone(),
-                        count_field,
-                        remove_at_zero: *remove_at_zero,
-                        offset,
-                    });
-                }
-            },
+            }
             OutputDelta::Put { record } => self.add_map(MapWrite::Put(record.clone())),
             OutputDelta::Remove { id, offset } => self.add_map(MapWrite::Remove { id: id.clone(), offset: *offset }),
         }
@@ -264,7 +269,10 @@ pub(crate) fn decide<'a>(state: Option<&FunctionState>, fb: &'a FunctionBatch) -
 /// Decide every function batch of a commit in order, from the states read in the
 /// transaction (`None`: no such function); a marker accepted by one batch is seen by a
 /// later batch of the same function.
-pub(crate) fn decide_all<'a>(states: &mut HashMap<String, Option<FunctionState>>, batches: &'a [FunctionBatch]) -> Vec<Decision<'a>> {
+pub(crate) fn decide_all<'a>(
+    states: &mut HashMap<String, Option<FunctionState>>,
+    batches: &'a [FunctionBatch],
+) -> Vec<Decision<'a>> {
     let mut out = Vec::with_capacity(batches.len());
     for fb in batches {
         let state = states.get_mut(&fb.function_id).and_then(Option::as_mut);
@@ -281,7 +289,10 @@ pub(crate) fn decide_all<'a>(states: &mut HashMap<String, Option<FunctionState>>
 /// What the commit reports about markers.
 pub(crate) fn report(decisions: &[Decision<'_>]) -> CommitReport {
     CommitReport {
-        markers_accepted: decisions.iter().filter_map(|d| d.accepted_marker.map(|o| (d.function_id.to_string(), o))).collect(),
+        markers_accepted: decisions
+            .iter()
+            .filter_map(|d| d.accepted_marker.map(|o| (d.function_id.to_string(), o)))
+            .collect(),
         markers_ignored: decisions.iter().map(|d| d.ignored_markers).sum(),
     }
 }
@@ -317,7 +328,13 @@ mod tests {
                 store.records.remove(&c.output_id);
             } else {
                 counters.insert(c.output_id.clone(), count);
-                let r = Record { id: c.output_id.clone(), embedding: None, metadata: c.metadata(count), document: None, offset: -1 };
+                let r = Record {
+                    id: c.output_id.clone(),
+                    embedding: None,
+                    metadata: c.metadata(count),
+                    document: None,
+                    offset: -1,
+                };
                 store.records.insert(c.output_id.clone(), r);
             }
         }
@@ -354,7 +371,13 @@ mod tests {
                 remove_at_zero: rz,
             }),
             (ids.clone(), 0i64..8, 0u8..3).prop_map(|(id, offset, doc)| OutputDelta::Put {
-                record: Record { id: id.into(), embedding: None, metadata: Metadata::new(), document: Some(format!("{doc}")), offset },
+                record: Record {
+                    id: id.into(),
+                    embedding: None,
+                    metadata: Metadata::new(),
+                    document: Some(format!("{doc}")),
+                    offset
+                },
             }),
             (ids, 0i64..8).prop_map(|(id, offset)| OutputDelta::Remove { id: id.into(), offset }),
         ]
@@ -411,7 +434,12 @@ mod tests {
         let fb = FunctionBatch {
             function_id: "f".into(),
             markers: vec![(5, "other".into()), (6, "req".into()), (8, "req".into())],
-            changes: vec![change(4, "a", Some(1)), change(7, "a", Some(4)), change(9, "a", Some(7)), change(10, "b", None)],
+            changes: vec![
+                change(4, "a", Some(1)),
+                change(7, "a", Some(4)),
+                change(9, "a", Some(7)),
+                change(10, "b", None),
+            ],
         };
         let d = decide(Some(&state(FunctionStatus::AwaitingMarker, None)), &fb);
         assert_eq!((d.accepted_marker, d.ignored_markers), (Some(6), 2));
@@ -429,7 +457,9 @@ mod tests {
         assert_eq!(d.plan.maps.len(), 2);
         for gone in [None, Some(&state(FunctionStatus::Detached, Some(1)))] {
             let d = decide(gone, &fb);
-            assert!(d.plan.is_empty() && d.preimages.is_empty() && d.accepted_marker.is_none() && d.ignored_markers == 3);
+            assert!(
+                d.plan.is_empty() && d.preimages.is_empty() && d.accepted_marker.is_none() && d.ignored_markers == 3
+            );
         }
         let unmarked = FunctionBatch { markers: vec![], ..fb.clone() };
         let d = decide(Some(&state(FunctionStatus::AwaitingMarker, None)), &unmarked);

@@ -35,7 +35,9 @@ use tokio_postgres::NoTls;
 
 use super::codec::{decode_record, encode_embedding, encode_metadata};
 use super::schema;
-use super::{now_ms, redact_url, BatchCommit, CollectionRow, CommitReport, GapRow, PartitionState, ResetRow, Result, SysdbError};
+use super::{
+    now_ms, redact_url, BatchCommit, CollectionRow, CommitReport, GapRow, PartitionState, ResetRow, Result, SysdbError,
+};
 use crate::positions::{IncompatibleDelta, PositionDelta};
 use crate::record::Record;
 
@@ -133,8 +135,12 @@ impl From<PoolError> for SysdbError {
     fn from(e: PoolError) -> Self {
         match e {
             PoolError::Backend(e) => e.into(),
-            PoolError::Timeout(_) | PoolError::Closed => SysdbError::Unavailable { backend: BACKEND, message: describe(&e) },
-            PoolError::NoRuntimeSpecified | PoolError::PostCreateHook(_) => SysdbError::Database { backend: BACKEND, message: describe(&e) },
+            PoolError::Timeout(_) | PoolError::Closed => {
+                SysdbError::Unavailable { backend: BACKEND, message: describe(&e) }
+            }
+            PoolError::NoRuntimeSpecified | PoolError::PostCreateHook(_) => {
+                SysdbError::Database { backend: BACKEND, message: describe(&e) }
+            }
         }
     }
 }
@@ -174,7 +180,9 @@ impl<'a> BatchRows<'a> {
         for c in &batch.collections {
             let dimension = c
                 .dimension
-                .map(|d| i32::try_from(d).map_err(|_| invalid(format!("collection {:?}: dimension {d} too large", c.id))))
+                .map(|d| {
+                    i32::try_from(d).map_err(|_| invalid(format!("collection {:?}: dimension {d} too large", c.id)))
+                })
                 .transpose()?;
             match coll_index.get(c.id.as_str()) {
                 Some(&i) => {
@@ -223,7 +231,8 @@ impl<'a> BatchRows<'a> {
 }
 
 const SELECT_FOR_UPDATE: &str = "SELECT next_offset FROM partitions WHERE topic = $1 AND partition = $2 FOR UPDATE";
-const UPDATE_POSITION: &str = "UPDATE partitions SET next_offset = $3, updated_at_ms = $4 WHERE topic = $1 AND partition = $2";
+const UPDATE_POSITION: &str =
+    "UPDATE partitions SET next_offset = $3, updated_at_ms = $4 WHERE topic = $1 AND partition = $2";
 const UPSERT_POSITION: &str = "INSERT INTO partitions (topic, partition, next_offset, updated_at_ms) VALUES ($1, $2, $3, $4)
      ON CONFLICT (topic, partition) DO UPDATE SET next_offset = EXCLUDED.next_offset, updated_at_ms = EXCLUDED.updated_at_ms";
 const UPSERT_COLLECTIONS: &str = "INSERT INTO collections AS c (id, partition, dimension, log_position, record_count, created_at_ms)
@@ -252,7 +261,8 @@ async fn commit_once(
 ) -> std::result::Result<std::result::Result<CommitReport, IncompatibleDelta>, functions::TxError> {
     let (topic, partition) = (&batch.topic, &batch.delta.partition);
     let tx = client.transaction().await?;
-    let stored: Option<i64> = tx.query_opt(&tx.prepare_cached(SELECT_FOR_UPDATE).await?, &[topic, partition]).await?.map(|r| r.get(0));
+    let stored: Option<i64> =
+        tx.query_opt(&tx.prepare_cached(SELECT_FOR_UPDATE).await?, &[topic, partition]).await?.map(|r| r.get(0));
     if let Err(conflict) = batch.delta.check(stored) {
         tx.rollback().await?;
         return Ok(Err(conflict));
@@ -265,7 +275,14 @@ async fn commit_once(
         let stmt = tx.prepare_cached(UPSERT_COLLECTIONS).await?;
         tx.execute(
             &stmt,
-            &[&rows.coll_ids, &rows.coll_partitions, &rows.coll_dimensions, &rows.coll_positions, &rows.coll_deltas, &now],
+            &[
+                &rows.coll_ids,
+                &rows.coll_partitions,
+                &rows.coll_dimensions,
+                &rows.coll_positions,
+                &rows.coll_deltas,
+                &now,
+            ],
         )
         .await?;
     }
@@ -324,9 +341,9 @@ impl PostgresSysdb {
     /// errors: they name the target with [`redact_url`].
     pub async fn open(url: &str) -> Result<PostgresSysdb> {
         let target = redact_url(url);
-        let mut config: tokio_postgres::Config = url
-            .parse()
-            .map_err(|e: tokio_postgres::Error| SysdbError::Config(format!("invalid PostgreSQL URL {target}: {}", describe(&e))))?;
+        let mut config: tokio_postgres::Config = url.parse().map_err(|e: tokio_postgres::Error| {
+            SysdbError::Config(format!("invalid PostgreSQL URL {target}: {}", describe(&e)))
+        })?;
         if config.get_connect_timeout().is_none() {
             config.connect_timeout(CONNECT_TIMEOUT);
         }
@@ -351,8 +368,12 @@ impl PostgresSysdb {
             .map_err(|e| SysdbError::Config(format!("PostgreSQL pool for {target}: {e}")))?;
         let db = PostgresSysdb { pool };
         db.migrate().await.map_err(|e| match e {
-            SysdbError::Unavailable { backend, message } => SysdbError::Unavailable { backend, message: format!("{target}: {message}") },
-            SysdbError::Database { backend, message } => SysdbError::Database { backend, message: format!("{target}: {message}") },
+            SysdbError::Unavailable { backend, message } => {
+                SysdbError::Unavailable { backend, message: format!("{target}: {message}") }
+            }
+            SysdbError::Database { backend, message } => {
+                SysdbError::Database { backend, message: format!("{target}: {message}") }
+            }
             SysdbError::Config(message) => SysdbError::Config(format!("{target}: {message}")),
             other => other,
         })?;
@@ -370,7 +391,8 @@ impl PostgresSysdb {
         let tx = client.transaction().await?;
         tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK_KEY]).await?;
         tx.batch_execute(schema::CREATE_SCHEMA_MIGRATIONS).await?;
-        let current: i64 = tx.query_one("SELECT COALESCE(MAX(version), 0)::int8 FROM schema_migrations", &[]).await?.get(0);
+        let current: i64 =
+            tx.query_one("SELECT COALESCE(MAX(version), 0)::int8 FROM schema_migrations", &[]).await?.get(0);
         for step in schema::pending(schema::POSTGRES, current, BACKEND)? {
             tx.batch_execute(step.sql).await?;
             tx.execute(
@@ -427,7 +449,12 @@ impl PostgresSysdb {
             .await?;
         Ok(rows
             .iter()
-            .map(|r| PartitionState { partition: r.get(0), next_offset: r.get(1), halted_reason: r.get(2), halted_at_ms: r.get(3) })
+            .map(|r| PartitionState {
+                partition: r.get(0),
+                next_offset: r.get(1),
+                halted_reason: r.get(2),
+                halted_at_ms: r.get(3),
+            })
             .collect())
     }
 
@@ -476,7 +503,8 @@ impl PostgresSysdb {
 
     pub async fn collection(&self, id: &str) -> Result<Option<CollectionRow>> {
         let client = self.client().await?;
-        let stmt = client.prepare_cached(&format!("SELECT {COLLECTION_COLUMNS} FROM collections WHERE id = $1")).await?;
+        let stmt =
+            client.prepare_cached(&format!("SELECT {COLLECTION_COLUMNS} FROM collections WHERE id = $1")).await?;
         client.query_opt(&stmt, &[&id]).await?.as_ref().map(decode_collection).transpose()
     }
 
@@ -486,7 +514,9 @@ impl PostgresSysdb {
         }
         let client = self.client().await?;
         let stmt = client
-            .prepare_cached(&format!("SELECT {RECORD_COLUMNS} FROM records WHERE collection_id = $1 AND id = ANY($2::text[])"))
+            .prepare_cached(&format!(
+                "SELECT {RECORD_COLUMNS} FROM records WHERE collection_id = $1 AND id = ANY($2::text[])"
+            ))
             .await?;
         let rows = client.query(&stmt, &[&collection, &ids]).await?;
         rows.iter().map(|r| decode_row(r).map(|rec| (rec.id.clone(), rec))).collect()
@@ -494,7 +524,10 @@ impl PostgresSysdb {
 
     /// Always whole records (the `full` flag is a permission to leave fields out, which
     /// this backend does not use).
-    pub async fn get_records_many(&self, wanted: Vec<(String, Vec<(String, bool)>)>) -> Result<HashMap<String, HashMap<String, Record>>> {
+    pub async fn get_records_many(
+        &self,
+        wanted: Vec<(String, Vec<(String, bool)>)>,
+    ) -> Result<HashMap<String, HashMap<String, Record>>> {
         let (mut collections, mut ids): (Vec<&str>, Vec<&str>) = (Vec::new(), Vec::new());
         for (c, wanted_ids) in &wanted {
             for (id, _) in wanted_ids {
@@ -536,7 +569,9 @@ impl PostgresSysdb {
             }
             None => {
                 let stmt = client
-                    .prepare_cached(&format!("SELECT {RECORD_COLUMNS} FROM records WHERE collection_id = $1 ORDER BY id LIMIT $2"))
+                    .prepare_cached(&format!(
+                        "SELECT {RECORD_COLUMNS} FROM records WHERE collection_id = $1 ORDER BY id LIMIT $2"
+                    ))
                     .await?;
                 client.query(&stmt, &[&collection, &limit]).await?
             }
@@ -545,7 +580,8 @@ impl PostgresSysdb {
     }
 
     pub async fn commit_batch(&self, batch: &BatchCommit) -> Result<CommitReport> {
-        PositionDelta::new(batch.delta.partition, batch.delta.from, batch.delta.to).map_err(|e| invalid(e.to_string()))?;
+        PositionDelta::new(batch.delta.partition, batch.delta.from, batch.delta.to)
+            .map_err(|e| invalid(e.to_string()))?;
         let rows = BatchRows::new(batch)?;
         let mut client = self.client().await?;
         let mut attempt = 1;
@@ -591,11 +627,24 @@ impl PostgresSysdb {
             .await?;
         Ok(rows
             .iter()
-            .map(|r| GapRow { topic: r.get(0), partition: r.get(1), from_offset: r.get(2), to_offset: r.get(3), recorded_at_ms: r.get(4) })
+            .map(|r| GapRow {
+                topic: r.get(0),
+                partition: r.get(1),
+                from_offset: r.get(2),
+                to_offset: r.get(3),
+                recorded_at_ms: r.get(4),
+            })
             .collect())
     }
 
-    pub async fn reset_position(&self, topic: &str, partition: i32, to: i64, actor: &str, reason: &str) -> Result<Option<i64>> {
+    pub async fn reset_position(
+        &self,
+        topic: &str,
+        partition: i32,
+        to: i64,
+        actor: &str,
+        reason: &str,
+    ) -> Result<Option<i64>> {
         if to < 0 {
             return Err(invalid(format!("partition {partition}: cannot reset to negative offset {to}")));
         }
@@ -650,7 +699,13 @@ mod tests {
     use crate::sysdb::CollectionUpdate;
 
     fn rec(id: &str, offset: i64) -> Record {
-        Record { id: id.into(), embedding: None, metadata: Metadata::new(), document: Some(format!("{id}@{offset}")), offset }
+        Record {
+            id: id.into(),
+            embedding: None,
+            metadata: Metadata::new(),
+            document: Some(format!("{id}@{offset}")),
+            offset,
+        }
     }
 
     #[test]
@@ -695,7 +750,9 @@ mod tests {
                 ErrorClass::Fatal
             }
         };
-        for code in ["08006", "08001", "40001", "40P01", "55P03", "57P01", "57P02", "57P03", "53300", "53100", "25P03", "25006"] {
+        for code in
+            ["08006", "08001", "40001", "40P01", "55P03", "57P01", "57P02", "57P03", "53300", "53100", "25P03", "25006"]
+        {
             assert_eq!(class(code), ErrorClass::Transient, "{code}");
         }
         for code in ["22021", "22001", "22003", "22P02", "54000"] {

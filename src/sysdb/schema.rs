@@ -78,9 +78,9 @@ pub(crate) struct Migration {
 /// price is the implicit unique index on (collection_id, id): one more small b-tree.
 pub(crate) const SQLITE: &[Migration] = &[
     Migration {
-    version: 1,
-    description: "positions, collections, records, gaps, offset resets",
-    sql: r#"
+        version: 1,
+        description: "positions, collections, records, gaps, offset resets",
+        sql: r#"
 CREATE TABLE meta (
     key   TEXT NOT NULL PRIMARY KEY,
     value TEXT NOT NULL
@@ -224,9 +224,9 @@ CREATE INDEX functions_awaiting_marker ON functions (created_at_ms) WHERE status
 ///   embeddings are moved out of line without first trying pglz on them.
 pub(crate) const POSTGRES: &[Migration] = &[
     Migration {
-    version: 1,
-    description: "positions, collections, records, gaps, offset resets",
-    sql: r#"
+        version: 1,
+        description: "positions, collections, records, gaps, offset resets",
+        sql: r#"
 CREATE TABLE meta (
     key   TEXT COLLATE "C" NOT NULL PRIMARY KEY,
     value TEXT NOT NULL
@@ -374,7 +374,11 @@ pub(crate) fn latest(steps: &[Migration]) -> i64 {
 
 /// The steps still to apply on a database at `current` (0 = empty), or a `Config`
 /// error when the database is newer than this binary.
-pub(crate) fn pending(steps: &'static [Migration], current: i64, backend: &str) -> Result<&'static [Migration], SysdbError> {
+pub(crate) fn pending(
+    steps: &'static [Migration],
+    current: i64,
+    backend: &str,
+) -> Result<&'static [Migration], SysdbError> {
     let known = latest(steps);
     if current > known {
         return Err(SysdbError::Config(format!(
@@ -407,7 +411,10 @@ mod tests {
         assert_eq!(pending(SQLITE, 0, "sqlite").unwrap().len(), SQLITE.len());
         assert!(pending(SQLITE, latest(SQLITE), "sqlite").unwrap().is_empty());
         let err = pending(SQLITE, latest(SQLITE) + 1, "sqlite").unwrap_err();
-        assert!(matches!(err, SysdbError::Config(ref m) if m.contains("newer") || m.contains("knows versions")), "{err}");
+        assert!(
+            matches!(err, SysdbError::Config(ref m) if m.contains("newer") || m.contains("knows versions")),
+            "{err}"
+        );
     }
 
     #[test]

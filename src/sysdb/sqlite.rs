@@ -195,8 +195,12 @@ fn migrate(conn: &mut Connection) -> Result<()> {
 
 fn open_connection(path: &str) -> Result<Connection> {
     Connection::open(path).map_err(|e| match SysdbError::from(e) {
-        SysdbError::Unavailable { backend, message } => SysdbError::Unavailable { backend, message: format!("opening {path:?}: {message}") },
-        SysdbError::Database { backend, message } => SysdbError::Database { backend, message: format!("opening {path:?}: {message}") },
+        SysdbError::Unavailable { backend, message } => {
+            SysdbError::Unavailable { backend, message: format!("opening {path:?}: {message}") }
+        }
+        SysdbError::Database { backend, message } => {
+            SysdbError::Database { backend, message: format!("opening {path:?}: {message}") }
+        }
         other => other,
     })
 }
@@ -229,9 +233,7 @@ fn invalid(message: String) -> SysdbError {
 }
 
 fn validate_delta(delta: &PositionDelta) -> Result<()> {
-    PositionDelta::new(delta.partition, delta.from, delta.to)
-        .map(|_| ())
-        .map_err(|e| invalid(e.to_string()))
+    PositionDelta::new(delta.partition, delta.from, delta.to).map(|_| ()).map_err(|e| invalid(e.to_string()))
 }
 
 fn commit_batch_sync(conn: &mut Connection, batch: &BatchCommit) -> Result<CommitReport> {
@@ -261,7 +263,14 @@ fn commit_batch_sync(conn: &mut Connection, batch: &BatchCommit) -> Result<Commi
         let mut delete_record = tx.prepare_cached("DELETE FROM records WHERE collection_id = ?1 AND id = ?2")?;
         let mut embedding = Vec::new();
         for c in &batch.collections {
-            upsert_collection.execute(params![c.id, c.partition, c.dimension, c.log_position, c.record_count_delta, now])?;
+            upsert_collection.execute(params![
+                c.id,
+                c.partition,
+                c.dimension,
+                c.log_position,
+                c.record_count_delta,
+                now
+            ])?;
             for (id, write) in &c.writes {
                 match write {
                     Some(r) => {
@@ -270,7 +279,14 @@ fn commit_batch_sync(conn: &mut Connection, batch: &BatchCommit) -> Result<Commi
                             embedding.extend(v.iter().flat_map(|x| x.to_le_bytes()));
                             embedding.as_slice()
                         });
-                        upsert_record.execute(params![c.id, id, emb, encode_metadata(&r.metadata), r.document, r.offset])?;
+                        upsert_record.execute(params![
+                            c.id,
+                            id,
+                            emb,
+                            encode_metadata(&r.metadata),
+                            r.document,
+                            r.offset
+                        ])?;
                     }
                     None => {
                         delete_record.execute(params![c.id, id])?;
@@ -300,7 +316,9 @@ fn collection_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<(String, i32, Optio
     Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?))
 }
 
-fn decode_collection((id, partition, dimension, log_position, record_count): (String, i32, Option<i64>, i64, i64)) -> Result<CollectionRow> {
+fn decode_collection(
+    (id, partition, dimension, log_position, record_count): (String, i32, Option<i64>, i64, i64),
+) -> Result<CollectionRow> {
     let dimension = dimension
         .map(|d| u32::try_from(d).map_err(|_| invalid(format!("collection {id:?}: stored dimension {d} out of range"))))
         .transpose()?;
@@ -389,7 +407,8 @@ impl SqliteSysdb {
     pub async fn topic_partitions(&self, topic: &str) -> Result<Option<i32>> {
         let key = super::topic_partitions_key(topic);
         self.read(move |c| {
-            let value: Option<String> = c.query_row("SELECT value FROM meta WHERE key = ?1", [&key], |r| r.get(0)).optional()?;
+            let value: Option<String> =
+                c.query_row("SELECT value FROM meta WHERE key = ?1", [&key], |r| r.get(0)).optional()?;
             value
                 .map(|v| v.parse::<i32>().map_err(|_| invalid(format!("meta {key:?} is not a partition count: {v:?}"))))
                 .transpose()
@@ -480,7 +499,9 @@ impl SqliteSysdb {
         self.read(move |c| {
             // One indexed point lookup per id: SQLite is in-process, so there is no
             // round trip to save by batching them into one statement.
-            let mut stmt = c.prepare_cached(&format!("SELECT {RECORD_COLUMNS} FROM records WHERE collection_id = ?1 AND id = ?2"))?;
+            let mut stmt = c.prepare_cached(&format!(
+                "SELECT {RECORD_COLUMNS} FROM records WHERE collection_id = ?1 AND id = ?2"
+            ))?;
             let mut out = HashMap::with_capacity(ids.len());
             for id in &ids {
                 if out.contains_key(id) {
@@ -496,15 +517,21 @@ impl SqliteSysdb {
         .await
     }
 
-    pub async fn get_records_many(&self, wanted: Vec<(String, Vec<(String, bool)>)>) -> Result<HashMap<String, HashMap<String, Record>>> {
+    pub async fn get_records_many(
+        &self,
+        wanted: Vec<(String, Vec<(String, bool)>)>,
+    ) -> Result<HashMap<String, HashMap<String, Record>>> {
         // On the writer connection: these are the rows the next commit rewrites, so the
         // b-tree pages they load are the ones the commit needs, in the same page cache
         // (measured: ~10% of the processor's CPU was copying pages into a second cache).
         self.write(move |c| {
-            let mut full = c.prepare_cached(&format!("SELECT {RECORD_COLUMNS} FROM records WHERE collection_id = ?1 AND id = ?2"))?;
+            let mut full = c.prepare_cached(&format!(
+                "SELECT {RECORD_COLUMNS} FROM records WHERE collection_id = ?1 AND id = ?2"
+            ))?;
             // Existence and metadata only: the embedding is most of a row.
-            let mut light =
-                c.prepare_cached("SELECT id, NULL, metadata, NULL, last_offset FROM records WHERE collection_id = ?1 AND id = ?2")?;
+            let mut light = c.prepare_cached(
+                "SELECT id, NULL, metadata, NULL, last_offset FROM records WHERE collection_id = ?1 AND id = ?2",
+            )?;
             let mut out = HashMap::with_capacity(wanted.len());
             for (collection, ids) in &wanted {
                 let mut found = HashMap::new();
@@ -540,7 +567,9 @@ impl SqliteSysdb {
                     .query_map(params![collection, after, limit], raw_record)?
                     .collect::<rusqlite::Result<Vec<_>>>()?,
                 None => c
-                    .prepare_cached(&format!("SELECT {RECORD_COLUMNS} FROM records WHERE collection_id = ?1 ORDER BY id LIMIT ?2"))?
+                    .prepare_cached(&format!(
+                        "SELECT {RECORD_COLUMNS} FROM records WHERE collection_id = ?1 ORDER BY id LIMIT ?2"
+                    ))?
                     .query_map(params![collection, limit], raw_record)?
                     .collect::<rusqlite::Result<Vec<_>>>()?,
             };
@@ -585,7 +614,14 @@ impl SqliteSysdb {
         .await
     }
 
-    pub async fn reset_position(&self, topic: &str, partition: i32, to: i64, actor: &str, reason: &str) -> Result<Option<i64>> {
+    pub async fn reset_position(
+        &self,
+        topic: &str,
+        partition: i32,
+        to: i64,
+        actor: &str,
+        reason: &str,
+    ) -> Result<Option<i64>> {
         if to < 0 {
             return Err(invalid(format!("partition {partition}: cannot reset to negative offset {to}")));
         }
@@ -731,7 +767,16 @@ mod tests {
                 dimension: None,
                 log_position: 2,
                 record_count_delta: 1,
-                writes: vec![("a".into(), Some(Record { id: "a".into(), embedding: None, metadata: Default::default(), document: None, offset: 2 }))],
+                writes: vec![(
+                    "a".into(),
+                    Some(Record {
+                        id: "a".into(),
+                        embedding: None,
+                        metadata: Default::default(),
+                        document: None,
+                        offset: 2,
+                    }),
+                )],
             }],
             functions: Vec::new(),
         };
@@ -739,12 +784,17 @@ mod tests {
         let holder = Connection::open(dir.path().join("sysdb.sqlite")).unwrap();
         holder.execute_batch("BEGIN IMMEDIATE").unwrap();
         let started = std::time::Instant::now();
-        let outcome = tokio::time::timeout(BUSY_TIMEOUT * 3, db.commit_batch(&batch)).await.expect("the commit blocked past the busy timeout");
+        let outcome = tokio::time::timeout(BUSY_TIMEOUT * 3, db.commit_batch(&batch))
+            .await
+            .expect("the commit blocked past the busy timeout");
         let waited = started.elapsed();
         let err = outcome.expect_err("committed while another connection held the write lock");
         assert_eq!(err.class(), ErrorClass::Transient, "{err}");
         assert!(matches!(err, SysdbError::Unavailable { .. }), "{err:?}");
-        assert!(waited >= BUSY_TIMEOUT - Duration::from_millis(500), "gave up after {waited:?}, before the busy timeout");
+        assert!(
+            waited >= BUSY_TIMEOUT - Duration::from_millis(500),
+            "gave up after {waited:?}, before the busy timeout"
+        );
         assert_eq!(db.positions("t").await.unwrap(), HashMap::from([(0, 0)]), "position moved");
         assert_eq!(db.collection("c").await.unwrap(), None, "collection written");
 
@@ -764,8 +814,15 @@ mod tests {
     #[test]
     fn busy_and_io_errors_are_retryable() {
         use crate::sysdb::ErrorClass;
-        let class = |code| SysdbError::from(rusqlite::Error::SqliteFailure(rusqlite::ffi::Error::new(code), None)).class();
-        for code in [rusqlite::ffi::SQLITE_BUSY, rusqlite::ffi::SQLITE_LOCKED, rusqlite::ffi::SQLITE_READONLY, rusqlite::ffi::SQLITE_FULL, rusqlite::ffi::SQLITE_IOERR] {
+        let class =
+            |code| SysdbError::from(rusqlite::Error::SqliteFailure(rusqlite::ffi::Error::new(code), None)).class();
+        for code in [
+            rusqlite::ffi::SQLITE_BUSY,
+            rusqlite::ffi::SQLITE_LOCKED,
+            rusqlite::ffi::SQLITE_READONLY,
+            rusqlite::ffi::SQLITE_FULL,
+            rusqlite::ffi::SQLITE_IOERR,
+        ] {
             assert_eq!(class(code), ErrorClass::Transient, "{code}");
         }
         for code in [rusqlite::ffi::SQLITE_TOOBIG, rusqlite::ffi::SQLITE_CONSTRAINT, rusqlite::ffi::SQLITE_MISMATCH] {
@@ -776,7 +833,8 @@ mod tests {
         }
         let busy = rusqlite::Error::SqliteFailure(rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_BUSY), None);
         assert!(SysdbError::from(busy).is_retryable());
-        let constraint = rusqlite::Error::SqliteFailure(rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_CONSTRAINT), None);
+        let constraint =
+            rusqlite::Error::SqliteFailure(rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_CONSTRAINT), None);
         assert!(!SysdbError::from(constraint).is_retryable());
     }
 

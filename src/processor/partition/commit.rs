@@ -86,7 +86,10 @@ impl Worker {
         let delta = match PositionDelta::new(self.partition, self.next, to) {
             Ok(d) => d,
             Err(e) => {
-                self.halt(format!("internal error: batch ending at {to} does not follow the position {}: {e}", self.next));
+                self.halt(format!(
+                    "internal error: batch ending at {to} does not follow the position {}: {e}",
+                    self.next
+                ));
                 return RangeOutcome::Abandoned;
             }
         };
@@ -104,7 +107,11 @@ impl Worker {
             let landed_before = retried
                 && matches!(&outcome, Err(BatchError::Conflict(IncompatibleDelta::PositionMoved { stored, .. })) if *stored == delta.to);
             let outcome = if landed_before {
-                info!(partition = self.partition, to = delta.to, "the previous, uncertain commit of this batch had landed");
+                info!(
+                    partition = self.partition,
+                    to = delta.to,
+                    "the previous, uncertain commit of this batch had landed"
+                );
                 // What that commit did to functions (a marker accepted) is not known here:
                 // read them again, as after any commit that moved a function.
                 self.functions.clear();
@@ -140,7 +147,10 @@ impl Worker {
                     self.shared.metrics.sysdb_retry();
                     fatal_attempts += 1;
                     if fatal_attempts >= FATAL_ATTEMPTS {
-                        self.halt(format!("the sysdb failed batch [{}, {}) {fatal_attempts} times: {e}", delta.from, delta.to));
+                        self.halt(format!(
+                            "the sysdb failed batch [{}, {}) {fatal_attempts} times: {e}",
+                            delta.from, delta.to
+                        ));
                         return RangeOutcome::Abandoned;
                     }
                     warn!(%e, partition = self.partition, attempt = fatal_attempts, "batch commit failed; retrying");
@@ -204,7 +214,10 @@ impl Worker {
             let named: Vec<&str> = markers.iter().map(|(_, b)| b.function_id.as_str()).collect();
             let attached = self.functions.get(&self.shared.sysdb, id, &named).await?.to_vec();
             let with_functions = !markers.is_empty() || !attached.is_empty();
-            wanted.push((id.clone(), batch::ids_to_read(records, row.as_ref().and_then(|r| r.dimension), with_functions)));
+            wanted.push((
+                id.clone(),
+                batch::ids_to_read(records, row.as_ref().and_then(|r| r.dimension), with_functions),
+            ));
             attached_by.push(attached);
         }
         let mut current_all = self.shared.sysdb.get_records_many(wanted).await?;
@@ -274,9 +287,8 @@ impl Worker {
         if !report.markers_accepted.is_empty() {
             self.functions.clear();
         }
-        let committed_ms = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_millis() as i64);
+        let committed_ms =
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64);
 
         for u in &plan.commit.collections {
             let prev = match self.known.get(&u.id) {
@@ -311,11 +323,19 @@ impl Worker {
             }
         }
         m.control_records(metrics::CONTROL_BACKFILL_STARTED, report.markers_accepted.len() as u64);
-        m.control_records(metrics::CONTROL_IGNORED, counts.controls.saturating_sub(report.markers_accepted.len() as u64));
+        m.control_records(
+            metrics::CONTROL_IGNORED,
+            counts.controls.saturating_sub(report.markers_accepted.len() as u64),
+        );
         m.batch_committed();
         // Every message of the batch (DLQ'd ones included) is done at this commit.
         m.observe_end_to_end(committed_ms, msgs.iter().map(|msg| msg.timestamp_ms));
-        debug!(records = msgs.len(), dlq = plan.dlq.len(), elapsed_ms = started.elapsed().as_millis() as u64, "batch committed");
+        debug!(
+            records = msgs.len(),
+            dlq = plan.dlq.len(),
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "batch committed"
+        );
     }
 
     /// Produce the backfill tasks to the backfill topic and wait for the acknowledgements
@@ -385,7 +405,10 @@ impl Worker {
                         // Retrying cannot help and must not stall the partition: the DLQ
                         // entry goes without the payload; its source headers point at the
                         // original record, which stays in the log topic.
-                        warn!(offset = d.offset, size, "record too large for the DLQ; sending the entry without its payload");
+                        warn!(
+                            offset = d.offset,
+                            size, "record too large for the DLQ; sending the entry without its payload"
+                        );
                         payload = &[];
                         headers.push(("sluice.payload.omitted", b"too_large"));
                     }

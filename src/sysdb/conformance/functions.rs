@@ -13,11 +13,14 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use super::unique;
 use crate::functions::apply::{apply_deltas, OutputStore};
-use crate::functions::{ChangeRef, Function, FunctionStatus, OutputDelta};
 use crate::functions::model::ModelOutput;
+use crate::functions::{ChangeRef, Function, FunctionStatus, OutputDelta};
 use crate::positions::PositionDelta;
 use crate::record::{MetaValue, Metadata, Record};
-use crate::sysdb::{AttachConflict, AttachOutcome, BatchCommit, OutboxRow, CollectionUpdate, CommitReport, FunctionBatch, FunctionChange, FunctionRow, NewFunction, StepResult, Sysdb};
+use crate::sysdb::{
+    AttachConflict, AttachOutcome, BatchCommit, CollectionUpdate, CommitReport, FunctionBatch, FunctionChange,
+    FunctionRow, NewFunction, OutboxRow, StepResult, Sysdb,
+};
 
 /// Every check below, in sequence.
 pub async fn run_all(db: &Sysdb) {
@@ -184,7 +187,15 @@ impl Log {
                     .iter()
                     .map(|c| {
                         let mut deltas = Vec::new();
-                        f.deltas(&ChangeRef { id: &c.id, before: c.before.as_ref(), after: c.after.as_ref(), offset: c.offset }, &mut deltas);
+                        f.deltas(
+                            &ChangeRef {
+                                id: &c.id,
+                                before: c.before.as_ref(),
+                                after: c.after.as_ref(),
+                                offset: c.offset,
+                            },
+                            &mut deltas,
+                        );
                         FunctionChange { offset: c.offset, id: c.id.clone(), before: c.before.clone(), deltas }
                     })
                     .collect(),
@@ -212,7 +223,12 @@ impl Log {
         let changes = deltas
             .into_iter()
             .enumerate()
-            .map(|(i, deltas)| FunctionChange { offset: self.next + i as i64, id: format!("src-{i}"), before: None, deltas })
+            .map(|(i, deltas)| FunctionChange {
+                offset: self.next + i as i64,
+                id: format!("src-{i}"),
+                before: None,
+                deltas,
+            })
             .collect();
         let batch = BatchCommit {
             topic: self.topic.clone(),
@@ -231,7 +247,10 @@ impl Log {
         let mut store = OutputStore::default();
         for c in self.history.iter().filter(|c| after.is_none_or(|o| c.offset > o)) {
             let mut out = Vec::new();
-            f.deltas(&ChangeRef { id: &c.id, before: c.before.as_ref(), after: c.after.as_ref(), offset: c.offset }, &mut out);
+            f.deltas(
+                &ChangeRef { id: &c.id, before: c.before.as_ref(), after: c.after.as_ref(), offset: c.offset },
+                &mut out,
+            );
             apply_deltas(&mut store, &out, false);
         }
         store.contents()
@@ -269,7 +288,11 @@ async fn function(db: &Sysdb, id: &str) -> FunctionRow {
 async fn output(db: &Sysdb, collection: &str) -> BTreeMap<String, ModelOutput> {
     let records = db.list_records(collection, None, usize::MAX).await.expect("list_records");
     if let Some(row) = db.collection(collection).await.expect("collection") {
-        assert_eq!(row.record_count, records.len() as i64, "record_count of output {collection} does not match its records");
+        assert_eq!(
+            row.record_count,
+            records.len() as i64,
+            "record_count of output {collection} does not match its records"
+        );
     }
     records
         .into_iter()
@@ -287,7 +310,14 @@ async fn assert_output(db: &Sysdb, row: &FunctionRow, want: &BTreeMap<String, Mo
             .take(8)
             .map(|id| format!("  {id}:\n    got  {:?}\n    want {:?}", got.get(id), want.get(id)))
             .collect();
-        panic!("{what}: output of {} ({}) differs ({} vs {} records), first differences:\n{}", row.function, row.id, got.len(), want.len(), diff.join("\n"));
+        panic!(
+            "{what}: output of {} ({}) differs ({} vs {} records), first differences:\n{}",
+            row.function,
+            row.id,
+            got.len(),
+            want.len(),
+            diff.join("\n")
+        );
     }
 }
 
@@ -340,10 +370,22 @@ pub async fn attach_is_idempotent_and_fills_the_outbox(db: &Sysdb) {
         AttachOutcome::Created(row, outbox) => (row, outbox),
         other => panic!("first attach: {other:?}"),
     };
-    assert_eq!((row.id.as_str(), row.status, row.request_id.as_str()), (first.id.as_str(), FunctionStatus::AwaitingMarker, first.request_id.as_str()));
-    assert_eq!((row.collection_id.as_str(), row.output_collection.as_str(), &row.params), (log.collection.as_str(), out1.as_str(), &first.params));
-    assert_eq!((row.marker_offset, row.backfill_cursor.as_deref(), row.backfill_done, row.backfill_total), (None, None, 0, None));
-    assert_eq!((outbox.function_id.as_str(), outbox.partition, outbox.request_id.as_str()), (row.id.as_str(), 2, row.request_id.as_str()));
+    assert_eq!(
+        (row.id.as_str(), row.status, row.request_id.as_str()),
+        (first.id.as_str(), FunctionStatus::AwaitingMarker, first.request_id.as_str())
+    );
+    assert_eq!(
+        (row.collection_id.as_str(), row.output_collection.as_str(), &row.params),
+        (log.collection.as_str(), out1.as_str(), &first.params)
+    );
+    assert_eq!(
+        (row.marker_offset, row.backfill_cursor.as_deref(), row.backfill_done, row.backfill_total),
+        (None, None, 0, None)
+    );
+    assert_eq!(
+        (outbox.function_id.as_str(), outbox.partition, outbox.request_id.as_str()),
+        (row.id.as_str(), 2, row.request_id.as_str())
+    );
     let out_row = db.collection(&out1).await.expect("collection").expect("output collection registered by attach");
     assert_eq!((out_row.partition, out_row.record_count, out_row.log_position), (2, 0, -1));
 
@@ -353,8 +395,14 @@ pub async fn attach_is_idempotent_and_fills_the_outbox(db: &Sysdb) {
         other => panic!("second attach: {other:?}"),
     }
     let second = attach(db, &log, "test_map", &out2).await;
-    let pending = |rows: Vec<crate::sysdb::OutboxRow>| -> Vec<i64> { rows.into_iter().filter(|o| o.function_id == row.id || o.function_id == second.id).map(|o| o.id).collect() };
-    assert_eq!(pending(db.outbox_pending(usize::MAX).await.expect("outbox")), [outbox.id], "one pending marker for the first function");
+    let pending = |rows: Vec<crate::sysdb::OutboxRow>| -> Vec<i64> {
+        rows.into_iter().filter(|o| o.function_id == row.id || o.function_id == second.id).map(|o| o.id).collect()
+    };
+    assert_eq!(
+        pending(db.outbox_pending(usize::MAX).await.expect("outbox")),
+        [outbox.id],
+        "one pending marker for the first function"
+    );
     let all = db.outbox_pending(usize::MAX).await.expect("outbox");
     assert!(all.windows(2).all(|w| w[0].id < w[1].id), "outbox_pending not oldest first");
     db.mark_outbox_sent(outbox.id, None).await.expect("mark sent");
@@ -362,7 +410,11 @@ pub async fn attach_is_idempotent_and_fills_the_outbox(db: &Sysdb) {
     assert!(pending(db.outbox_pending(usize::MAX).await.expect("outbox")).is_empty(), "a sent marker is still pending");
 
     let listed = db.functions(Some(&log.collection)).await.expect("functions");
-    assert_eq!(listed.iter().map(|f| f.id.as_str()).collect::<Vec<_>>(), [row.id.as_str(), second.id.as_str()], "functions() in creation order");
+    assert_eq!(
+        listed.iter().map(|f| f.id.as_str()).collect::<Vec<_>>(),
+        [row.id.as_str(), second.id.as_str()],
+        "functions() in creation order"
+    );
     assert!(db.functions(None).await.expect("all functions").iter().any(|f| f.id == second.id));
     assert_eq!(db.function(&row.id).await.expect("function"), Some(row.clone()));
     assert_eq!(db.function("no-such-function").await.expect("function"), None);
@@ -403,7 +455,11 @@ async fn refused(db: &Sysdb, new: &NewFunction, what: &str) -> AttachConflict {
         other => panic!("{what}: expected a refusal, got {other:?}"),
     };
     assert_eq!(db.function(&new.id).await.expect("function"), None, "{what}: a refused attach stored its function");
-    assert_eq!(db.outbox_pending(usize::MAX).await.expect("outbox").len(), pending_before, "{what}: a refused attach queued a marker");
+    assert_eq!(
+        db.outbox_pending(usize::MAX).await.expect("outbox").len(),
+        pending_before,
+        "{what}: a refused attach queued a marker"
+    );
     conflict
 }
 
@@ -426,13 +482,21 @@ pub async fn attach_rules_refuse_taken_outputs_and_chains(db: &Sysdb) {
     // Another function, other parameters, another input: the output is taken.
     for (new, what) in [
         (new_function(&log.collection, 1, "test_map", &out), "another function on the same output"),
-        (NewFunction { params: BTreeMap::from([("k".to_string(), "v".to_string())]), ..new_function(&log.collection, 1, "test_counter", &out) }, "other parameters"),
+        (
+            NewFunction {
+                params: BTreeMap::from([("k".to_string(), "v".to_string())]),
+                ..new_function(&log.collection, 1, "test_counter", &out)
+            },
+            "other parameters",
+        ),
         (new_function(&other.collection, 1, "test_counter", &out), "another input writing the same output"),
     ] {
         assert_eq!(refused(db, &new, what).await, AttachConflict::OutputWrittenBy(function(db, &f.id).await), "{what}");
     }
     // A data collection as output.
-    let c = refused(db, &new_function(&log.collection, 1, "test_counter", &other.collection), "data collection as output").await;
+    let c =
+        refused(db, &new_function(&log.collection, 1, "test_counter", &other.collection), "data collection as output")
+            .await;
     assert_eq!(c, AttachConflict::OutputIsData { output: other.collection.clone() });
     assert_eq!(db.collection(&other.collection).await.expect("collection").expect("still there").record_count, 1);
     // A function's output as input.
@@ -440,8 +504,12 @@ pub async fn attach_rules_refuse_taken_outputs_and_chains(db: &Sysdb) {
     assert_eq!(c, AttachConflict::InputIsOutputOf(function(db, &f.id).await));
     // A function's input (not yet a registered collection) as output.
     let unregistered = unique("fn-coll");
-    let (h, _) = created(db.attach_function(&new_function(&unregistered, 1, "test_counter", &unique("out"))).await.expect("attach"));
-    let c = refused(db, &new_function(&log.collection, 1, "test_counter", &unregistered), "a function's input as output").await;
+    let (h, _) = created(
+        db.attach_function(&new_function(&unregistered, 1, "test_counter", &unique("out"))).await.expect("attach"),
+    );
+    let c =
+        refused(db, &new_function(&log.collection, 1, "test_counter", &unregistered), "a function's input as output")
+            .await;
     assert_eq!(c, AttachConflict::OutputIsInputOf(function(db, &h.id).await));
     db.detach_function(&h.id, true).await.expect("detach").expect("known");
 
@@ -450,7 +518,9 @@ pub async fn attach_rules_refuse_taken_outputs_and_chains(db: &Sysdb) {
     backfill_all(db, &f.id, &TestCounter, 10).await;
     assert!(!output(db, &out).await.is_empty());
     db.detach_function(&f.id, false).await.expect("detach").expect("known");
-    let c = refused(db, &new_function(&log.collection, 1, "test_counter", &out), "an output left by a detached function").await;
+    let c =
+        refused(db, &new_function(&log.collection, 1, "test_counter", &out), "an output left by a detached function")
+            .await;
     assert_eq!(c, AttachConflict::OutputLeftBy(function(db, &f.id).await));
     // Dropped: the name is free, the new function starts from nothing.
     db.detach_function(&f.id, true).await.expect("detach").expect("known");
@@ -472,9 +542,15 @@ pub async fn lost_markers_are_found_by_their_published_offset(db: &Sysdb) {
         let rows = db.lost_markers(&topic, usize::MAX).await.expect("lost_markers");
         rows.into_iter().map(|o| (o.function_id, o.published_offset)).collect::<Vec<_>>()
     };
-    let (f, fo) = created(db.attach_function(&new_function(&log.collection, 3, "test_counter", &unique("out"))).await.expect("attach"));
-    let (g, go) = created(db.attach_function(&new_function(&log.collection, 3, "test_counter", &unique("out"))).await.expect("attach"));
-    let (h, ho) = created(db.attach_function(&new_function(&log.collection, 3, "test_counter", &unique("out"))).await.expect("attach"));
+    let (f, fo) = created(
+        db.attach_function(&new_function(&log.collection, 3, "test_counter", &unique("out"))).await.expect("attach"),
+    );
+    let (g, go) = created(
+        db.attach_function(&new_function(&log.collection, 3, "test_counter", &unique("out"))).await.expect("attach"),
+    );
+    let (h, ho) = created(
+        db.attach_function(&new_function(&log.collection, 3, "test_counter", &unique("out"))).await.expect("attach"),
+    );
     assert_eq!(fo.published_offset, None);
     let oldest = db.oldest_awaiting_marker_ms().await.expect("oldest").expect("functions are awaiting");
     assert!(oldest <= f.created_at_ms, "oldest awaiting {oldest} is younger than {}", f.created_at_ms);
@@ -502,7 +578,9 @@ pub async fn lost_markers_are_found_by_their_published_offset(db: &Sysdb) {
     assert!(lost().await.is_empty(), "accepted markers are not lost");
 
     // An operator reset past a marker.
-    let (k, ko) = created(db.attach_function(&new_function(&log.collection, 3, "test_counter", &unique("out"))).await.expect("attach"));
+    let (k, ko) = created(
+        db.attach_function(&new_function(&log.collection, 3, "test_counter", &unique("out"))).await.expect("attach"),
+    );
     db.mark_outbox_sent(ko.id, Some(6)).await.expect("sent");
     assert!(lost().await.is_empty(), "next_offset 6 has not passed the marker at 6");
     db.reset_position(&log.topic, 3, 50, "conformance", "skip ahead").await.expect("reset");
@@ -527,7 +605,14 @@ pub async fn markers_move_the_status_and_gate_the_changes(db: &Sysdb) {
     let report = log
         .commit(
             db,
-            &[put("c", "red"), Op::Marker(f.id.clone(), "stale-request".into()), marker(&f), put("d", "blue"), del("a"), marker(&f)],
+            &[
+                put("c", "red"),
+                Op::Marker(f.id.clone(), "stale-request".into()),
+                marker(&f),
+                put("d", "blue"),
+                del("a"),
+                marker(&f),
+            ],
             fns,
         )
         .await;
@@ -535,14 +620,25 @@ pub async fn markers_move_the_status_and_gate_the_changes(db: &Sysdb) {
     assert_eq!(report.markers_ignored, 2);
     let row = function(db, &f.id).await;
     assert_eq!((row.status, row.marker_offset), (FunctionStatus::Backfilling, Some(m)));
-    assert_eq!(db.preimage_count(&f.id).await.expect("preimages"), 1, "the delete of a (written before the marker) saves its preimage");
+    assert_eq!(
+        db.preimage_count(&f.id).await.expect("preimages"),
+        1,
+        "the delete of a (written before the marker) saves its preimage"
+    );
     assert_output(db, &f, &log.expected_after(&TestCounter, Some(m)), "live deltas after the marker only").await;
     let live = output(db, &f.output_collection).await;
-    assert_eq!((count_of(&live, "total"), count_of(&live, "color=blue"), count_of(&live, "color=red")), (Some(0), Some(1), Some(-1)));
+    assert_eq!(
+        (count_of(&live, "total"), count_of(&live, "color=blue"), count_of(&live, "color=red")),
+        (Some(0), Some(1), Some(-1))
+    );
 
     // Re-adding a (no before), updating b twice: one more preimage (b's first change).
     log.commit(db, &[put("a", "green"), put("b", "green"), put("b", "red")], fns).await;
-    assert_eq!(db.preimage_count(&f.id).await.expect("preimages"), 2, "exactly one preimage per record changed after the marker");
+    assert_eq!(
+        db.preimage_count(&f.id).await.expect("preimages"),
+        2,
+        "exactly one preimage per record changed after the marker"
+    );
 
     // A duplicate marker later (the outbox relay republished it): ignored.
     let report = log.commit(db, &[marker(&f)], fns).await;
@@ -580,7 +676,11 @@ pub async fn backfill_walks_in_chunks_with_a_cursor_cas(db: &Sysdb) {
     assert_eq!(step, StepResult::Applied { processed: 3, cursor: Some("r2".into()), finished: false });
     let out = output(db, &fm.output_collection).await;
     assert_eq!(out.keys().map(String::as_str).collect::<Vec<_>>(), ["r0", "r1", "r2", "r9"]);
-    assert_eq!(doc_of(&out, "r2"), Some(format!("R2 AT {}", log.next - 3)), "the backfilled (older) r2 overwrote the live one");
+    assert_eq!(
+        doc_of(&out, "r2"),
+        Some(format!("R2 AT {}", log.next - 3)),
+        "the backfilled (older) r2 overwrote the live one"
+    );
     let row = function(db, &fm.id).await;
     assert_eq!((row.backfill_done, row.backfill_total, row.backfill_cursor.as_deref()), (3, Some(7), Some("r2")));
 
@@ -598,7 +698,10 @@ pub async fn backfill_walks_in_chunks_with_a_cursor_cas(db: &Sysdb) {
     assert_eq!(step, StepResult::Applied { processed: 3, cursor: Some("r5".into()), finished: false });
     let out = output(db, &fm.output_collection).await;
     assert!(!out.contains_key("r4"), "the backfill resurrected r4, deleted after the marker (tombstone ignored)");
-    assert!(doc_of(&out, "r5").is_some_and(|d| d.ends_with(&format!("{}", log.next - 3))), "backfilled r5 overwrote the live one");
+    assert!(
+        doc_of(&out, "r5").is_some_and(|d| d.ends_with(&format!("{}", log.next - 3))),
+        "backfilled r5 overwrote the live one"
+    );
 
     let step = db.backfill_step(&fm.id, Some("r5"), 3, &TestMap).await.expect("last step");
     assert_eq!(step, StepResult::Applied { processed: 1, cursor: Some("r6".into()), finished: true });
@@ -608,7 +711,10 @@ pub async fn backfill_walks_in_chunks_with_a_cursor_cas(db: &Sysdb) {
     assert!(db.preimage_count(&fc.id).await.expect("preimages") > 0, "another function's preimages were deleted");
     assert_output(db, &fm, &log.expected(&TestMap), "map after its backfill").await;
     assert_eq!(db.backfill_step(&fm.id, Some("r6"), 3, &TestMap).await.expect("step"), StepResult::NotBackfilling);
-    assert_eq!(db.backfill_step("no-such-function", None, 3, &TestMap).await.expect("step"), StepResult::NotBackfilling);
+    assert_eq!(
+        db.backfill_step("no-such-function", None, 3, &TestMap).await.expect("step"),
+        StepResult::NotBackfilling
+    );
 
     // The counter, walked one record at a time while live batches go on.
     log.commit(db, &[put("r1", "red"), put("r11", "green")], fns).await;
@@ -634,48 +740,111 @@ pub async fn versioned_map_writes_never_go_back(db: &Sysdb) {
     let f = attach(db, &log, "test_map", &unique("out")).await;
     log.commit(db, &[marker(&f)], &[(&f.id, &TestMap)]).await;
     let put_at = |id: &str, v: i64, doc: &str| OutputDelta::Put {
-        record: Record { id: id.into(), embedding: Some(vec![v as f32; 3]), metadata: Metadata::new(), document: Some(doc.into()), offset: v },
+        record: Record {
+            id: id.into(),
+            embedding: Some(vec![v as f32; 3]),
+            metadata: Metadata::new(),
+            document: Some(doc.into()),
+            offset: v,
+        },
     };
     let remove_at = |id: &str, v: i64| OutputDelta::Remove { id: id.into(), offset: v };
 
     // Backfilling: versioned.
-    log.commit_deltas(db, &f.id, vec![vec![put_at("x", 10, "new")], vec![put_at("x", 5, "old")], vec![remove_at("y", 12)]]).await;
+    log.commit_deltas(
+        db,
+        &f.id,
+        vec![vec![put_at("x", 10, "new")], vec![put_at("x", 5, "old")], vec![remove_at("y", 12)]],
+    )
+    .await;
     let out = output(db, &f.output_collection).await;
     assert_eq!((doc_of(&out, "x").as_deref(), out.contains_key("y")), (Some("new"), false));
-    assert_eq!(db.collection(&f.output_collection).await.expect("collection").expect("row").dimension, Some(3), "output dimension not set");
-    log.commit_deltas(db, &f.id, vec![vec![put_at("y", 11, "resurrected")], vec![remove_at("x", 9)], vec![put_at("z", 3, "z")], vec![put_at("x", 10, "same version")]])
-        .await;
+    assert_eq!(
+        db.collection(&f.output_collection).await.expect("collection").expect("row").dimension,
+        Some(3),
+        "output dimension not set"
+    );
+    log.commit_deltas(
+        db,
+        &f.id,
+        vec![
+            vec![put_at("y", 11, "resurrected")],
+            vec![remove_at("x", 9)],
+            vec![put_at("z", 3, "z")],
+            vec![put_at("x", 10, "same version")],
+        ],
+    )
+    .await;
     let out = output(db, &f.output_collection).await;
     assert!(!out.contains_key("y"), "a put older than the tombstone resurrected y");
     assert_eq!(doc_of(&out, "x").as_deref(), Some("new"), "an older remove or an equal-version put changed x");
     assert_eq!(doc_of(&out, "z").as_deref(), Some("z"));
-    log.commit_deltas(db, &f.id, vec![vec![put_at("y", 13, "back")], vec![remove_at("z", 4), put_at("z", 4, "tie loses")]]).await;
+    log.commit_deltas(
+        db,
+        &f.id,
+        vec![vec![put_at("y", 13, "back")], vec![remove_at("z", 4), put_at("z", 4, "tie loses")]],
+    )
+    .await;
     let out = output(db, &f.output_collection).await;
-    assert_eq!((doc_of(&out, "y").as_deref(), out.contains_key("z")), (Some("back"), false), "a newer put after a tombstone / a remove");
+    assert_eq!(
+        (doc_of(&out, "y").as_deref(), out.contains_key("z")),
+        (Some("back"), false),
+        "a newer put after a tombstone / a remove"
+    );
 
     // Finish the backfill (nothing as of the marker): ready, unversioned, tombstones gone.
     assert_eq!(backfill_all(db, &f.id, &TestMap, 10).await, 1);
-    log.commit_deltas(db, &f.id, vec![vec![put_at("x", 1, "blind")], vec![put_at("z", 2, "z again")], vec![remove_at("y", 0)]]).await;
+    log.commit_deltas(
+        db,
+        &f.id,
+        vec![vec![put_at("x", 1, "blind")], vec![put_at("z", 2, "z again")], vec![remove_at("y", 0)]],
+    )
+    .await;
     let out = output(db, &f.output_collection).await;
     assert_eq!(out.keys().map(String::as_str).collect::<Vec<_>>(), ["x", "z"]);
-    assert_eq!((doc_of(&out, "x").as_deref(), doc_of(&out, "z").as_deref()), (Some("blind"), Some("z again")), "ready writes are in offset order, unversioned");
+    assert_eq!(
+        (doc_of(&out, "x").as_deref(), doc_of(&out, "z").as_deref()),
+        (Some("blind"), Some("z again")),
+        "ready writes are in offset order, unversioned"
+    );
 }
 
 pub async fn counts_vanish_at_zero_only_when_asked(db: &Sysdb) {
     let mut log = Log::new(db, 0).await;
     let f = attach(db, &log, "test_counter", &unique("out")).await;
     log.commit(db, &[marker(&f)], &[(&f.id, &TestCounter)]).await;
-    let c = |id: &str, d: i64, rz: bool, tag: &str| count(id, Metadata::from([("tag".to_string(), MetaValue::String(tag.into()))]), d, rz);
+    let c = |id: &str, d: i64, rz: bool, tag: &str| {
+        count(id, Metadata::from([("tag".to_string(), MetaValue::String(tag.into()))]), d, rz)
+    };
 
     log.commit_deltas(db, &f.id, vec![vec![c("p", 1, true, "a")], vec![c("q", 1, false, "a")]]).await;
     let out = output(db, &f.output_collection).await;
     assert_eq!((count_of(&out, "p"), count_of(&out, "q")), (Some(1), Some(1)));
     assert_eq!(out["p"].metadata.get("tag"), Some(&MetaValue::String("a".into())));
-    log.commit_deltas(db, &f.id, vec![vec![c("p", -1, true, "a"), c("q", -1, false, "a")], vec![c("n", -1, true, "a")]]).await;
+    log.commit_deltas(
+        db,
+        &f.id,
+        vec![vec![c("p", -1, true, "a"), c("q", -1, false, "a")], vec![c("n", -1, true, "a")]],
+    )
+    .await;
     let out = output(db, &f.output_collection).await;
-    assert_eq!((count_of(&out, "p"), count_of(&out, "q"), count_of(&out, "n")), (None, Some(0), Some(-1)), "remove_at_zero / keep at zero / negative");
+    assert_eq!(
+        (count_of(&out, "p"), count_of(&out, "q"), count_of(&out, "n")),
+        (None, Some(0), Some(-1)),
+        "remove_at_zero / keep at zero / negative"
+    );
     // Through zero and back inside one batch; the last fields win.
-    log.commit_deltas(db, &f.id, vec![vec![c("p", 1, true, "a")], vec![c("p", -1, true, "a")], vec![c("p", 2, true, "b")], vec![c("n", 1, true, "a")]]).await;
+    log.commit_deltas(
+        db,
+        &f.id,
+        vec![
+            vec![c("p", 1, true, "a")],
+            vec![c("p", -1, true, "a")],
+            vec![c("p", 2, true, "b")],
+            vec![c("n", 1, true, "a")],
+        ],
+    )
+    .await;
     let out = output(db, &f.output_collection).await;
     assert_eq!((count_of(&out, "p"), count_of(&out, "n")), (Some(2), None));
     assert_eq!(out["p"].metadata.get("tag"), Some(&MetaValue::String("b".into())));
@@ -705,12 +874,21 @@ pub async fn detach_stops_everything_and_can_drop_the_output(db: &Sysdb) {
     backfill_all(db, &g.id, &TestMap, 2).await;
     assert_output(db, &g, &log.expected(&TestMap), "the other function").await;
     db.detach_function(&g.id, true).await.expect("detach").expect("known function");
-    assert_eq!(db.collection(&g.output_collection).await.expect("collection"), None, "drop_output kept the output collection");
+    assert_eq!(
+        db.collection(&g.output_collection).await.expect("collection"),
+        None,
+        "drop_output kept the output collection"
+    );
     assert!(output(db, &g.output_collection).await.is_empty(), "drop_output kept output records");
-    assert!(db.collection(&f.output_collection).await.expect("collection").is_some(), "detach without drop_output dropped the output");
+    assert!(
+        db.collection(&f.output_collection).await.expect("collection").is_some(),
+        "detach without drop_output dropped the output"
+    );
     assert_eq!(db.detach_function("no-such-function", true).await.expect("detach"), None);
     // f's output still holds its records: attaching there again is refused, naming f.
-    let c = refused(db, &new_function(&log.collection, 0, "test_counter", &f.output_collection), "output kept by a detach").await;
+    let c =
+        refused(db, &new_function(&log.collection, 0, "test_counter", &f.output_collection), "output kept by a detach")
+            .await;
     assert_eq!(c, AttachConflict::OutputLeftBy(function(db, &f.id).await));
     // An output left empty is written again by a new function: detaching the old one
     // once more with drop_output must not delete it.
@@ -718,7 +896,10 @@ pub async fn detach_stops_everything_and_can_drop_the_output(db: &Sysdb) {
     db.detach_function(&e.id, false).await.expect("detach").expect("known function");
     let e2 = attach(db, &log, "test_counter", &e.output_collection).await;
     db.detach_function(&e.id, true).await.expect("detach again").expect("known function");
-    assert!(db.collection(&e2.output_collection).await.expect("collection").is_some(), "dropped the output of a live function");
+    assert!(
+        db.collection(&e2.output_collection).await.expect("collection").is_some(),
+        "dropped the output of a live function"
+    );
     db.detach_function(&e2.id, true).await.expect("detach").expect("known function");
     assert_eq!(db.collection(&e2.output_collection).await.expect("collection"), None);
     // A batch still naming the detached functions changes nothing.
@@ -764,10 +945,21 @@ pub async fn outputs_match_the_reference_for_random_deltas(db: &Sysdb) {
                 deltas.push(match rng.below(3) {
                     0 => {
                         let tag = MetaValue::Long(rng.below(3) as i64);
-                        count(&format!("c{}", rng.below(3)), Metadata::from([("tag".to_string(), tag)]), rng.below(5) as i64 - 2, rng.chance(50))
+                        count(
+                            &format!("c{}", rng.below(3)),
+                            Metadata::from([("tag".to_string(), tag)]),
+                            rng.below(5) as i64 - 2,
+                            rng.chance(50),
+                        )
                     }
                     1 => OutputDelta::Put {
-                        record: Record { id, embedding: None, metadata: Metadata::new(), document: Some(format!("v{v} r{round}")), offset: v },
+                        record: Record {
+                            id,
+                            embedding: None,
+                            metadata: Metadata::new(),
+                            document: Some(format!("v{v} r{round}")),
+                            offset: v,
+                        },
                     },
                     _ => OutputDelta::Remove { id, offset: v },
                 });
@@ -776,7 +968,8 @@ pub async fn outputs_match_the_reference_for_random_deltas(db: &Sysdb) {
             changes.push(deltas);
         }
         log.commit_deltas(db, &f.id, changes).await;
-        assert_output(db, &f, &want.contents(), &format!("random deltas, round {round} (versioned: {versioned})")).await;
+        assert_output(db, &f, &want.contents(), &format!("random deltas, round {round} (versioned: {versioned})"))
+            .await;
     }
 }
 
@@ -825,14 +1018,15 @@ async fn random_interleaving(db: &Sysdb, functions: &[(&str, &dyn Function)], se
         let i = rng.below(rows.len() as u64) as usize;
         if batches < 12 && (rng.chance(50) || cursors[i].is_none()) {
             let ops = {
-            let n = 1 + rng.below(6);
-            random_ops(&mut rng, n, 30)
-        };
+                let n = 1 + rng.below(6);
+                random_ops(&mut rng, n, 30)
+            };
             log.commit(db, &ops, &fns).await;
             batches += 1;
         } else if let Some(cursor) = cursors[i].clone() {
             let chunk = 1 + rng.below(4) as usize;
-            match db.backfill_step(&rows[i].id, cursor.as_deref(), chunk, functions[i].1).await.expect("backfill_step") {
+            match db.backfill_step(&rows[i].id, cursor.as_deref(), chunk, functions[i].1).await.expect("backfill_step")
+            {
                 StepResult::Applied { cursor, finished, .. } => cursors[i] = if finished { None } else { Some(cursor) },
                 other => panic!("{other:?}"),
             }
@@ -848,7 +1042,12 @@ async fn random_interleaving(db: &Sysdb, functions: &[(&str, &dyn Function)], se
 
 pub async fn random_interleavings_end_at_the_whole_history(db: &Sysdb) {
     for seed in 1..=4u64 {
-        random_interleaving(db, &[("test_counter", &TestCounter), ("test_map", &TestMap)], seed.wrapping_mul(0x9e37_79b9_7f4a_7c15)).await;
+        random_interleaving(
+            db,
+            &[("test_counter", &TestCounter), ("test_map", &TestMap)],
+            seed.wrapping_mul(0x9e37_79b9_7f4a_7c15),
+        )
+        .await;
     }
 }
 
@@ -907,9 +1106,9 @@ pub async fn backfill_races_live_commits(db: &Sysdb) {
     let live = async {
         for _ in 0..40 {
             let ops = {
-            let n = 1 + rng.below(10);
-            random_ops(&mut rng, n, 330)
-        };
+                let n = 1 + rng.below(10);
+                random_ops(&mut rng, n, 330)
+            };
             log.commit(db, &ops, &fns).await;
             commits.set(commits.get() + 1);
             tokio::task::yield_now().await;
@@ -944,13 +1143,18 @@ pub async fn concurrent_attaches_create_one_function(a: &Sysdb, b: &Sysdb) {
         let (na, nb) = (new(), new());
         let (ra, rb) = tokio::join!(a.attach_function(&na), b.attach_function(&nb));
         let (created, existing) = match (ra.expect("attach a"), rb.expect("attach b")) {
-            (AttachOutcome::Created(row, outbox), AttachOutcome::Existing(e)) | (AttachOutcome::Existing(e), AttachOutcome::Created(row, outbox)) => {
-                ((row, outbox), e)
-            }
+            (AttachOutcome::Created(row, outbox), AttachOutcome::Existing(e))
+            | (AttachOutcome::Existing(e), AttachOutcome::Created(row, outbox)) => ((row, outbox), e),
             other => panic!("racing attaches: {other:?}"),
         };
         assert_eq!(existing, created.0, "the loser must see the winner's function");
-        let pending: Vec<_> = a.outbox_pending(usize::MAX).await.expect("outbox").into_iter().filter(|o| o.collection_id == collection).collect();
+        let pending: Vec<_> = a
+            .outbox_pending(usize::MAX)
+            .await
+            .expect("outbox")
+            .into_iter()
+            .filter(|o| o.collection_id == collection)
+            .collect();
         assert_eq!(pending, std::slice::from_ref(&created.1), "one marker per attached function");
         a.mark_outbox_sent(created.1.id, None).await.expect("mark sent");
         assert_eq!(a.functions(Some(&collection)).await.expect("functions").len(), 1);

@@ -36,7 +36,10 @@ use crate::functions::{Function, FunctionStatus};
 use crate::record::Record;
 use crate::sysdb::codec::{encode_embedding, encode_metadata, encode_params};
 use crate::sysdb::outputs::{self, FunctionState, MapWrite, OutputPlan, RawFunction, FUNCTION_COLUMNS};
-use crate::sysdb::{now_ms, AttachConflict, AttachOutcome, BatchCommit, CommitReport, FunctionRow, NewFunction, OutboxRow, Result, StepResult, SysdbError};
+use crate::sysdb::{
+    now_ms, AttachConflict, AttachOutcome, BatchCommit, CommitReport, FunctionRow, NewFunction, OutboxRow, Result,
+    StepResult, SysdbError,
+};
 
 /// An error inside a transaction: the database's (kept whole, so that the caller can tell
 /// a deadlock or serialization failure and retry) or ours.
@@ -103,7 +106,8 @@ fn outbox_row(r: &Row) -> OutboxRow {
 const ATTACH_LOCK_KEY: i64 = 0x5c1c_e0a7_7ac4;
 
 /// Sent markers of functions still waiting for them, whose partition moved past them.
-const LOST_MARKERS: &str = "SELECT o.id, o.function_id, o.collection_id, o.partition, o.request_id, o.created_at_ms, o.published_offset
+const LOST_MARKERS: &str =
+    "SELECT o.id, o.function_id, o.collection_id, o.partition, o.request_id, o.created_at_ms, o.published_offset
      FROM functions f
      JOIN outbox o ON o.function_id = f.id AND o.request_id = f.request_id
      JOIN partitions p ON p.topic = $1 AND p.partition = o.partition
@@ -113,8 +117,10 @@ const LOST_MARKERS: &str = "SELECT o.id, o.function_id, o.collection_id, o.parti
 
 const LOCK_FUNCTIONS: &str =
     "SELECT id, status, request_id, marker_offset, output_collection FROM functions WHERE id = ANY($1::text[]) ORDER BY id FOR SHARE";
-const START_BACKFILL: &str = "UPDATE functions SET status = 'backfilling', marker_offset = $2, updated_at_ms = $3 WHERE id = $1";
-const INSERT_PREIMAGES: &str = "INSERT INTO preimages (function_id, record_id, embedding, metadata, document, last_offset)
+const START_BACKFILL: &str =
+    "UPDATE functions SET status = 'backfilling', marker_offset = $2, updated_at_ms = $3 WHERE id = $1";
+const INSERT_PREIMAGES: &str =
+    "INSERT INTO preimages (function_id, record_id, embedding, metadata, document, last_offset)
      SELECT * FROM UNNEST($1::text[], $2::text[], $3::bytea[], $4::text[], $5::text[], $6::int8[])
      ON CONFLICT (function_id, record_id) DO NOTHING";
 const ADD_COUNTERS: &str = "INSERT INTO function_counters AS fc (function_id, output_id, count)
@@ -176,15 +182,20 @@ const REMOVE_MAPS: &str = "WITH u AS (
          ON CONFLICT (collection_id, id) DO UPDATE SET last_offset = GREATEST(t.last_offset, EXCLUDED.last_offset)
      )
      SELECT count(*) FROM del";
-const UPSERT_OUTPUT_COLLECTION: &str = "INSERT INTO collections AS c (id, partition, dimension, log_position, record_count, created_at_ms)
+const UPSERT_OUTPUT_COLLECTION: &str =
+    "INSERT INTO collections AS c (id, partition, dimension, log_position, record_count, created_at_ms)
      VALUES ($1, $2, $3, -1, $4, $5)
      ON CONFLICT (id) DO UPDATE SET
          dimension = COALESCE(c.dimension, EXCLUDED.dimension),
          record_count = c.record_count + EXCLUDED.record_count";
 
 /// Lock (`FOR SHARE`) and read the batch's functions. Called right after the CAS.
-pub(super) async fn lock_functions(tx: &Transaction<'_>, batch: &BatchCommit) -> Result<HashMap<String, Option<FunctionState>>, TxError> {
-    let mut states: HashMap<String, Option<FunctionState>> = batch.functions.iter().map(|f| (f.function_id.clone(), None)).collect();
+pub(super) async fn lock_functions(
+    tx: &Transaction<'_>,
+    batch: &BatchCommit,
+) -> Result<HashMap<String, Option<FunctionState>>, TxError> {
+    let mut states: HashMap<String, Option<FunctionState>> =
+        batch.functions.iter().map(|f| (f.function_id.clone(), None)).collect();
     if states.is_empty() {
         return Ok(states);
     }
@@ -193,8 +204,10 @@ pub(super) async fn lock_functions(tx: &Transaction<'_>, batch: &BatchCommit) ->
     for r in rows {
         let id: String = r.get(0);
         let status: String = r.get(1);
-        let status = FunctionStatus::parse(&status).ok_or_else(|| invalid(format!("function {id:?}: unknown status {status:?}")))?;
-        let state = FunctionState { status, request_id: r.get(2), marker_offset: r.get(3), output_collection: r.get(4) };
+        let status = FunctionStatus::parse(&status)
+            .ok_or_else(|| invalid(format!("function {id:?}: unknown status {status:?}")))?;
+        let state =
+            FunctionState { status, request_id: r.get(2), marker_offset: r.get(3), output_collection: r.get(4) };
         states.insert(id, Some(state));
     }
     Ok(states)
@@ -215,7 +228,14 @@ pub(super) async fn commit_functions(
     for d in decisions.iter().filter(|d| d.accepted_marker.is_some()) {
         tx.execute(&tx.prepare_cached(START_BACKFILL).await?, &[&d.function_id, &d.accepted_marker, &now]).await?;
     }
-    let mut pre = (Vec::<&str>::new(), Vec::<&str>::new(), Vec::<Option<Vec<u8>>>::new(), Vec::<Option<String>>::new(), Vec::<Option<&str>>::new(), Vec::<i64>::new());
+    let mut pre = (
+        Vec::<&str>::new(),
+        Vec::<&str>::new(),
+        Vec::<Option<Vec<u8>>>::new(),
+        Vec::<Option<String>>::new(),
+        Vec::<Option<&str>>::new(),
+        Vec::<i64>::new(),
+    );
     let mut seen = HashSet::new();
     for d in &decisions {
         for (id, r) in &d.preimages {
@@ -230,7 +250,8 @@ pub(super) async fn commit_functions(
         }
     }
     if !pre.0.is_empty() {
-        tx.execute(&tx.prepare_cached(INSERT_PREIMAGES).await?, &[&pre.0, &pre.1, &pre.2, &pre.3, &pre.4, &pre.5]).await?;
+        tx.execute(&tx.prepare_cached(INSERT_PREIMAGES).await?, &[&pre.0, &pre.1, &pre.2, &pre.3, &pre.4, &pre.5])
+            .await?;
     }
     for d in decisions.iter().filter(|d| !d.plan.is_empty()) {
         apply_plan(tx, d.function_id, &d.output_collection, batch.delta.partition, &d.plan).await?;
@@ -240,7 +261,13 @@ pub(super) async fn commit_functions(
 
 /// Write a plan into the output collection (semantics: `outputs.rs`). `partition`
 /// registers the output collection if its row is missing.
-async fn apply_plan(tx: &Transaction<'_>, function_id: &str, output: &str, partition: i32, plan: &OutputPlan) -> Result<(), TxError> {
+async fn apply_plan(
+    tx: &Transaction<'_>,
+    function_id: &str,
+    output: &str,
+    partition: i32,
+    plan: &OutputPlan,
+) -> Result<(), TxError> {
     let mut count_delta = 0i64;
     let mut dimension: Option<i32> = None;
     if !plan.counts.is_empty() {
@@ -250,7 +277,9 @@ async fn apply_plan(tx: &Transaction<'_>, function_id: &str, output: &str, parti
         let counts: HashMap<String, i64> = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
         let (mut up_ids, mut up_meta, mut up_offsets, mut zeros) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         for c in &plan.counts {
-            let count = *counts.get(&c.output_id).ok_or_else(|| invalid(format!("counter {:?} not returned by its upsert", c.output_id)))?;
+            let count = *counts
+                .get(&c.output_id)
+                .ok_or_else(|| invalid(format!("counter {:?} not returned by its upsert", c.output_id)))?;
             if c.removes_at(count) {
                 zeros.push(c.output_id.as_str());
             } else {
@@ -260,23 +289,34 @@ async fn apply_plan(tx: &Transaction<'_>, function_id: &str, output: &str, parti
             }
         }
         if !up_ids.is_empty() {
-            let inserted: i64 = tx.query_one(&tx.prepare_cached(UPSERT_COUNT_RECORDS).await?, &[&output, &up_ids, &up_meta, &up_offsets]).await?.get(0);
+            let inserted: i64 = tx
+                .query_one(&tx.prepare_cached(UPSERT_COUNT_RECORDS).await?, &[&output, &up_ids, &up_meta, &up_offsets])
+                .await?
+                .get(0);
             count_delta += inserted;
         }
         if !zeros.is_empty() {
-            let removed: i64 = tx.query_one(&tx.prepare_cached(DROP_ZERO_COUNTS).await?, &[&function_id, &output, &zeros]).await?.get(0);
+            let removed: i64 = tx
+                .query_one(&tx.prepare_cached(DROP_ZERO_COUNTS).await?, &[&function_id, &output, &zeros])
+                .await?
+                .get(0);
             count_delta -= removed;
         }
     }
-    let puts: Vec<&Record> = plan.maps.iter().filter_map(|w| if let MapWrite::Put(r) = w { Some(r) } else { None }).collect();
+    let puts: Vec<&Record> =
+        plan.maps.iter().filter_map(|w| if let MapWrite::Put(r) = w { Some(r) } else { None }).collect();
     if !puts.is_empty() {
         let ids: Vec<&str> = puts.iter().map(|r| r.id.as_str()).collect();
-        let embeddings: Vec<Option<Vec<u8>>> = puts.iter().map(|r| r.embedding.as_deref().map(encode_embedding)).collect();
+        let embeddings: Vec<Option<Vec<u8>>> =
+            puts.iter().map(|r| r.embedding.as_deref().map(encode_embedding)).collect();
         let metadata: Vec<Option<String>> = puts.iter().map(|r| encode_metadata(&r.metadata)).collect();
         let documents: Vec<Option<&str>> = puts.iter().map(|r| r.document.as_deref()).collect();
         let offsets: Vec<i64> = puts.iter().map(|r| r.offset).collect();
         let rows = tx
-            .query(&tx.prepare_cached(PUT_MAPS).await?, &[&output, &ids, &embeddings, &metadata, &documents, &offsets, &plan.versioned])
+            .query(
+                &tx.prepare_cached(PUT_MAPS).await?,
+                &[&output, &ids, &embeddings, &metadata, &documents, &offsets, &plan.versioned],
+            )
             .await?;
         let mut applied = HashSet::with_capacity(rows.len());
         for r in &rows {
@@ -289,19 +329,31 @@ async fn apply_plan(tx: &Transaction<'_>, function_id: &str, output: &str, parti
         }
         // The first applied put (in plan order) with an embedding fixes a new dimension.
         if let Some(e) = puts.iter().filter(|r| applied.contains(&r.id)).find_map(|r| r.embedding.as_ref()) {
-            dimension = Some(i32::try_from(e.len()).map_err(|_| invalid(format!("output embedding of {} dimensions", e.len())))?);
+            dimension = Some(
+                i32::try_from(e.len()).map_err(|_| invalid(format!("output embedding of {} dimensions", e.len())))?,
+            );
         }
     }
-    let removes: Vec<(&str, i64)> =
-        plan.maps.iter().filter_map(|w| if let MapWrite::Remove { id, offset } = w { Some((id.as_str(), *offset)) } else { None }).collect();
+    let removes: Vec<(&str, i64)> = plan
+        .maps
+        .iter()
+        .filter_map(|w| if let MapWrite::Remove { id, offset } = w { Some((id.as_str(), *offset)) } else { None })
+        .collect();
     if !removes.is_empty() {
         let ids: Vec<&str> = removes.iter().map(|r| r.0).collect();
         let offsets: Vec<i64> = removes.iter().map(|r| r.1).collect();
-        let removed: i64 = tx.query_one(&tx.prepare_cached(REMOVE_MAPS).await?, &[&output, &ids, &offsets, &plan.versioned]).await?.get(0);
+        let removed: i64 = tx
+            .query_one(&tx.prepare_cached(REMOVE_MAPS).await?, &[&output, &ids, &offsets, &plan.versioned])
+            .await?
+            .get(0);
         count_delta -= removed;
     }
     if count_delta != 0 || dimension.is_some() {
-        tx.execute(&tx.prepare_cached(UPSERT_OUTPUT_COLLECTION).await?, &[&output, &partition, &dimension, &count_delta, &now_ms()]).await?;
+        tx.execute(
+            &tx.prepare_cached(UPSERT_OUTPUT_COLLECTION).await?,
+            &[&output, &partition, &dimension, &count_delta, &now_ms()],
+        )
+        .await?;
     }
     Ok(())
 }
@@ -331,7 +383,13 @@ const AS_OF_SIZE: &str = "SELECT
         AND NOT EXISTS (SELECT 1 FROM preimages p WHERE p.function_id = $3 AND p.record_id = r.id))
    + (SELECT count(*) FROM preimages WHERE function_id = $3)";
 
-async fn backfill_once(client: &mut deadpool_postgres::Object, function_id: &str, expected: Option<&str>, limit: usize, f: &dyn Function) -> Result<StepResult, TxError> {
+async fn backfill_once(
+    client: &mut deadpool_postgres::Object,
+    function_id: &str,
+    expected: Option<&str>,
+    limit: usize,
+    f: &dyn Function,
+) -> Result<StepResult, TxError> {
     let limit = limit.max(1);
     let tx = client.transaction().await?;
     let stmt = tx
@@ -353,15 +411,29 @@ async fn backfill_once(client: &mut deadpool_postgres::Object, function_id: &str
         tx.rollback().await?;
         return Ok(StepResult::CursorMoved { cursor: row.backfill_cursor });
     }
-    let marker = row.marker_offset.ok_or_else(|| invalid(format!("function {function_id:?} is backfilling without a marker offset")))?;
+    let marker = row
+        .marker_offset
+        .ok_or_else(|| invalid(format!("function {function_id:?} is backfilling without a marker offset")))?;
     if row.backfill_total.is_none() {
-        let total: i64 = tx.query_one(&tx.prepare_cached(AS_OF_SIZE).await?, &[&row.collection_id, &marker, &function_id]).await?.get(0);
+        let total: i64 = tx
+            .query_one(&tx.prepare_cached(AS_OF_SIZE).await?, &[&row.collection_id, &marker, &function_id])
+            .await?
+            .get(0);
         tx.execute("UPDATE functions SET backfill_total = $2 WHERE id = $1", &[&function_id, &total]).await?;
     }
     let limit_sql = i64::try_from(limit).unwrap_or(i64::MAX);
     let rows = match &row.backfill_cursor {
-        None => tx.query(&tx.prepare_cached(CHUNK_FIRST).await?, &[&row.collection_id, &marker, &function_id, &limit_sql]).await?,
-        Some(after) => tx.query(&tx.prepare_cached(CHUNK_AFTER).await?, &[&row.collection_id, &marker, &function_id, &limit_sql, after]).await?,
+        None => {
+            tx.query(&tx.prepare_cached(CHUNK_FIRST).await?, &[&row.collection_id, &marker, &function_id, &limit_sql])
+                .await?
+        }
+        Some(after) => {
+            tx.query(
+                &tx.prepare_cached(CHUNK_AFTER).await?,
+                &[&row.collection_id, &marker, &function_id, &limit_sql, after],
+            )
+            .await?
+        }
     };
     let records: Vec<Record> = rows.iter().map(decode_row).collect::<Result<_>>()?;
     let plan = outputs::backfill_plan(&records, f);
@@ -404,8 +476,13 @@ async fn live_function(tx: &Transaction<'_>, sql: &str, key: &str) -> Result<Opt
 /// deleted here.
 async fn attach_rules(tx: &Transaction<'_>, new: &NewFunction) -> Result<Option<AttachOutcome>, TxError> {
     if let Some(writer) = live_function(tx, "output_collection = $1", &new.output_collection).await? {
-        let same = writer.collection_id == new.collection_id && writer.function == new.function && writer.params == new.params;
-        return Ok(Some(if same { AttachOutcome::Existing(writer) } else { AttachOutcome::Refused(AttachConflict::OutputWrittenBy(writer)) }));
+        let same =
+            writer.collection_id == new.collection_id && writer.function == new.function && writer.params == new.params;
+        return Ok(Some(if same {
+            AttachOutcome::Existing(writer)
+        } else {
+            AttachOutcome::Refused(AttachConflict::OutputWrittenBy(writer))
+        }));
     }
     if let Some(f) = live_function(tx, "output_collection = $1", &new.collection_id).await? {
         return Ok(Some(AttachOutcome::Refused(AttachConflict::InputIsOutputOf(f))));
@@ -413,7 +490,10 @@ async fn attach_rules(tx: &Transaction<'_>, new: &NewFunction) -> Result<Option<
     if let Some(f) = live_function(tx, "collection_id = $1", &new.output_collection).await? {
         return Ok(Some(AttachOutcome::Refused(AttachConflict::OutputIsInputOf(f))));
     }
-    let exists: bool = tx.query_one("SELECT EXISTS (SELECT 1 FROM collections WHERE id = $1)", &[&new.output_collection]).await?.get(0);
+    let exists: bool = tx
+        .query_one("SELECT EXISTS (SELECT 1 FROM collections WHERE id = $1)", &[&new.output_collection])
+        .await?
+        .get(0);
     if !exists {
         return Ok(None);
     }
@@ -422,9 +502,14 @@ async fn attach_rules(tx: &Transaction<'_>, new: &NewFunction) -> Result<Option<
         .await?
         .map(|r| raw_function(&r).decode(BACKEND))
         .transpose()?;
-    let has_records: bool = tx.query_one("SELECT EXISTS (SELECT 1 FROM records WHERE collection_id = $1)", &[&new.output_collection]).await?.get(0);
+    let has_records: bool = tx
+        .query_one("SELECT EXISTS (SELECT 1 FROM records WHERE collection_id = $1)", &[&new.output_collection])
+        .await?
+        .get(0);
     match left_by {
-        None => Ok(Some(AttachOutcome::Refused(AttachConflict::OutputIsData { output: new.output_collection.clone() }))),
+        None => {
+            Ok(Some(AttachOutcome::Refused(AttachConflict::OutputIsData { output: new.output_collection.clone() })))
+        }
         Some(f) if has_records => Ok(Some(AttachOutcome::Refused(AttachConflict::OutputLeftBy(f)))),
         Some(_) => {
             tx.execute("DELETE FROM tombstones WHERE collection_id = $1", &[&new.output_collection]).await?;
@@ -449,7 +534,15 @@ async fn attach_once(tx: &Transaction<'_>, new: &NewFunction, now: i64) -> Resul
                  ON CONFLICT DO NOTHING
                  RETURNING {FUNCTION_COLUMNS}"
             ),
-            &[&new.id, &new.collection_id, &new.function, &new.output_collection, &encode_params(&new.params), &new.request_id, &now],
+            &[
+                &new.id,
+                &new.collection_id,
+                &new.function,
+                &new.output_collection,
+                &encode_params(&new.params),
+                &new.request_id,
+                &now,
+            ],
         )
         .await?;
     let Some(inserted) = inserted else { return Ok(None) };
@@ -496,7 +589,10 @@ impl PostgresSysdb {
             }
             tx.rollback().await?;
         }
-        Err(SysdbError::Unavailable { backend: BACKEND, message: format!("attach of {:?}: the conflicting function kept changing", new.output_collection) })
+        Err(SysdbError::Unavailable {
+            backend: BACKEND,
+            message: format!("attach of {:?}: the conflicting function kept changing", new.output_collection),
+        })
     }
 
     pub async fn functions(&self, collection: Option<&str>) -> Result<Vec<FunctionRow>> {
@@ -504,12 +600,16 @@ impl PostgresSysdb {
         let rows = match collection {
             Some(c) => {
                 let stmt = client
-                    .prepare_cached(&format!("SELECT {FUNCTION_COLUMNS} FROM functions WHERE collection_id = $1 ORDER BY created_at_ms, id"))
+                    .prepare_cached(&format!(
+                        "SELECT {FUNCTION_COLUMNS} FROM functions WHERE collection_id = $1 ORDER BY created_at_ms, id"
+                    ))
                     .await?;
                 client.query(&stmt, &[&c]).await?
             }
             None => {
-                let stmt = client.prepare_cached(&format!("SELECT {FUNCTION_COLUMNS} FROM functions ORDER BY created_at_ms, id")).await?;
+                let stmt = client
+                    .prepare_cached(&format!("SELECT {FUNCTION_COLUMNS} FROM functions ORDER BY created_at_ms, id"))
+                    .await?;
                 client.query(&stmt, &[]).await?
             }
         };
@@ -525,19 +625,25 @@ impl PostgresSysdb {
     pub async fn detach_function(&self, id: &str, drop_output: bool) -> Result<Option<FunctionRow>> {
         let mut client = self.client().await?;
         let tx = client.transaction().await?;
-        let Some(r) = tx.query_opt(&format!("SELECT {FUNCTION_COLUMNS} FROM functions WHERE id = $1 FOR UPDATE"), &[&id]).await? else {
+        let Some(r) =
+            tx.query_opt(&format!("SELECT {FUNCTION_COLUMNS} FROM functions WHERE id = $1 FOR UPDATE"), &[&id]).await?
+        else {
             tx.rollback().await?;
             return Ok(None);
         };
         let row = raw_function(&r).decode(BACKEND)?;
-        tx.execute("UPDATE functions SET status = 'detached', updated_at_ms = $2 WHERE id = $1", &[&id, &now_ms()]).await?;
+        tx.execute("UPDATE functions SET status = 'detached', updated_at_ms = $2 WHERE id = $1", &[&id, &now_ms()])
+            .await?;
         tx.execute("DELETE FROM preimages WHERE function_id = $1", &[&id]).await?;
         if drop_output {
             let out = &row.output_collection;
             tx.execute("DELETE FROM function_counters WHERE function_id = $1", &[&id]).await?;
             // Never drop an output that a live function (attached again since) writes.
             let live: i64 = tx
-                .query_one("SELECT count(*) FROM functions WHERE output_collection = $1 AND id <> $2 AND status <> 'detached'", &[out, &id])
+                .query_one(
+                    "SELECT count(*) FROM functions WHERE output_collection = $1 AND id <> $2 AND status <> 'detached'",
+                    &[out, &id],
+                )
                 .await?
                 .get(0);
             if live == 0 {
@@ -567,7 +673,10 @@ impl PostgresSysdb {
     pub async fn mark_outbox_sent(&self, id: i64, published_offset: Option<i64>) -> Result<()> {
         let client = self.client().await?;
         client
-            .execute("UPDATE outbox SET sent_at_ms = $2, published_offset = $3 WHERE id = $1 AND sent_at_ms IS NULL", &[&id, &now_ms(), &published_offset])
+            .execute(
+                "UPDATE outbox SET sent_at_ms = $2, published_offset = $3 WHERE id = $1 AND sent_at_ms IS NULL",
+                &[&id, &now_ms(), &published_offset],
+            )
             .await?;
         Ok(())
     }
@@ -581,18 +690,32 @@ impl PostgresSysdb {
 
     pub async fn mark_marker_republished(&self, id: i64, published_offset: i64) -> Result<()> {
         let client = self.client().await?;
-        client.execute("UPDATE outbox SET sent_at_ms = $2, published_offset = $3 WHERE id = $1", &[&id, &now_ms(), &published_offset]).await?;
+        client
+            .execute(
+                "UPDATE outbox SET sent_at_ms = $2, published_offset = $3 WHERE id = $1",
+                &[&id, &now_ms(), &published_offset],
+            )
+            .await?;
         Ok(())
     }
 
     pub async fn oldest_awaiting_marker_ms(&self) -> Result<Option<i64>> {
         let client = self.client().await?;
-        Ok(client.query_one("SELECT MIN(created_at_ms) FROM functions WHERE status = 'awaiting_marker'", &[]).await?.get(0))
+        Ok(client
+            .query_one("SELECT MIN(created_at_ms) FROM functions WHERE status = 'awaiting_marker'", &[])
+            .await?
+            .get(0))
     }
 
     /// Deadlocks and serialization failures (not expected: see the module doc) are
     /// retried once, like batch commits.
-    pub async fn backfill_step(&self, function_id: &str, expected_cursor: Option<&str>, limit: usize, f: &dyn Function) -> Result<StepResult> {
+    pub async fn backfill_step(
+        &self,
+        function_id: &str,
+        expected_cursor: Option<&str>,
+        limit: usize,
+        f: &dyn Function,
+    ) -> Result<StepResult> {
         let mut client = self.client().await?;
         let mut attempt = 1;
         loop {

@@ -11,12 +11,15 @@ use std::collections::HashMap;
 
 use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 
-use super::{invalid, raw_record, decode_raw, SqliteSysdb, BACKEND};
+use super::{decode_raw, invalid, raw_record, SqliteSysdb, BACKEND};
 use crate::functions::{Function, FunctionStatus};
 use crate::record::Record;
 use crate::sysdb::codec::{encode_embedding, encode_metadata, encode_params};
 use crate::sysdb::outputs::{self, FunctionState, MapWrite, OutputPlan, RawFunction, FUNCTION_COLUMNS};
-use crate::sysdb::{now_ms, AttachConflict, AttachOutcome, BatchCommit, CommitReport, FunctionRow, NewFunction, OutboxRow, Result, StepResult};
+use crate::sysdb::{
+    now_ms, AttachConflict, AttachOutcome, BatchCommit, CommitReport, FunctionRow, NewFunction, OutboxRow, Result,
+    StepResult,
+};
 
 fn raw_function(r: &rusqlite::Row<'_>) -> rusqlite::Result<RawFunction> {
     Ok(RawFunction {
@@ -47,7 +50,8 @@ fn read_function(conn: &Connection, id: &str) -> Result<Option<FunctionRow>> {
 /// `created_at_ms` of a new function: now, or 1 ms after the latest function if that is
 /// not earlier, so that creation order is strict (see `schema.rs`).
 fn creation_stamp(tx: &Connection) -> Result<i64> {
-    let latest: Option<i64> = tx.prepare_cached("SELECT MAX(created_at_ms) FROM functions")?.query_row([], |r| r.get(0))?;
+    let latest: Option<i64> =
+        tx.prepare_cached("SELECT MAX(created_at_ms) FROM functions")?.query_row([], |r| r.get(0))?;
     Ok(latest.map_or(now_ms(), |l| now_ms().max(l + 1)))
 }
 
@@ -64,7 +68,8 @@ fn outbox_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<OutboxRow> {
 }
 
 /// Sent markers of functions still waiting for them, whose partition moved past them.
-const LOST_MARKERS: &str = "SELECT o.id, o.function_id, o.collection_id, o.partition, o.request_id, o.created_at_ms, o.published_offset
+const LOST_MARKERS: &str =
+    "SELECT o.id, o.function_id, o.collection_id, o.partition, o.request_id, o.created_at_ms, o.published_offset
      FROM functions f
      JOIN outbox o ON o.function_id = f.id AND o.request_id = f.request_id
      JOIN partitions p ON p.topic = ?1 AND p.partition = o.partition
@@ -85,8 +90,13 @@ fn live_function(tx: &Connection, sql: &str, key: &str) -> Result<Option<Functio
 /// function left empty is reused; its stale tombstones are deleted here.
 fn attach_rules(tx: &Connection, new: &NewFunction) -> Result<Option<AttachOutcome>> {
     if let Some(writer) = live_function(tx, "output_collection = ?1", &new.output_collection)? {
-        let same = writer.collection_id == new.collection_id && writer.function == new.function && writer.params == new.params;
-        return Ok(Some(if same { AttachOutcome::Existing(writer) } else { AttachOutcome::Refused(AttachConflict::OutputWrittenBy(writer)) }));
+        let same =
+            writer.collection_id == new.collection_id && writer.function == new.function && writer.params == new.params;
+        return Ok(Some(if same {
+            AttachOutcome::Existing(writer)
+        } else {
+            AttachOutcome::Refused(AttachConflict::OutputWrittenBy(writer))
+        }));
     }
     if let Some(f) = live_function(tx, "output_collection = ?1", &new.collection_id)? {
         return Ok(Some(AttachOutcome::Refused(AttachConflict::InputIsOutputOf(f))));
@@ -94,7 +104,9 @@ fn attach_rules(tx: &Connection, new: &NewFunction) -> Result<Option<AttachOutco
     if let Some(f) = live_function(tx, "collection_id = ?1", &new.output_collection)? {
         return Ok(Some(AttachOutcome::Refused(AttachConflict::OutputIsInputOf(f))));
     }
-    let exists: bool = tx.prepare_cached("SELECT EXISTS (SELECT 1 FROM collections WHERE id = ?1)")?.query_row([&new.output_collection], |r| r.get(0))?;
+    let exists: bool = tx
+        .prepare_cached("SELECT EXISTS (SELECT 1 FROM collections WHERE id = ?1)")?
+        .query_row([&new.output_collection], |r| r.get(0))?;
     if !exists {
         return Ok(None);
     }
@@ -104,10 +116,13 @@ fn attach_rules(tx: &Connection, new: &NewFunction) -> Result<Option<AttachOutco
         .optional()?
         .map(|r| r.decode(BACKEND))
         .transpose()?;
-    let has_records: bool =
-        tx.prepare_cached("SELECT EXISTS (SELECT 1 FROM records WHERE collection_id = ?1)")?.query_row([&new.output_collection], |r| r.get(0))?;
+    let has_records: bool = tx
+        .prepare_cached("SELECT EXISTS (SELECT 1 FROM records WHERE collection_id = ?1)")?
+        .query_row([&new.output_collection], |r| r.get(0))?;
     match left_by {
-        None => Ok(Some(AttachOutcome::Refused(AttachConflict::OutputIsData { output: new.output_collection.clone() }))),
+        None => {
+            Ok(Some(AttachOutcome::Refused(AttachConflict::OutputIsData { output: new.output_collection.clone() })))
+        }
         Some(f) if has_records => Ok(Some(AttachOutcome::Refused(AttachConflict::OutputLeftBy(f)))),
         Some(_) => {
             tx.prepare_cached("DELETE FROM tombstones WHERE collection_id = ?1")?.execute([&new.output_collection])?;
@@ -124,7 +139,9 @@ pub(super) fn commit_functions(tx: &Connection, batch: &BatchCommit, now: i64) -
     }
     let mut states: HashMap<String, Option<FunctionState>> = HashMap::new();
     {
-        let mut stmt = tx.prepare_cached("SELECT status, request_id, marker_offset, output_collection FROM functions WHERE id = ?1")?;
+        let mut stmt = tx.prepare_cached(
+            "SELECT status, request_id, marker_offset, output_collection FROM functions WHERE id = ?1",
+        )?;
         for fb in &batch.functions {
             if states.contains_key(&fb.function_id) {
                 continue;
@@ -134,15 +151,23 @@ pub(super) fn commit_functions(tx: &Connection, batch: &BatchCommit, now: i64) -
                 .optional()?;
             let state = row
                 .map(|(status, request_id, marker_offset, output_collection)| {
-                    let status = FunctionStatus::parse(&status).ok_or_else(|| invalid(format!("function {:?}: unknown status {status:?}", fb.function_id)))?;
-                    Ok::<_, crate::sysdb::SysdbError>(FunctionState { status, request_id, marker_offset, output_collection })
+                    let status = FunctionStatus::parse(&status)
+                        .ok_or_else(|| invalid(format!("function {:?}: unknown status {status:?}", fb.function_id)))?;
+                    Ok::<_, crate::sysdb::SysdbError>(FunctionState {
+                        status,
+                        request_id,
+                        marker_offset,
+                        output_collection,
+                    })
                 })
                 .transpose()?;
             states.insert(fb.function_id.clone(), state);
         }
     }
     let decisions = outputs::decide_all(&mut states, &batch.functions);
-    let mut start = tx.prepare_cached("UPDATE functions SET status = 'backfilling', marker_offset = ?2, updated_at_ms = ?3 WHERE id = ?1")?;
+    let mut start = tx.prepare_cached(
+        "UPDATE functions SET status = 'backfilling', marker_offset = ?2, updated_at_ms = ?3 WHERE id = ?1",
+    )?;
     let mut preimage = tx.prepare_cached(
         "INSERT INTO preimages (function_id, record_id, embedding, metadata, document, last_offset) VALUES (?1, ?2, ?3, ?4, ?5, ?6)
          ON CONFLICT (function_id, record_id) DO NOTHING",
@@ -165,7 +190,8 @@ pub(super) fn commit_functions(tx: &Connection, batch: &BatchCommit, now: i64) -
 /// Write a plan into the output collection (semantics: `outputs.rs`). `partition`
 /// registers the output collection if its row is missing.
 fn apply_plan(tx: &Connection, function_id: &str, output: &str, partition: i32, plan: &OutputPlan) -> Result<()> {
-    let mut record_offset = tx.prepare_cached("SELECT last_offset FROM records WHERE collection_id = ?1 AND id = ?2")?;
+    let mut record_offset =
+        tx.prepare_cached("SELECT last_offset FROM records WHERE collection_id = ?1 AND id = ?2")?;
     let mut upsert_record = tx.prepare_cached(
         "INSERT INTO records (collection_id, id, embedding, metadata, document, last_offset) VALUES (?1, ?2, ?3, ?4, ?5, ?6)
          ON CONFLICT (collection_id, id) DO UPDATE SET
@@ -181,10 +207,12 @@ fn apply_plan(tx: &Connection, function_id: &str, output: &str, partition: i32, 
              ON CONFLICT (function_id, output_id) DO UPDATE SET count = count + excluded.count
              RETURNING count",
         )?;
-        let mut drop_counter = tx.prepare_cached("DELETE FROM function_counters WHERE function_id = ?1 AND output_id = ?2")?;
+        let mut drop_counter =
+            tx.prepare_cached("DELETE FROM function_counters WHERE function_id = ?1 AND output_id = ?2")?;
         for c in &plan.counts {
             let count: i64 = add.query_row(params![function_id, c.output_id, c.delta], |r| r.get(0))?;
-            let existing: Option<i64> = record_offset.query_row(params![output, c.output_id], |r| r.get(0)).optional()?;
+            let existing: Option<i64> =
+                record_offset.query_row(params![output, c.output_id], |r| r.get(0)).optional()?;
             if c.removes_at(count) {
                 drop_counter.execute(params![function_id, c.output_id])?;
                 if existing.is_some() {
@@ -194,7 +222,14 @@ fn apply_plan(tx: &Connection, function_id: &str, output: &str, partition: i32, 
             } else {
                 let last_offset = existing.map_or(c.offset, |e| e.max(c.offset));
                 let metadata = encode_metadata(&c.metadata(count));
-                upsert_record.execute(params![output, c.output_id, None::<Vec<u8>>, metadata, None::<String>, last_offset])?;
+                upsert_record.execute(params![
+                    output,
+                    c.output_id,
+                    None::<Vec<u8>>,
+                    metadata,
+                    None::<String>,
+                    last_offset
+                ])?;
                 if existing.is_none() {
                     count_delta += 1;
                 }
@@ -202,7 +237,8 @@ fn apply_plan(tx: &Connection, function_id: &str, output: &str, partition: i32, 
         }
     }
     if !plan.maps.is_empty() {
-        let mut tombstone = tx.prepare_cached("SELECT last_offset FROM tombstones WHERE collection_id = ?1 AND id = ?2")?;
+        let mut tombstone =
+            tx.prepare_cached("SELECT last_offset FROM tombstones WHERE collection_id = ?1 AND id = ?2")?;
         let mut drop_tombstone = tx.prepare_cached("DELETE FROM tombstones WHERE collection_id = ?1 AND id = ?2")?;
         let mut set_tombstone = tx.prepare_cached(
             "INSERT INTO tombstones (collection_id, id, last_offset) VALUES (?1, ?2, ?3)
@@ -210,8 +246,11 @@ fn apply_plan(tx: &Connection, function_id: &str, output: &str, partition: i32, 
         )?;
         for w in &plan.maps {
             let existing: Option<i64> = record_offset.query_row(params![output, w.id()], |r| r.get(0)).optional()?;
-            let tomb: Option<i64> =
-                if plan.versioned { tombstone.query_row(params![output, w.id()], |r| r.get(0)).optional()? } else { None };
+            let tomb: Option<i64> = if plan.versioned {
+                tombstone.query_row(params![output, w.id()], |r| r.get(0)).optional()?
+            } else {
+                None
+            };
             if plan.versioned && existing.max(tomb).is_some_and(|v| w.version() <= v) {
                 continue; // stale: the output holds something newer
             }
@@ -221,7 +260,14 @@ fn apply_plan(tx: &Connection, function_id: &str, output: &str, partition: i32, 
                         drop_tombstone.execute(params![output, r.id])?;
                     }
                     let emb = r.embedding.as_deref().map(encode_embedding);
-                    upsert_record.execute(params![output, r.id, emb, encode_metadata(&r.metadata), r.document, r.offset])?;
+                    upsert_record.execute(params![
+                        output,
+                        r.id,
+                        emb,
+                        encode_metadata(&r.metadata),
+                        r.document,
+                        r.offset
+                    ])?;
                     if existing.is_none() {
                         count_delta += 1;
                     }
@@ -292,11 +338,15 @@ fn backfill_step_sync(
     if row.backfill_cursor.as_deref() != expected {
         return Ok(StepResult::CursorMoved { cursor: row.backfill_cursor });
     }
-    let marker = row.marker_offset.ok_or_else(|| invalid(format!("function {function_id:?} is backfilling without a marker offset")))?;
+    let marker = row
+        .marker_offset
+        .ok_or_else(|| invalid(format!("function {function_id:?} is backfilling without a marker offset")))?;
     let now = now_ms();
     if row.backfill_total.is_none() {
-        let total: i64 = tx.prepare_cached(AS_OF_SIZE)?.query_row(params![row.collection_id, marker, function_id], |r| r.get(0))?;
-        tx.prepare_cached("UPDATE functions SET backfill_total = ?2 WHERE id = ?1")?.execute(params![function_id, total])?;
+        let total: i64 =
+            tx.prepare_cached(AS_OF_SIZE)?.query_row(params![row.collection_id, marker, function_id], |r| r.get(0))?;
+        tx.prepare_cached("UPDATE functions SET backfill_total = ?2 WHERE id = ?1")?
+            .execute(params![function_id, total])?;
     }
     let limit_sql = i64::try_from(limit).unwrap_or(i64::MAX);
     let raws = match &row.backfill_cursor {
@@ -383,7 +433,9 @@ impl SqliteSysdb {
         self.read(move |c| {
             let raws = match &collection {
                 Some(coll) => c
-                    .prepare_cached(&format!("SELECT {FUNCTION_COLUMNS} FROM functions WHERE collection_id = ?1 ORDER BY created_at_ms, id"))?
+                    .prepare_cached(&format!(
+                        "SELECT {FUNCTION_COLUMNS} FROM functions WHERE collection_id = ?1 ORDER BY created_at_ms, id"
+                    ))?
                     .query_map([coll], raw_function)?
                     .collect::<rusqlite::Result<Vec<_>>>()?,
                 None => c
@@ -446,8 +498,10 @@ impl SqliteSysdb {
 
     pub async fn mark_outbox_sent(&self, id: i64, published_offset: Option<i64>) -> Result<()> {
         self.write(move |c| {
-            c.prepare_cached("UPDATE outbox SET sent_at_ms = ?2, published_offset = ?3 WHERE id = ?1 AND sent_at_ms IS NULL")?
-                .execute(params![id, now_ms(), published_offset])?;
+            c.prepare_cached(
+                "UPDATE outbox SET sent_at_ms = ?2, published_offset = ?3 WHERE id = ?1 AND sent_at_ms IS NULL",
+            )?
+            .execute(params![id, now_ms(), published_offset])?;
             Ok(())
         })
         .await
@@ -465,22 +519,32 @@ impl SqliteSysdb {
 
     pub async fn mark_marker_republished(&self, id: i64, published_offset: i64) -> Result<()> {
         self.write(move |c| {
-            c.prepare_cached("UPDATE outbox SET sent_at_ms = ?2, published_offset = ?3 WHERE id = ?1")?.execute(params![id, now_ms(), published_offset])?;
+            c.prepare_cached("UPDATE outbox SET sent_at_ms = ?2, published_offset = ?3 WHERE id = ?1")?
+                .execute(params![id, now_ms(), published_offset])?;
             Ok(())
         })
         .await
     }
 
     pub async fn oldest_awaiting_marker_ms(&self) -> Result<Option<i64>> {
-        self.read(|c| Ok(c.prepare_cached("SELECT MIN(created_at_ms) FROM functions WHERE status = 'awaiting_marker'")?.query_row([], |r| r.get(0))?))
-            .await
+        self.read(|c| {
+            Ok(c.prepare_cached("SELECT MIN(created_at_ms) FROM functions WHERE status = 'awaiting_marker'")?
+                .query_row([], |r| r.get(0))?)
+        })
+        .await
     }
 
     /// The transaction runs on the blocking pool, but `f` is borrowed (not `'static`):
     /// the blocking side reads the chunk and hands the records over a channel, this
     /// (async) side runs `f` and hands the plan back, and the blocking side applies it
     /// and commits — all in one transaction.
-    pub async fn backfill_step(&self, function_id: &str, expected_cursor: Option<&str>, limit: usize, f: &dyn Function) -> Result<StepResult> {
+    pub async fn backfill_step(
+        &self,
+        function_id: &str,
+        expected_cursor: Option<&str>,
+        limit: usize,
+        f: &dyn Function,
+    ) -> Result<StepResult> {
         let (function_id, expected) = (function_id.to_string(), expected_cursor.map(str::to_string));
         let (records_tx, records_rx) = tokio::sync::oneshot::channel::<Vec<Record>>();
         let (plan_tx, plan_rx) = tokio::sync::oneshot::channel::<OutputPlan>();
@@ -501,7 +565,9 @@ impl SqliteSysdb {
 
     pub async fn preimage_count(&self, function_id: &str) -> Result<i64> {
         let function_id = function_id.to_string();
-        self.read(move |c| Ok(c.query_row("SELECT count(*) FROM preimages WHERE function_id = ?1", [&function_id], |r| r.get(0))?))
-            .await
+        self.read(move |c| {
+            Ok(c.query_row("SELECT count(*) FROM preimages WHERE function_id = ?1", [&function_id], |r| r.get(0))?)
+        })
+        .await
     }
 }
