@@ -31,10 +31,10 @@ use super::error::{ErrorCode, HttpError, ItemError};
 use super::state::Admin;
 use crate::config::{Config, UnknownCollections};
 use crate::kafka::producer::Outgoing;
-use crate::record::framing::{frame, Framing};
+use crate::record::framing::encode_framed;
 use crate::record::jsonl;
 use crate::record::validate::{validate, Limits};
-use crate::record::{codec, LogRecord};
+use crate::record::LogRecord;
 
 /// Parse and validate the items of a request for `collection` whose embedding dimension
 /// is `dimension` (if fixed). Either every item becomes a log record, or every problem is
@@ -127,11 +127,7 @@ pub fn parse_body(body: &[u8]) -> Result<Vec<Value>, HttpError> {
 
 /// The log message value of a record, framed as the config says (as `sluice produce`).
 fn payload(config: &Config, record: &LogRecord) -> Vec<u8> {
-    let datum = codec::encode(record);
-    match config.kafka.framing {
-        Framing::Plain => datum,
-        f => frame(f, config.kafka.confluent_schema_id, &datum),
-    }
+    encode_framed(config.kafka.framing, config.kafka.confluent_schema_id, record)
 }
 
 pub async fn post_records(

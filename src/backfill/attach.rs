@@ -30,9 +30,9 @@ use crate::config::{Config, UnknownCollections};
 use crate::functions::{build, FunctionError};
 use crate::kafka::producer::{Outgoing, Producer};
 use crate::kafka::KafkaError;
-use crate::record::framing::{frame, Framing};
+use crate::record::framing::encode_framed;
 use crate::record::partitioner::partition_for;
-use crate::record::{codec, BackfillRef, LogRecord, Operation};
+use crate::record::{BackfillRef, LogRecord, Operation};
 use crate::sysdb::{AttachConflict, AttachOutcome, FunctionRow, NewFunction, OutboxRow, Sysdb, SysdbError};
 
 #[derive(Debug, Error)]
@@ -127,11 +127,7 @@ pub fn marker_record(row: &OutboxRow) -> LogRecord {
 /// Publish one outbox row's marker to its collection's partition and wait for the ack.
 /// Returns the log offset the marker was written at.
 pub async fn publish_marker(config: &Config, producer: &Producer, row: &OutboxRow) -> Result<i64, KafkaError> {
-    let datum = codec::encode(&marker_record(row));
-    let payload = match config.kafka.framing {
-        Framing::Plain => datum,
-        f => frame(f, config.kafka.confluent_schema_id, &datum),
-    };
+    let payload = encode_framed(config.kafka.framing, config.kafka.confluent_schema_id, &marker_record(row));
     let topic = config.kafka.log_topic();
     let delivered = producer
         .send(Outgoing {

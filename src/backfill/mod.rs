@@ -146,7 +146,7 @@ impl Worker {
         info!(function = function_id, collection = %row.collection_id, marker_offset = ?row.marker_offset, cursor = ?row.backfill_cursor, "backfill started");
         let started = Instant::now();
         let mut cursor = row.backfill_cursor.clone();
-        let mut backoff = Duration::from_millis(100);
+        let mut delays = crate::retry::default_backoff();
         let chunk = self.config.backfill.chunk_size;
         let pause = Duration::from_millis(self.config.backfill.pause_ms);
         loop {
@@ -159,7 +159,7 @@ impl Worker {
                     crate::failpoint::hit("after_backfill_chunk_commit");
                     self.metrics.records_backfilled(processed as u64);
                     cursor = c;
-                    backoff = Duration::from_millis(100);
+                    delays = crate::retry::default_backoff();
                     if finished {
                         self.metrics.backfill_task(backfill_status::FINISHED);
                         self.metrics.observe_backfill_duration(started.elapsed());
@@ -183,9 +183,11 @@ impl Worker {
                     return;
                 }
                 Err(e) if e.is_retryable() => {
-                    warn!(%e, function = function_id, retry_in = ?backoff, "backfill step failed; retrying");
-                    tokio::time::sleep(backoff).await;
-                    backoff = (backoff * 2).min(Duration::from_secs(5));
+                    warn!(%e, function = function_id, "backfill step failed; retrying");
+                    tokio::select! {
+                        _ = tokio::time::sleep(delays.next().unwrap_or(Duration::from_secs(5))) => {}
+                        _ = self.stop.cancelled() => return,
+                    }
                     continue;
                 }
                 Err(e) => {

@@ -11,9 +11,9 @@ use super::{CollectionsCmd, Format, OffsetsCmd};
 use crate::config::{redacted_librdkafka, Config};
 use crate::kafka::admin::{ensure_topic, MetadataClient, TopicOutcome};
 use crate::kafka::producer::{Outgoing, Producer};
-use crate::record::framing::{frame, Framing};
+use crate::record::framing::encode_framed;
+use crate::record::partitioner::partition_for;
 use crate::record::validate::validate;
-use crate::record::{codec, partitioner::partition_for};
 use crate::sysdb::{redact_url, Sysdb};
 
 pub async fn open_sysdb(config: &Config) -> Result<Sysdb> {
@@ -91,11 +91,7 @@ pub async fn produce(config: &Config, input: &str) -> Result<()> {
                 continue;
             }
         };
-        let datum = codec::encode(&rec);
-        let payload = match config.kafka.framing {
-            Framing::Plain => datum,
-            f => frame(f, config.kafka.confluent_schema_id, &datum),
-        };
+        let payload = encode_framed(config.kafka.framing, config.kafka.confluent_schema_id, &rec);
         pending.push((n, rec.collection_id, payload));
         if pending.len() >= 20_000 {
             let (bad, ok) = deliver(&producer, &topic, std::mem::take(&mut pending)).await;

@@ -473,7 +473,9 @@ fn put_str(out: &mut Vec<u8>, s: &str) {
 }
 
 #[inline]
-fn put_f32s(out: &mut Vec<u8>, values: &[f32]) {
+/// Appends floats as little-endian f32 bytes (the one packing of embeddings: the wire
+/// format and the sysdb's storage format are the same).
+pub fn put_f32s(out: &mut Vec<u8>, values: &[f32]) {
     out.reserve(values.len() * 4);
     for v in values {
         out.extend_from_slice(&v.to_le_bytes());

@@ -27,18 +27,12 @@ const NON_FINITE_TAG: &str = "f64";
 
 /// Little-endian packed f32.
 pub(crate) fn encode_embedding(v: &[f32]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(v.len() * 4);
-    for x in v {
-        out.extend_from_slice(&x.to_le_bytes());
-    }
-    out
+    crate::record::codec::f32s_to_le_bytes(v)
 }
 
 pub(crate) fn decode_embedding(bytes: &[u8]) -> Result<Vec<f32>, String> {
-    if bytes.len() % 4 != 0 {
-        return Err(format!("stored embedding has {} bytes, not a multiple of 4", bytes.len()));
-    }
-    Ok(bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect())
+    crate::record::codec::f32s_from_le_bytes(bytes)
+        .ok_or_else(|| format!("stored embedding has {} bytes, not a multiple of 4", bytes.len()))
 }
 
 /// JSON text of `metadata`, `None` when it has no (non-null) key. Serialized straight

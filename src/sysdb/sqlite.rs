@@ -276,7 +276,7 @@ fn commit_batch_sync(conn: &mut Connection, batch: &BatchCommit) -> Result<Commi
                     Some(r) => {
                         let emb = r.embedding.as_deref().map(|v| {
                             embedding.clear();
-                            embedding.extend(v.iter().flat_map(|x| x.to_le_bytes()));
+                            crate::record::codec::put_f32s(&mut embedding, v);
                             embedding.as_slice()
                         });
                         upsert_record.execute(params![
