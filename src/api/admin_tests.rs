@@ -62,7 +62,7 @@ async fn sysdb_with(n: usize) -> Arc<Sysdb> {
         }],
         functions: Vec::new(),
     };
-    db.commit_batch(&batch).await.unwrap();
+    db.commit_batch(batch).await.unwrap();
     Arc::new(db)
 }
 

@@ -148,7 +148,7 @@ pub async fn commit_batch_applies_records_collections_and_position(db: &Sysdb) {
     let b = record("b", 1, Some(vec![4.0, 5.0, 6.0]));
     let c = record("c", 2, None);
     let x = record("x", 3, None);
-    db.commit_batch(&batch(
+    db.commit_batch(batch(
         &topic,
         3,
         0,
@@ -184,7 +184,7 @@ pub async fn commit_batch_applies_records_collections_and_position(db: &Sysdb) {
     };
     let d = record("d", 6, Some(vec![0.5, 0.25, 0.125]));
     let y = record("y", 7, Some(vec![1.0, 1.0]));
-    db.commit_batch(&batch(
+    db.commit_batch(batch(
         &topic,
         3,
         4,
@@ -215,7 +215,7 @@ pub async fn commit_batch_applies_records_collections_and_position(db: &Sysdb) {
     assert_records_bit_eq(&got[2], &d, "inserted record");
 
     // An empty delta still passes the CAS; deleting an absent id is a no-op.
-    db.commit_batch(&batch(&topic, 3, 9, 9, vec![update(&c1, 3, None, 6, 0, vec![delete("never")])]))
+    db.commit_batch(batch(&topic, 3, 9, 9, vec![update(&c1, 3, None, 6, 0, vec![delete("never")])]))
         .await
         .expect("empty delta");
     assert_eq!(db.positions(&topic).await.expect("positions"), HashMap::from([(3, 9)]));
@@ -230,7 +230,7 @@ pub async fn cas_conflict_leaves_everything_untouched(db: &Sysdb) {
     let topic = unique("cas");
     let (coll, fresh) = (unique("coll"), unique("coll"));
     db.init_position(&topic, 0, 0).await.expect("init");
-    db.commit_batch(&batch(
+    db.commit_batch(batch(
         &topic,
         0,
         0,
@@ -262,12 +262,12 @@ pub async fn cas_conflict_leaves_everything_untouched(db: &Sysdb) {
         )
     };
     expect_conflict(
-        db.commit_batch(&stale(3)).await,
+        db.commit_batch(stale(3)).await,
         IncompatibleDelta::PositionMoved { partition: 0, expected: 3, stored: 5 },
         "batch behind the stored position",
     );
     expect_conflict(
-        db.commit_batch(&stale(6)).await,
+        db.commit_batch(stale(6)).await,
         IncompatibleDelta::PositionMoved { partition: 0, expected: 6, stored: 5 },
         "batch ahead of the stored position",
     );
@@ -288,14 +288,8 @@ pub async fn commit_without_a_position_row_is_refused(db: &Sysdb) {
     let coll = unique("coll");
     db.init_position(&topic, 0, 0).await.expect("init another partition");
     expect_conflict(
-        db.commit_batch(&batch(
-            &topic,
-            7,
-            0,
-            3,
-            vec![update(&coll, 7, None, 2, 1, vec![upsert(record("a", 2, None))])],
-        ))
-        .await,
+        db.commit_batch(batch(&topic, 7, 0, 3, vec![update(&coll, 7, None, 2, 1, vec![upsert(record("a", 2, None))])]))
+            .await,
         IncompatibleDelta::Missing { partition: 7, expected: 0 },
         "commit on a partition without a row",
     );
@@ -332,7 +326,7 @@ async fn concurrent_commits(a: &Sysdb, b: &Sysdb) {
             batch(&topic, 0, from, to, vec![update(&coll, 0, Some(4), to - 1, 50, records)])
         };
         let (ba, bb) = (side("a"), side("b"));
-        let (ra, rb) = tokio::join!(a.commit_batch(&ba), b.commit_batch(&bb));
+        let (ra, rb) = tokio::join!(a.commit_batch(ba.clone()), b.commit_batch(bb.clone()));
         let conflict = IncompatibleDelta::PositionMoved { partition: 0, expected: from, stored: to };
         let winner = match (ra, rb) {
             (Ok(_), Err(e)) => {
@@ -400,11 +394,11 @@ pub async fn reset_is_audited_and_returns_the_previous_value(db: &Sysdb) {
 
     // A batch started before the reset is now a zombie; one from the reset position wins.
     expect_conflict(
-        db.commit_batch(&batch(&topic, 2, 100, 110, vec![])).await,
+        db.commit_batch(batch(&topic, 2, 100, 110, vec![])).await,
         IncompatibleDelta::PositionMoved { partition: 2, expected: 100, stored: 40 },
         "batch from before the reset",
     );
-    db.commit_batch(&batch(&topic, 2, 40, 45, vec![])).await.expect("batch from the reset position");
+    db.commit_batch(batch(&topic, 2, 40, 45, vec![])).await.expect("batch from the reset position");
     assert!(db.reset_position(&topic, 2, -1, "x", "y").await.is_err(), "negative reset accepted");
     assert_eq!(db.resets(&topic).await.expect("resets").len(), 2, "a refused reset was audited");
 }
@@ -438,7 +432,7 @@ pub async fn halts_are_stored_listed_and_cleared_by_a_reset(db: &Sysdb) {
     tokio::time::sleep(Duration::from_millis(5)).await;
     db.set_partition_halted(&topic, 1, Some("still refused")).await.expect("halt again");
     assert_eq!(db.partition_states(&topic).await.expect("states")[1], state(1, 7, Some("still refused"), Some(at)));
-    db.commit_batch(&batch(&topic, 1, 7, 9, vec![])).await.expect("commit on a halted partition");
+    db.commit_batch(batch(&topic, 1, 7, 9, vec![])).await.expect("commit on a halted partition");
     assert_eq!(
         db.partition_states(&topic).await.expect("states")[1],
         state(1, 9, Some("still refused"), Some(at)),
@@ -491,7 +485,7 @@ pub async fn refused_values_are_record_errors_that_leave_the_position(db: &Sysdb
     let bad_ids = [format!("nul\0{}", unique("id")), incompressible(4000)];
     for bad in &bad_ids {
         let commit = db
-            .commit_batch(&batch(
+            .commit_batch(batch(
                 &topic,
                 0,
                 10,
@@ -529,7 +523,7 @@ pub async fn refused_values_are_record_errors_that_leave_the_position(db: &Sysdb
             }
         }
     }
-    db.commit_batch(&batch(
+    db.commit_batch(batch(
         &topic,
         0,
         10,
@@ -554,7 +548,7 @@ pub async fn list_records_pages_in_id_order(db: &Sysdb) {
         .collect();
     ids.extend((0..23).map(|i| format!("n{:03}", (i * 37) % 101)));
     let writes: Vec<_> = ids.iter().map(|id| upsert(record(id, 1, None))).collect();
-    db.commit_batch(&batch(
+    db.commit_batch(batch(
         &topic,
         0,
         0,
@@ -591,7 +585,7 @@ pub async fn get_records_returns_only_present_ids(db: &Sysdb) {
     let coll = unique("coll");
     db.init_position(&topic, 0, 0).await.expect("init");
     let (a, b) = (record("a", 0, Some(vec![1.5])), record("b", 1, None));
-    db.commit_batch(&batch(
+    db.commit_batch(batch(
         &topic,
         0,
         0,
@@ -616,7 +610,7 @@ pub async fn get_records_many_reads_several_collections_at_once(db: &Sysdb) {
     let (c1, c2, empty) = (unique("coll"), unique("coll"), unique("coll"));
     db.init_position(&topic, 0, 0).await.expect("init");
     let (a, b, x) = (record("a", 0, Some(vec![1.5, -0.0])), record("b", 1, None), record("a", 2, Some(vec![7.0])));
-    db.commit_batch(&batch(
+    db.commit_batch(batch(
         &topic,
         0,
         0,
@@ -699,7 +693,7 @@ pub async fn metadata_round_trips_exactly(db: &Sysdb) {
 
     let rich = Record { id: "rich".into(), embedding: None, metadata, document: Some(String::new()), offset: 0 };
     let bare = Record { id: "bare".into(), embedding: None, metadata: Metadata::new(), document: None, offset: 1 };
-    db.commit_batch(&batch(
+    db.commit_batch(batch(
         &topic,
         0,
         0,
@@ -748,7 +742,7 @@ pub async fn embeddings_round_trip_bit_exact(db: &Sysdb) {
         Record { id: "none".into(), embedding: None, metadata: Metadata::new(), document: None, offset: 3 },
     ];
     let writes = records.iter().cloned().map(upsert).collect();
-    db.commit_batch(&batch(&topic, 0, 0, 4, vec![update(&coll, 0, None, 3, 4, writes)])).await.expect("commit");
+    db.commit_batch(batch(&topic, 0, 0, 4, vec![update(&coll, 0, None, 3, 4, writes)])).await.expect("commit");
     let got = db.get_records(&coll, &records.iter().map(|r| r.id.clone()).collect::<Vec<_>>()).await.expect("get");
     for r in &records {
         assert_records_bit_eq(&got[&r.id], r, &format!("embedding {:?}", r.id));
@@ -791,7 +785,7 @@ pub async fn measure_commit_throughput(db: &Sysdb, n: usize, dim: usize, rounds:
         let delta = if round == rounds { 0 } else { n as i64 };
         let b = batch(&topic, 0, position, next, vec![update(&coll, 0, Some(dim as u32), next - 1, delta, writes)]);
         let start = Instant::now();
-        db.commit_batch(&b).await.expect("bench commit");
+        db.commit_batch(b).await.expect("bench commit");
         let took = start.elapsed();
         let kind = if round == rounds { "update" } else { "insert" };
         println!(

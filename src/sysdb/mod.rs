@@ -411,14 +411,10 @@ impl Sysdb {
     }
 
     /// Commit a batch atomically with compare-and-set on the partition position.
-    /// `SysdbError::Conflict` leaves the sysdb untouched.
-    pub async fn commit_batch(&self, batch: &BatchCommit) -> Result<CommitReport> {
-        self.commit_shared(Arc::new(batch.clone())).await
-    }
-
-    /// [`Sysdb::commit_batch`] without copying the batch (the processor's path: SQLite
-    /// writes on a blocking thread, which needs an owned batch).
-    pub async fn commit_shared(&self, batch: Arc<BatchCommit>) -> Result<CommitReport> {
+    /// `SysdbError::Conflict` leaves the sysdb untouched. Takes the batch owned or shared
+    /// (`Arc`): SQLite writes on a blocking thread, which needs it without a copy.
+    pub async fn commit_batch(&self, batch: impl Into<Arc<BatchCommit>>) -> Result<CommitReport> {
+        let batch = batch.into();
         match self {
             Sysdb::Sqlite(s) => s.commit_batch(batch).await,
             Sysdb::Postgres(s) => s.commit_batch(&batch).await,

@@ -784,7 +784,7 @@ mod tests {
         let holder = Connection::open(dir.path().join("sysdb.sqlite")).unwrap();
         holder.execute_batch("BEGIN IMMEDIATE").unwrap();
         let started = std::time::Instant::now();
-        let outcome = tokio::time::timeout(BUSY_TIMEOUT * 3, db.commit_batch(&batch))
+        let outcome = tokio::time::timeout(BUSY_TIMEOUT * 3, db.commit_batch(batch.clone()))
             .await
             .expect("the commit blocked past the busy timeout");
         let waited = started.elapsed();
@@ -799,7 +799,7 @@ mod tests {
         assert_eq!(db.collection("c").await.unwrap(), None, "collection written");
 
         holder.execute_batch("ROLLBACK").unwrap();
-        db.commit_batch(&batch).await.expect("commit after the lock is released");
+        db.commit_batch(batch).await.expect("commit after the lock is released");
         assert_eq!(db.positions("t").await.unwrap(), HashMap::from([(0, 3)]));
     }
 

@@ -264,7 +264,7 @@ impl Worker {
 
         failpoint::hit("before_sysdb_commit");
         let commit_started = Instant::now();
-        let committed = self.shared.sysdb.commit_shared(Arc::clone(&plan.commit)).await;
+        let committed = self.shared.sysdb.commit_batch(Arc::clone(&plan.commit)).await;
         self.shared.metrics.observe_sysdb_commit(commit_started.elapsed());
         let report = committed?;
         failpoint::hit("after_sysdb_commit");

@@ -209,7 +209,7 @@ impl Log {
     pub async fn commit(&mut self, db: &Sysdb, ops: &[Op], fns: &[(&str, &dyn Function)]) -> CommitReport {
         assert!(!ops.is_empty());
         let (batch, working, changes) = self.build(ops, fns);
-        let report = db.commit_batch(&batch).await.expect("commit_batch with functions");
+        let report = db.commit_batch(batch.clone()).await.expect("commit_batch with functions");
         self.current = working;
         self.history.extend(changes);
         self.next = batch.delta.to;
@@ -236,7 +236,7 @@ impl Log {
             collections: Vec::new(),
             functions: vec![FunctionBatch { function_id: fid.to_string(), markers: Vec::new(), changes }],
         };
-        let report = db.commit_batch(&batch).await.expect("commit_batch with crafted deltas");
+        let report = db.commit_batch(batch).await.expect("commit_batch with crafted deltas");
         self.next = to;
         report
     }
