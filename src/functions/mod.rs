@@ -106,7 +106,9 @@ pub fn build(name: &str, params: &BTreeMap<String, String>) -> Result<Box<dyn Fu
     registry::build(name, params)
 }
 
+#[cfg(any(test, feature = "testkit"))]
 pub mod apply;
+#[cfg(any(test, feature = "testkit"))]
 pub mod model;
 pub mod normalize;
 pub mod record_counter;

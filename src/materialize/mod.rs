@@ -55,6 +55,7 @@
 //! The reference model in [`model`] is the independent oracle the property tests
 //! (and end-to-end tests) compare this fold against.
 
+#[cfg(any(test, feature = "testkit"))]
 pub mod model;
 
 #[cfg(test)]

@@ -219,6 +219,7 @@ pub(crate) fn decode_record(
 
 /// Metadata equality where doubles compare by bits (`-0.0 != 0.0`, `NaN == NaN`):
 /// what "round-trips exactly" means.
+#[cfg(any(test, feature = "testkit"))]
 pub(crate) fn metadata_bit_eq(a: &Metadata, b: &Metadata) -> bool {
     a.len() == b.len()
         && a.iter().zip(b.iter()).all(|((ka, va), (kb, vb))| {

@@ -18,7 +18,7 @@
 //! and locking is in `sqlite/functions.rs` and `postgres/functions.rs`.
 
 mod codec;
-#[doc(hidden)]
+#[cfg(any(test, feature = "testkit"))]
 pub mod conformance;
 mod outputs;
 pub mod postgres;
