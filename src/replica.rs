@@ -104,7 +104,7 @@ pub async fn run(config: Config, roles: Roles) -> Result<()> {
     }
     let result = if roles.processor {
         let token = stop.child_token();
-        crate::processor::run(config, sysdb, metrics, health, token).await
+        crate::processor::run(config, sysdb, metrics, health, token).await.map_err(anyhow::Error::from)
     } else {
         health.consumer_started();
         health.assignment_completed();

@@ -45,7 +45,7 @@ impl Worker {
     }
 
     /// Consume tasks and scan the sysdb until `stop` is cancelled.
-    pub async fn run(self) -> anyhow::Result<()> {
+    pub async fn run(self) -> Result<(), crate::kafka::KafkaError> {
         let settings = crate::kafka::ClientSettings::from_config(&self.config);
         let group = format!("{}.backfill", self.config.kafka.group);
         let (consumer, mut tasks) = TaskConsumer::start(&settings, &group, &self.config.kafka.backfill_topic())?;
@@ -68,7 +68,9 @@ impl Worker {
                 _ = stop.cancelled() => break,
             }
         }
-        tokio::task::spawn_blocking(move || consumer.shutdown(Duration::from_secs(5))).await?;
+        if let Err(e) = tokio::task::spawn_blocking(move || consumer.shutdown(Duration::from_secs(5))).await {
+            warn!(%e, "backfill task consumer shutdown task failed");
+        }
         // Let running backfills notice the stop between chunks.
         let _ = tokio::time::timeout(
             Duration::from_secs(10),

@@ -204,13 +204,7 @@ impl ConsumerHandle {
     pub fn shutdown(mut self, timeout: Duration) {
         let _ = self.commands.send(Command::Shutdown);
         if let Some(t) = self.thread.take() {
-            let deadline = Instant::now() + timeout;
-            while !t.is_finished() && Instant::now() < deadline {
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            if t.is_finished() {
-                let _ = t.join();
-            } else {
+            if !super::join_within(t, timeout) {
                 warn!("consumer thread did not stop within {timeout:?}; leaving it behind");
             }
         }

@@ -101,6 +101,20 @@ impl ClientSettings {
     }
 }
 
+/// Join a client thread, waiting at most `timeout`; a thread still running then is left
+/// behind (closing an rdkafka client can block without bound). Returns whether it ended.
+pub(crate) fn join_within(thread: std::thread::JoinHandle<()>, timeout: std::time::Duration) -> bool {
+    let deadline = std::time::Instant::now() + timeout;
+    while !thread.is_finished() && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let ended = thread.is_finished();
+    if ended {
+        let _ = thread.join();
+    }
+    ended
+}
+
 pub(crate) fn broker_err(what: impl Into<String>, e: impl std::fmt::Display) -> KafkaError {
     KafkaError::Broker { what: what.into(), message: e.to_string() }
 }

@@ -2,21 +2,20 @@
 //! acts only on what the sysdb says is pending — so this consumer uses the group's own
 //! offsets (auto commit after delivery) and needs none of the processor's machinery.
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::Message;
 use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
 use tracing::warn;
 
 use super::{ClientSettings, KafkaError};
 
 /// Handle of the task consumer thread.
 pub struct TaskConsumer {
-    stop: Arc<AtomicBool>,
+    stop: CancellationToken,
     thread: Option<JoinHandle<()>>,
 }
 
@@ -35,12 +34,12 @@ impl TaskConsumer {
         let consumer: BaseConsumer = c.create().map_err(|e| KafkaError::Config(e.to_string()))?;
         consumer.subscribe(&[topic]).map_err(|e| super::broker_err(format!("subscribe to {topic}"), e))?;
         let (tx, rx) = mpsc::channel(1024);
-        let stop = Arc::new(AtomicBool::new(false));
+        let stop = CancellationToken::new();
         let flag = stop.clone();
         let thread = std::thread::Builder::new()
             .name("sluice-tasks".into())
             .spawn(move || {
-                while !flag.load(Ordering::Relaxed) {
+                while !flag.is_cancelled() {
                     match consumer.poll(Duration::from_millis(200)) {
                         Some(Ok(m)) => {
                             if let Some(p) = m.payload() {
@@ -61,14 +60,10 @@ impl TaskConsumer {
 
     /// Stop polling and leave the group (bounded wait, off the async runtime).
     pub fn shutdown(mut self, timeout: Duration) {
-        self.stop.store(true, Ordering::Relaxed);
+        self.stop.cancel();
         if let Some(t) = self.thread.take() {
-            let deadline = std::time::Instant::now() + timeout;
-            while !t.is_finished() && std::time::Instant::now() < deadline {
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            if t.is_finished() {
-                let _ = t.join();
+            if !super::join_within(t, timeout) {
+                warn!("backfill task consumer did not stop within {timeout:?}; leaving it behind");
             }
         }
     }

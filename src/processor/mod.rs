@@ -13,7 +13,6 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::{anyhow, Context};
 use tokio::sync::{mpsc, Notify};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -122,13 +121,28 @@ impl Workers {
 
 /// Run the processor until `stop` is cancelled (then commit what is in flight within the
 /// shutdown timeout, leave the group and return Ok).
+/// Why the processor stopped other than by being told to.
+#[derive(Debug, thiserror::Error)]
+pub enum ProcessorError {
+    #[error(transparent)]
+    Sysdb(#[from] crate::sysdb::SysdbError),
+    #[error(transparent)]
+    Kafka(#[from] KafkaError),
+    #[error("topic {topic} not found: run `sluice init` first ({source})")]
+    TopicMissing { topic: String, source: KafkaError },
+    #[error("processor stopped on a fatal error: {0}")]
+    Fatal(String),
+    #[error("an internal task of the processor failed: {0}")]
+    Task(#[from] tokio::task::JoinError),
+}
+
 pub async fn run(
     config: Config,
     sysdb: Arc<Sysdb>,
     metrics: Arc<Metrics>,
     health: Arc<Health>,
     stop: CancellationToken,
-) -> anyhow::Result<()> {
+) -> Result<(), ProcessorError> {
     let settings = ClientSettings::from_config(&config);
     let topic = config.kafka.log_topic();
     let topic_partitions = match sysdb.topic_partitions(&topic).await? {
@@ -138,7 +152,7 @@ pub async fn run(
             let t = topic.clone();
             tokio::task::spawn_blocking(move || crate::kafka::admin::partition_count(&s, &t))
                 .await?
-                .with_context(|| format!("topic {topic} not found: run `sluice init` first"))?
+                .map_err(|source| ProcessorError::TopicMissing { topic: topic.clone(), source })?
         }
     };
     let producer = Producer::new(&settings, &[])?;
@@ -271,7 +285,7 @@ pub async fn run(
     tokio::task::spawn_blocking(move || consumer.shutdown(Duration::from_secs(5))).await?;
     info!("processor stopped");
     match fatal {
-        Some(m) => Err(anyhow!("processor stopped on a fatal error: {m}")),
+        Some(m) => Err(ProcessorError::Fatal(m)),
         None => Ok(()),
     }
 }
@@ -357,7 +371,7 @@ async fn assign(
     shared: &Arc<Shared>,
     workers: &mut Workers,
     partitions: Vec<PartitionInfo>,
-) -> anyhow::Result<Vec<StartDecision>> {
+) -> Result<Vec<StartDecision>, crate::sysdb::SysdbError> {
     let cfg = &shared.config;
     let positions = retry_sysdb(&shared.metrics, || shared.sysdb.positions(&shared.topic)).await?;
     let mut decisions = Vec::new();

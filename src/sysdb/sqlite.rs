@@ -14,9 +14,9 @@
 //! another, can move the position between the read and the commit.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+use tokio_util::sync::CancellationToken;
 
 use rusqlite::{params, Connection, ErrorCode, OptionalExtension, TransactionBehavior};
 
@@ -92,12 +92,12 @@ struct Inner {
     /// `None` for `:memory:` (a second connection would open another, empty database).
     reader: Option<Mutex<Connection>>,
     /// Tells the checkpointer thread (file databases) to stop.
-    stop_checkpointer: Arc<AtomicBool>,
+    stop_checkpointer: CancellationToken,
 }
 
 impl Drop for Inner {
     fn drop(&mut self) {
-        self.stop_checkpointer.store(true, Ordering::Relaxed);
+        self.stop_checkpointer.cancel();
     }
 }
 
@@ -107,7 +107,7 @@ impl Drop for Inner {
 /// WAL that stalled all partitions for up to a second (the p99 of the latency benchmark).
 /// PASSIVE never blocks the writer or readers; the writer's automatic checkpoint stays on
 /// at a high mark as a safety net should this thread fall behind.
-fn spawn_checkpointer(path: &str, stop: Arc<AtomicBool>) -> Result<()> {
+fn spawn_checkpointer(path: &str, stop: CancellationToken) -> Result<()> {
     let conn = open_connection(path)?;
     configure(&conn, path)?;
     conn.pragma_update(None, "cache_size", -CHECKPOINTER_CACHE_KIB)?;
@@ -115,9 +115,9 @@ fn spawn_checkpointer(path: &str, stop: Arc<AtomicBool>) -> Result<()> {
         .name("sqlite-checkpoint".into())
         .spawn(move || {
             let mut warned = false;
-            while !stop.load(Ordering::Relaxed) {
+            while !stop.is_cancelled() {
                 std::thread::sleep(CHECKPOINT_INTERVAL);
-                if stop.load(Ordering::Relaxed) {
+                if stop.is_cancelled() {
                     break;
                 }
                 // (busy, WAL frames, frames checkpointed)
@@ -337,14 +337,14 @@ impl SqliteSysdb {
             let mut writer = open_connection(&path)?;
             configure(&writer, &path)?;
             migrate(&mut writer)?;
-            let stop_checkpointer = Arc::new(AtomicBool::new(false));
+            let stop_checkpointer = CancellationToken::new();
             let reader = if is_memory(&path) {
                 None
             } else {
                 let reader = open_connection(&path)?;
                 configure(&reader, &path)?;
                 reader.pragma_update(None, "cache_size", -READER_CACHE_SIZE_KIB)?;
-                spawn_checkpointer(&path, Arc::clone(&stop_checkpointer))?;
+                spawn_checkpointer(&path, stop_checkpointer.clone())?;
                 Some(Mutex::new(reader))
             };
             Ok(Inner { writer: Mutex::new(writer), reader, stop_checkpointer })
