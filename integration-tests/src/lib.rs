@@ -227,6 +227,13 @@ impl Env {
         String::from_utf8_lossy(&out.stdout).into_owned()
     }
 
+    /// `sluice offsets show --format json`: one object per partition.
+    pub fn offsets(&self) -> Vec<serde_json::Value> {
+        let v: serde_json::Value =
+            serde_json::from_str(&self.run(&["offsets", "show", "--format", "json"])).expect("offsets json");
+        v.as_array().expect("offsets array").clone()
+    }
+
     /// `sluice produce` of the given JSON lines.
     pub fn produce(&self, lines: &[String]) {
         let path = self.dir.join(format!("input-{}.jsonl", suffix()));
@@ -284,6 +291,48 @@ impl Env {
     }
 }
 
+/// `both_backends!(name, body)`: a module `name` with two tests running `body(env)`, one
+/// on a fresh SQLite sysdb and one on a fresh PostgreSQL database (skipped outside CI
+/// only when the service is missing, like every integration test).
+#[macro_export]
+macro_rules! both_backends {
+    ($name:ident, $body:ident) => {
+        mod $name {
+            use super::*;
+            #[test]
+            fn sqlite() {
+                if !$crate::require_kafka() {
+                    return;
+                }
+                $body($crate::Env::sqlite(stringify!($name)));
+            }
+            #[tokio::test(flavor = "multi_thread")]
+            async fn postgres() {
+                if !$crate::require_kafka() || !$crate::require_postgres().await {
+                    return;
+                }
+                let env = $crate::Env::postgres(stringify!($name)).await;
+                tokio::task::spawn_blocking(move || $body(env)).await.unwrap();
+            }
+        }
+    };
+}
+
+/// A small deterministic workload: `records` over `collections` collections of 30 ids,
+/// 4-dim embeddings, every operation (50% add, 20% update, 15% upsert, 15% delete).
+pub fn small_workload(records: usize, seed: u64, prefix: &str, collections: usize) -> Vec<sluice::record::LogRecord> {
+    sluice::workload::generate(&sluice::workload::WorkloadSpec {
+        records,
+        collections,
+        dim: 4,
+        ids_per_collection: 30,
+        mix: [50, 20, 15, 15],
+        seed,
+        collection_prefix: format!("{prefix}-c"),
+    })
+    .collect()
+}
+
 /// A running `sluice process`.
 pub struct Replica {
     pub child: Child,
@@ -325,6 +374,20 @@ impl Replica {
 
     pub fn log_text(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Wait until `needle` is in the replica's log; panics with the log after `timeout`.
+    pub fn wait_for_log(&self, needle: &str, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        while !self.log_text().contains(needle) {
+            assert!(
+                Instant::now() < deadline,
+                "{needle:?} never appeared in {}:\n{}",
+                self.log.display(),
+                self.log_text()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
     }
 }
 

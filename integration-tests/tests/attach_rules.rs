@@ -10,25 +10,11 @@ use serde_json::Value;
 use sluice::cli::jsonl::record_to_json;
 use sluice::functions::model::reference_outputs;
 use sluice::record::{LogRecord, Record};
-use sluice::workload::{generate, WorkloadSpec};
-use sluice_integration_tests::{
-    free_port, http_get, jsonl_lines, metric_samples, require_kafka, require_postgres, Env,
-};
+use sluice_integration_tests::both_backends;
+use sluice_integration_tests::faults::workload;
+use sluice_integration_tests::{free_port, http_get, jsonl_lines, metric_samples, Env};
 
 const WAIT: Duration = Duration::from_secs(120);
-
-fn workload(records: usize, seed: u64, prefix: &str, collections: usize, ids: usize) -> Vec<LogRecord> {
-    generate(&WorkloadSpec {
-        records,
-        collections,
-        dim: 4,
-        ids_per_collection: ids,
-        mix: [45, 20, 15, 20],
-        seed,
-        collection_prefix: format!("{prefix}-c"),
-    })
-    .collect()
-}
 
 fn attach(env: &Env, collection: &str, function: &str, output: &str) -> Value {
     serde_json::from_str(
@@ -150,29 +136,6 @@ fn wait_metric(port: u16, series: &str, ok: impl Fn(f64) -> bool, timeout: Durat
 fn partition0(env: &Env) -> Value {
     let v: Value = serde_json::from_str(&env.run(&["offsets", "show", "--format", "json"])).unwrap();
     v.as_array().unwrap().iter().find(|r| r["partition"] == 0).cloned().expect("partition 0 in offsets show")
-}
-
-macro_rules! both_backends {
-    ($name:ident, $body:ident) => {
-        mod $name {
-            use super::*;
-            #[test]
-            fn sqlite() {
-                if !require_kafka() {
-                    return;
-                }
-                $body(Env::sqlite(stringify!($name)));
-            }
-            #[tokio::test(flavor = "multi_thread")]
-            async fn postgres() {
-                if !require_kafka() || !require_postgres().await {
-                    return;
-                }
-                let env = Env::postgres(stringify!($name)).await;
-                tokio::task::spawn_blocking(move || $body(env)).await.unwrap();
-            }
-        }
-    };
 }
 
 // Every refusal through the CLI, the idempotent re-attach, and re-attaching after a detach:

@@ -7,36 +7,14 @@ use std::time::Duration;
 
 use serde_json::Value;
 use sluice::record::LogRecord;
+use sluice_integration_tests::both_backends;
 use sluice_integration_tests::faults::{
     assert_group_never_ahead, assert_outputs, attach, expect_abort_at, function, offsets, wait_log, wait_status,
     workload,
 };
-use sluice_integration_tests::{assert_records_match_model, jsonl_lines, require_kafka, require_postgres, Env};
+use sluice_integration_tests::{assert_records_match_model, jsonl_lines, Env};
 
 const WAIT: Duration = Duration::from_secs(120);
-
-macro_rules! both_backends {
-    ($name:ident, $body:ident) => {
-        mod $name {
-            use super::*;
-            #[test]
-            fn sqlite() {
-                if !require_kafka() {
-                    return;
-                }
-                $body(Env::sqlite(stringify!($name)));
-            }
-            #[tokio::test(flavor = "multi_thread")]
-            async fn postgres() {
-                if !require_kafka() || !require_postgres().await {
-                    return;
-                }
-                let env = Env::postgres(stringify!($name)).await;
-                tokio::task::spawn_blocking(move || $body(env)).await.unwrap();
-            }
-        }
-    };
-}
 
 /// Data in the log, a replica that materialized it and stopped; a function attached while
 /// no replica runs. Returns the data, the collection and the function id.

@@ -11,26 +11,12 @@ use sluice::cli::jsonl::record_to_json;
 use sluice::functions::model::reference_outputs;
 use sluice::record::codec::encode;
 use sluice::record::{LogRecord, Record};
-use sluice::workload::{generate, WorkloadSpec};
-use sluice_integration_tests::{
-    assert_records_match_model, brokers, jsonl_lines, require_kafka, require_postgres, Env, Replica,
-};
+use sluice_integration_tests::both_backends;
+use sluice_integration_tests::faults::workload;
+use sluice_integration_tests::{assert_records_match_model, brokers, jsonl_lines, Env, Replica};
 
 const WAIT: Duration = Duration::from_secs(180);
 const FUNCTIONS: [&str; 3] = ["record_counter", "statistics", "normalize"];
-
-fn workload(records: usize, seed: u64, prefix: &str, collections: usize, ids: usize) -> Vec<LogRecord> {
-    generate(&WorkloadSpec {
-        records,
-        collections,
-        dim: 4,
-        ids_per_collection: ids,
-        mix: [45, 20, 15, 20],
-        seed,
-        collection_prefix: format!("{prefix}-c"),
-    })
-    .collect()
-}
 
 fn attach(env: &Env, collection: &str, function: &str, output: &str) -> Value {
     serde_json::from_str(
@@ -130,29 +116,6 @@ fn wait_log(r: &Replica, needle: &str, timeout: Duration) {
         assert!(Instant::now() < deadline, "{needle:?} never appeared in {}", r.log.display());
         std::thread::sleep(Duration::from_millis(100));
     }
-}
-
-macro_rules! both_backends {
-    ($name:ident, $body:ident) => {
-        mod $name {
-            use super::*;
-            #[test]
-            fn sqlite() {
-                if !require_kafka() {
-                    return;
-                }
-                $body(Env::sqlite(stringify!($name)));
-            }
-            #[tokio::test(flavor = "multi_thread")]
-            async fn postgres() {
-                if !require_kafka() || !require_postgres().await {
-                    return;
-                }
-                let env = Env::postgres(stringify!($name)).await;
-                tokio::task::spawn_blocking(move || $body(env)).await.unwrap();
-            }
-        }
-    };
 }
 
 // a. Attach to a big collection while producing to it and to other collections of the

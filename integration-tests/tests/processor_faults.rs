@@ -9,50 +9,19 @@ use std::time::{Duration, Instant};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
 use rdkafka::ClientConfig;
-use serde_json::Value;
 use sluice::record::codec::encode;
 use sluice::record::partitioner::partition_for;
 use sluice::record::{LogRecord, Operation};
-use sluice::workload::{generate, WorkloadSpec};
 use sluice_integration_tests::{
-    assert_records_match_model, brokers, jsonl_lines, repo_root, require_kafka, require_postgres, Env,
+    assert_records_match_model, brokers, jsonl_lines, repo_root, require_kafka, require_postgres, small_workload, Env,
 };
 
 const WAIT: Duration = Duration::from_secs(120);
-
-fn workload(records: usize, seed: u64, prefix: &str, collections: usize) -> Vec<LogRecord> {
-    generate(&WorkloadSpec {
-        records,
-        collections,
-        dim: 4,
-        ids_per_collection: 30,
-        mix: [50, 20, 15, 15],
-        seed,
-        collection_prefix: format!("{prefix}-c"),
-    })
-    .collect()
-}
-
-fn offsets(env: &Env) -> Vec<Value> {
-    serde_json::from_str::<Value>(&env.run(&["offsets", "show", "--format", "json"]))
-        .unwrap()
-        .as_array()
-        .unwrap()
-        .clone()
-}
 
 fn kafka_tool(args: &[&str]) -> String {
     let out = Command::new(repo_root().join("deploy/local/kafka-tool.sh")).args(args).output().expect("kafka-tool.sh");
     assert!(out.status.success(), "kafka-tool.sh {args:?}: {}", String::from_utf8_lossy(&out.stderr));
     String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-fn wait_for_log(r: &sluice_integration_tests::Replica, needle: &str, timeout: Duration) {
-    let deadline = Instant::now() + timeout;
-    while !r.log_text().contains(needle) {
-        assert!(Instant::now() < deadline, "{needle:?} never appeared in {}:\n{}", r.log.display(), r.log_text());
-        std::thread::sleep(Duration::from_millis(100));
-    }
 }
 
 // ---------------------------------------------------------------------------------------
@@ -77,12 +46,13 @@ async fn postgres_group_offset_moved_behind_or_ahead_the_sysdb_wins() {
 
 fn group_moved(env: Env) {
     env.run(&["init", "--partitions", "2"]);
-    let a = workload(600, 1, &env.prefix, 4);
+    let a = small_workload(600, 1, &env.prefix, 4);
     env.produce(&jsonl_lines(&a));
     let mut r = env.spawn_replica("r1", &[]);
     env.wait_caught_up(WAIT);
     assert_eq!(r.terminate(Duration::from_secs(30)), Some(0));
-    let at_a: HashMap<i64, i64> = offsets(&env)
+    let at_a: HashMap<i64, i64> = env
+        .offsets()
         .iter()
         .map(|o| (o["partition"].as_i64().unwrap(), o["sysdb_next_offset"].as_i64().unwrap()))
         .collect();
@@ -100,22 +70,22 @@ fn group_moved(env: Env) {
         &env.log_topic(),
         "--execute",
     ]);
-    assert!(offsets(&env).iter().all(|o| o["group_offset"].as_i64() == Some(0)), "the tool moved the group to 0");
-    let b = workload(300, 2, &env.prefix, 4);
+    assert!(env.offsets().iter().all(|o| o["group_offset"].as_i64() == Some(0)), "the tool moved the group to 0");
+    let b = small_workload(300, 2, &env.prefix, 4);
     env.produce(&jsonl_lines(&b));
     let mut r = env.spawn_replica("r2", &[]);
     env.wait_caught_up(WAIT);
     for (p, n) in &at_a {
-        wait_for_log(&r, &format!("partition starts partition={p} offset={n} source=Sysdb"), Duration::from_secs(5));
+        r.wait_for_log(&format!("partition starts partition={p} offset={n} source=Sysdb"), Duration::from_secs(5));
     }
     assert!(!r.log_text().contains("AHEAD"), "a lagging group offset is normal, not a warning");
     assert_eq!(r.terminate(Duration::from_secs(30)), Some(0));
     let ab: Vec<LogRecord> = a.iter().chain(&b).cloned().collect();
     assert_records_match_model(&env, &ab);
-    assert!(offsets(&env).iter().all(|o| o["group_offset"] == o["sysdb_next_offset"]), "the group offset caught up");
+    assert!(env.offsets().iter().all(|o| o["group_offset"] == o["sysdb_next_offset"]), "the group offset caught up");
 
     // Ahead: new records, then the group is moved to the end before anyone read them.
-    let c = workload(300, 3, &env.prefix, 4);
+    let c = small_workload(300, 3, &env.prefix, 4);
     env.produce(&jsonl_lines(&c));
     kafka_tool(&[
         "consumer-groups",
@@ -129,10 +99,10 @@ fn group_moved(env: Env) {
         &env.log_topic(),
         "--execute",
     ]);
-    assert!(offsets(&env).iter().any(|o| o["group_offset"].as_i64() > o["sysdb_next_offset"].as_i64()));
+    assert!(env.offsets().iter().any(|o| o["group_offset"].as_i64() > o["sysdb_next_offset"].as_i64()));
     let r3 = env.spawn_replica("r3", &[]);
     env.wait_caught_up(WAIT);
-    wait_for_log(&r3, "AHEAD of the sysdb position", Duration::from_secs(5));
+    r3.wait_for_log("AHEAD of the sysdb position", Duration::from_secs(5));
     let abc: Vec<LogRecord> = ab.iter().chain(&c).cloned().collect();
     assert_records_match_model(&env, &abc);
     drop(r);
@@ -153,7 +123,7 @@ async fn replicas_killed_frozen_and_stopped_under_load_on_postgres() {
 
 fn replicas_scenario(env: Env) {
     env.run(&["init", "--partitions", "6"]);
-    let chunks: Vec<Vec<LogRecord>> = (0..12).map(|i| workload(400, 100 + i, &env.prefix, 12)).collect();
+    let chunks: Vec<Vec<LogRecord>> = (0..12).map(|i| small_workload(400, 100 + i, &env.prefix, 12)).collect();
     let all: Vec<LogRecord> = chunks.iter().flatten().cloned().collect();
 
     // The zombie-to-be stalls (blocking) just before its 2nd sysdb commit.
@@ -162,7 +132,7 @@ fn replicas_scenario(env: Env) {
         &[("SLUICE_FAILPOINT", "sleep_before_sysdb_commit:2"), ("SLUICE_FAILPOINT_SLEEP_MS", "3000")],
     );
     env.produce(&jsonl_lines(&chunks[0]));
-    wait_for_log(&zombie, "fail point sleep_before_sysdb_commit reached", WAIT);
+    zombie.wait_for_log("fail point sleep_before_sysdb_commit reached", WAIT);
     // Freeze it mid-batch: no heartbeats, so the group evicts it after the session timeout.
     Command::new("kill").args(["-STOP", &zombie.child.id().to_string()]).status().unwrap();
 
@@ -185,7 +155,7 @@ fn replicas_scenario(env: Env) {
 
     // Wake the zombie: its stalled batch must be refused by the compare-and-set.
     Command::new("kill").args(["-CONT", &zombie.child.id().to_string()]).status().unwrap();
-    wait_for_log(&zombie, "batch refused by the sysdb compare-and-set", Duration::from_secs(30));
+    zombie.wait_for_log("batch refused by the sysdb compare-and-set", Duration::from_secs(30));
     env.wait_caught_up(WAIT);
     assert_records_match_model(&env, &all);
     zombie.kill9();
@@ -234,7 +204,7 @@ async fn postgres_poison_records_go_to_the_dlq_with_headers_and_never_stall() {
 
 fn poison(env: Env) {
     env.run(&["init", "--partitions", "3"]);
-    let good = workload(400, 5, &env.prefix, 6);
+    let good = small_workload(400, 5, &env.prefix, 6);
     // A known collection: good records first, so its dimension (4) is fixed.
     env.produce(&jsonl_lines(&good[..200]));
     let prod = raw_producer();
@@ -275,7 +245,7 @@ fn poison(env: Env) {
     let stranger = LogRecord::data(format!("{}-stranger", env.prefix), "x", Operation::Upsert);
     send(&stranger.collection_id, None, &encode(&stranger));
     poisons.push((encode(&stranger), partition_for(stranger.collection_id.as_bytes(), 3) as i32, "unknown_collection"));
-    let more = workload(100, 6, &env.prefix, 6);
+    let more = small_workload(100, 6, &env.prefix, 6);
     prod.flush(Duration::from_secs(10)).unwrap();
     strict.produce(&jsonl_lines(&more));
     let r = strict.spawn_replica("r2", &[]);
@@ -354,7 +324,7 @@ async fn postgres_retention_gap_halts_or_is_recorded_and_skipped() {
 fn retention_gap(env: Env) {
     env.run(&["init", "--partitions", "1"]);
     let topic = env.log_topic();
-    let a = workload(100, 9, &env.prefix, 3);
+    let a = small_workload(100, 9, &env.prefix, 3);
     env.produce(&jsonl_lines(&a));
     let mut r = env.spawn_replica("r1", &[]);
     env.wait_caught_up(WAIT);
@@ -373,7 +343,7 @@ fn retention_gap(env: Env) {
         "--add-config",
         "retention.ms=1000,segment.ms=300",
     ]);
-    let b = workload(200, 10, &env.prefix, 3);
+    let b = small_workload(200, 10, &env.prefix, 3);
     let deadline = Instant::now() + Duration::from_secs(90);
     let mut produced_after: Vec<LogRecord> = Vec::new();
     let mut i = 0;
@@ -397,17 +367,17 @@ fn retention_gap(env: Env) {
         "--add-config",
         "retention.ms=-1",
     ]);
-    let tail = workload(50, 11, &env.prefix, 3);
+    let tail = small_workload(50, 11, &env.prefix, 3);
     env.produce(&jsonl_lines(&tail));
     let low = low_watermark(&topic);
-    let sysdb_before = offsets(&env)[0]["sysdb_next_offset"].as_i64().unwrap();
+    let sysdb_before = env.offsets()[0]["sysdb_next_offset"].as_i64().unwrap();
     assert!(sysdb_before < low, "the sysdb ({sysdb_before}) is now behind the log start ({low})");
 
     // halt (the default): loud, and the position does not move.
     let mut h = env.spawn_replica("halt", &[]);
-    wait_for_log(&h, "HALTED", Duration::from_secs(30));
+    h.wait_for_log("HALTED", Duration::from_secs(30));
     std::thread::sleep(Duration::from_secs(2));
-    assert_eq!(offsets(&env)[0]["sysdb_next_offset"].as_i64(), Some(sysdb_before), "a halted partition does not move");
+    assert_eq!(env.offsets()[0]["sysdb_next_offset"].as_i64(), Some(sysdb_before), "a halted partition does not move");
     assert_eq!(h.terminate(Duration::from_secs(30)), Some(0));
 
     // skip: the gap is recorded in the sysdb and processing resumes after it.
@@ -442,13 +412,13 @@ fn a_static_member_restarted_after_kill9_resumes_before_the_session_timeout() {
     // far longer than the bound below.
     let env = Env::sqlite("static").with_kafka("session_timeout_ms = 45000");
     env.run(&["init", "--partitions", "4"]);
-    let first = workload(400, 71, "static", 6);
+    let first = small_workload(400, 71, "static", 6);
     env.produce(&jsonl_lines(&first));
     let instance = format!("replica-{}", sluice_integration_tests::suffix());
     let mut r1 = env.spawn_replica("r1", &[("SLUICE_INSTANCE_ID", &instance)]);
     env.wait_caught_up(WAIT);
     r1.kill9();
-    let second = workload(400, 72, "static", 6);
+    let second = small_workload(400, 72, "static", 6);
     env.produce(&jsonl_lines(&second));
     let restarted = Instant::now();
     let r2 = env.spawn_replica("r2", &[("SLUICE_INSTANCE_ID", &instance)]);

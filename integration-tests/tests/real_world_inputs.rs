@@ -19,42 +19,12 @@ use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 use serde_json::Value;
 use sluice::record::codec::encode;
 use sluice::record::{LogRecord, MetaValue, Operation};
-use sluice::workload::{generate, WorkloadSpec};
 use sluice_integration_tests::{
     assert_records_match_model, brokers, consume_all, free_port, http_get, jsonl_lines, require_kafka,
-    require_postgres, Env, Replica,
+    require_postgres, small_workload, Env,
 };
 
 const WAIT: Duration = Duration::from_secs(120);
-
-fn workload(records: usize, seed: u64, prefix: &str, collections: usize) -> Vec<LogRecord> {
-    generate(&WorkloadSpec {
-        records,
-        collections,
-        dim: 4,
-        ids_per_collection: 30,
-        mix: [50, 20, 15, 15],
-        seed,
-        collection_prefix: format!("{prefix}-c"),
-    })
-    .collect()
-}
-
-fn offsets(env: &Env) -> Vec<Value> {
-    serde_json::from_str::<Value>(&env.run(&["offsets", "show", "--format", "json"]))
-        .unwrap()
-        .as_array()
-        .unwrap()
-        .clone()
-}
-
-fn wait_for_log(r: &Replica, needle: &str, timeout: Duration) {
-    let deadline = Instant::now() + timeout;
-    while !r.log_text().contains(needle) {
-        assert!(Instant::now() < deadline, "{needle:?} never appeared in {}:\n{}", r.log.display(), r.log_text());
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
 
 fn on_both(name: &str, test: fn(Env)) {
     if !require_kafka() {
@@ -108,8 +78,8 @@ fn transactional(env: Env) {
     env.run(&["init", "--partitions", "2"]);
     let topic = env.log_topic();
     let p = transactional_producer();
-    let a = workload(300, 31, &env.prefix, 4);
-    let b = workload(200, 32, &env.prefix, 4);
+    let a = small_workload(300, 31, &env.prefix, 4);
+    let b = small_workload(200, 32, &env.prefix, 4);
     transaction(&p, &topic, &a, true);
     transaction(&p, &topic, &b, false);
     let mut r1 = env.spawn_replica("r1", &[]);
@@ -117,8 +87,8 @@ fn transactional(env: Env) {
     // sysdb position equals the high watermark.
     env.wait_caught_up(WAIT);
     r1.kill9();
-    let c = workload(300, 33, &env.prefix, 4);
-    let d = workload(100, 34, &env.prefix, 4);
+    let c = small_workload(300, 33, &env.prefix, 4);
+    let d = small_workload(100, 34, &env.prefix, 4);
     transaction(&p, &topic, &c, true);
     transaction(&p, &topic, &d, false);
     let mut r2 = env.spawn_replica("r2", &[]);
@@ -151,7 +121,7 @@ fn transactional(env: Env) {
     let rt = tokio::runtime::Runtime::new().unwrap();
     let gaps = rt.block_on(async { sluice::sysdb::Sysdb::open(&env.sysdb).await.unwrap().gaps(&topic).await.unwrap() });
     assert!(gaps.is_empty(), "no gap was lost: {gaps:?}");
-    for row in offsets(&env) {
+    for row in env.offsets() {
         assert_eq!(row["lag"].as_i64(), Some(0), "{row}");
     }
     drop(r3);
@@ -211,7 +181,7 @@ fn refused_record(env: Env) {
     // with others, which must still be applied.
     env.run(&["init", "--partitions", "1"]);
     install_poison_rule(&env);
-    let mut log = workload(400, 41, &env.prefix, 3);
+    let mut log = small_workload(400, 41, &env.prefix, 3);
     let mut poison = log[150].clone();
     poison.operation = Operation::Upsert;
     poison.id = "poison-1".into();
@@ -220,7 +190,7 @@ fn refused_record(env: Env) {
     env.produce(&jsonl_lines(&log));
     let r = env.spawn_replica("r1", &[]);
     env.wait_caught_up(WAIT);
-    wait_for_log(&r, "isolating the record", Duration::from_secs(5));
+    r.wait_for_log("isolating the record", Duration::from_secs(5));
     assert!(!r.log_text().contains("HALTED"), "{}", r.log_text());
     let dlq = consume_all(&env.dlq_topic(), 1, Duration::from_secs(30));
     assert_eq!(dlq.len(), 1, "exactly the refused record is in the DLQ: {dlq:?}");
@@ -242,16 +212,16 @@ fn a_landed_marker_commit_refreshes_the_function_cache() {
 fn landed_marker_commit(env: Env) {
     env.run(&["init", "--partitions", "1"]);
     let cid = format!("{}-c0", env.prefix);
-    let before = workload(200, 51, &env.prefix, 1);
+    let before = small_workload(200, 51, &env.prefix, 1);
     env.produce(&jsonl_lines(&before));
     let r = env.spawn_replica("r1", &[("SLUICE_FAILPOINT", "fail_marker_commit_outcome:1")]);
     env.wait_caught_up(WAIT);
     let out = format!("{cid}-count");
     env.run(&["functions", "attach", &cid, "--function", "record_counter", "--output", &out]);
-    wait_for_log(&r, "fail point fail_marker_commit_outcome reached", Duration::from_secs(30));
-    wait_for_log(&r, "had landed", Duration::from_secs(30));
+    r.wait_for_log("fail point fail_marker_commit_outcome reached", Duration::from_secs(30));
+    r.wait_for_log("had landed", Duration::from_secs(30));
     // Live changes right after the marker, well within the function cache's lifetime.
-    let after = workload(300, 52, &env.prefix, 1);
+    let after = small_workload(300, 52, &env.prefix, 1);
     env.produce(&jsonl_lines(&after));
     env.wait_caught_up(WAIT);
     let deadline = Instant::now() + WAIT;
@@ -287,11 +257,11 @@ fn sigterm_stops_a_replica_whose_worker_is_stuck_on_a_locked_sysdb() {
     let env = Env::sqlite("stuck");
     env.run(&["init", "--partitions", "2"]);
     // Enough records to fill the worker inboxes (8 chunks of up to 512) behind the stuck batch.
-    let log = workload(20_000, 61, &env.prefix, 6);
+    let log = small_workload(20_000, 61, &env.prefix, 6);
     let port = free_port();
     let addr = format!("127.0.0.1:{port}");
     let mut r = env.spawn_replica("r1", &[("SLUICE_HTTP", &addr)]);
-    wait_for_log(&r, "partition starts", Duration::from_secs(60));
+    r.wait_for_log("partition starts", Duration::from_secs(60));
     // Another writer takes the SQLite write lock and holds it for the rest of the test.
     let path = env.sysdb.strip_prefix("sqlite://").unwrap().to_string();
     let locker = rusqlite::Connection::open(&path).unwrap();
@@ -332,12 +302,12 @@ fn a_batch_retried_during_a_sysdb_outage_produces_each_dlq_entry_once() {
     let env = Env::sqlite("dlq-once");
     env.run(&["init", "--partitions", "1"]);
     let mut r = env.spawn_replica("r1", &[]);
-    wait_for_log(&r, "partition starts", Duration::from_secs(60));
+    r.wait_for_log("partition starts", Duration::from_secs(60));
     let path = env.sysdb.strip_prefix("sqlite://").unwrap().to_string();
     let locker = rusqlite::Connection::open(&path).unwrap();
     locker.execute_batch("BEGIN IMMEDIATE; INSERT INTO meta(key, value) VALUES ('it-lock', 'held');").unwrap();
     // Good records with three undecodable ones among them, in one batch.
-    let good = workload(100, 71, &env.prefix, 2);
+    let good = small_workload(100, 71, &env.prefix, 2);
     let topic = env.log_topic();
     let p: ThreadedProducer<DefaultProducerContext> =
         ClientConfig::new().set("bootstrap.servers", brokers()).set("partitioner", "murmur2_random").create().unwrap();
@@ -397,7 +367,7 @@ fn an_out_of_range_fetch_halts_only_the_partition_whose_records_are_gone() {
     };
     let (c0, c1) = (on(0), on(1));
     let recs = |cid: &str, n: usize, seed: u64| -> Vec<LogRecord> {
-        workload(n, seed, &env.prefix, 1)
+        small_workload(n, seed, &env.prefix, 1)
             .into_iter()
             .map(|mut r| {
                 r.collection_id = cid.to_string();
@@ -424,7 +394,7 @@ fn an_out_of_range_fetch_halts_only_the_partition_whose_records_are_gone() {
     };
     send(&recs(&c0, 4000, 81));
     let r = env.spawn_replica("r1", &[]);
-    wait_for_log(&r, "partition starts", Duration::from_secs(60));
+    r.wait_for_log("partition starts", Duration::from_secs(60));
     let p1_records = recs(&c1, 20, 82);
     send(&p1_records);
     // Partition 1's records are fetched and wait in their batch (linger 4 s); partition 0
@@ -440,7 +410,7 @@ fn an_out_of_range_fetch_halts_only_the_partition_whose_records_are_gone() {
     // Partition 1 commits its fetched records and is not halted.
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
-        let rows = offsets(&env);
+        let rows = env.offsets();
         let p1 = rows.iter().find(|row| row["partition"] == 1).unwrap().clone();
         if p1["sysdb_next_offset"].as_i64() == Some(highs[1].1) {
             break;
