@@ -123,7 +123,10 @@ fn wait_log(r: &Replica, needle: &str, timeout: Duration) {
 both_backends!(attach_to_200k_records_under_live_load, big_attach);
 fn big_attach(env: Env) {
     env.run(&["init", "--partitions", "2"]);
-    let env = env.with_sections("[backfill]\nchunk_size = 2000\nscan_interval_ms = 500\n");
+    // 100 chunks with a 100 ms pause after each: the backfill lasts 10 s or more whatever
+    // the machine, so the live load below surely overlaps it (measured without the pause:
+    // 1-2 s, which a loaded CI machine could spend between two samples).
+    let env = env.with_sections("[backfill]\nchunk_size = 2000\nscan_interval_ms = 500\npause_ms = 100\n");
     let big = workload(200_000, 21, &env.prefix, 1, 150_000);
     let target = big[0].collection_id.clone();
     let _r = env.spawn_replica("r1", &[]);

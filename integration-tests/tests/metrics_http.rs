@@ -227,7 +227,7 @@ fn readyz_is_503_while_a_partition_is_halted() {
     assert_eq!(status, 503, "{v}");
     assert_eq!(v["ready"], false);
     let reason = v["reason"].as_str().unwrap();
-    assert!(reason.contains("[1] halted"), "{reason}");
+    assert!(reason.contains("partition 1 halted: the sysdb position 1000 is beyond"), "{reason}");
     assert_eq!(get(port, "/healthz").expect("healthz").0, 200, "alive while not ready");
 
     let m = scrape(port);

@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# A/B of two `sluice` binaries on one pre-produced W1-shaped log (384 dims, 64
+# collections, 8 partitions), each draining it into a fresh SQLite sysdb, alternating
+# A B A B ... so that both see the same machine state. Prints records/s per run and the
+# median of each side; the same checksum is required of every run.
+#
+#   scripts/bench-ab.sh BIN_A BIN_B [RECORDS] [ROUNDS]     # defaults: 300000 records, 2 rounds
+#
+# Needs a broker (deploy/local/kafka.sh start). The consumer is pinned to CPU 1 when
+# taskset exists, like the suite's contenders.
+set -euo pipefail
+A=${1:?usage: $0 BIN_A BIN_B [RECORDS] [ROUNDS]}
+B=${2:?usage: $0 BIN_A BIN_B [RECORDS] [ROUNDS]}
+N=${3:-300000}
+ROUNDS=${4:-2}
+export SLUICE_BROKERS=${SLUICE_BROKERS:-127.0.0.1:9092}
+export SLUICE_HTTP=
+dir=$(mktemp -d /tmp/sluice-ab-XXXXXX)
+prefix=ab-$(basename "$dir" | tr -dc 'a-z0-9' | tail -c 8)
+pin=()
+command -v taskset >/dev/null && pin=(taskset -c 1)
+
+echo "bench-ab: producing $N W1-shaped records into $prefix.log"
+SLUICE_SYSDB="sqlite://$dir/init.db" SLUICE_TOPIC_PREFIX=$prefix "$B" init --partitions 8 >/dev/null
+"$B" workload --records "$N" --collections 64 --dim 384 --ids-per-collection 1000 --seed 7 |
+    SLUICE_SYSDB="sqlite://$dir/init.db" SLUICE_TOPIC_PREFIX=$prefix "$B" produce - >/dev/null
+
+drain() { # BIN RUN -> prints records/s, checks the checksum
+    local bin=$1 run=$2 db="sqlite://$dir/$run.db"
+    local start end
+    start=$(date +%s.%N)
+    SLUICE_SYSDB=$db SLUICE_TOPIC_PREFIX=$prefix SLUICE_GROUP="$prefix-$run" "${pin[@]}" "$bin" process >"$dir/$run.log" 2>&1 &
+    local pid=$!
+    while :; do
+        sleep 0.5
+        local lag
+        lag=$(SLUICE_SYSDB=$db SLUICE_TOPIC_PREFIX=$prefix SLUICE_GROUP="$prefix-$run" "$B" offsets show --format json 2>/dev/null |
+            python3 -c 'import json,sys; rows=json.load(sys.stdin); print(sum(r["lag"] for r in rows) if rows and all(r["sysdb_next_offset"] is not None for r in rows) else -1)' 2>/dev/null || echo -1)
+        [ "$lag" = 0 ] && break
+        kill -0 $pid 2>/dev/null || { echo "bench-ab: $run exited; log $dir/$run.log" >&2; exit 1; }
+    done
+    end=$(date +%s.%N)
+    kill -TERM $pid; wait $pid || true
+    local sum
+    sum=$(SLUICE_SYSDB=$db SLUICE_TOPIC_PREFIX=$prefix "$B" checksum)
+    echo "$sum" >>"$dir/checksums"
+    python3 -c "print(f'{$N/($end-$start):.0f}')"
+}
+
+declare -a ra rb
+for i in $(seq 1 "$ROUNDS"); do
+    a=$(drain "$A" "a$i"); echo "run A$i: $a records/s"; ra+=("$a")
+    b=$(drain "$B" "b$i"); echo "run B$i: $b records/s"; rb+=("$b")
+done
+[ "$(sort -u "$dir/checksums" | wc -l)" = 1 ] || { echo "bench-ab: checksums differ: $(sort -u "$dir/checksums")" >&2; exit 1; }
+median() { printf '%s\n' "$@" | sort -n | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2)}'; }
+ma=$(median "${ra[@]}"); mb=$(median "${rb[@]}")
+echo "bench-ab: A $A median $ma records/s; B $B median $mb records/s; B/A = $(python3 -c "print(f'{$mb/$ma:.3f}')"); checksums equal"
