@@ -95,8 +95,9 @@ fn transactional(env: Env) {
     let rows = env.wait_caught_up(WAIT);
     for row in rows.as_array().unwrap() {
         assert_eq!(row["lag"].as_i64(), Some(0), "{row}");
-        assert!(row["high_watermark"].as_i64().unwrap() > 0, "{row}");
     }
+    // (The collections' names are random: a partition may hold none of them.)
+    assert!(rows.as_array().unwrap().iter().any(|r| r["high_watermark"].as_i64() > Some(0)), "{rows}");
     let committed: Vec<LogRecord> = a.iter().chain(&c).cloned().collect();
     assert_records_match_model(&env, &committed);
     assert_eq!(r2.terminate(Duration::from_secs(30)), Some(0), "{}", r2.log_text());
