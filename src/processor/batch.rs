@@ -49,6 +49,10 @@ pub enum BatchError {
     /// halts.
     #[error("{0}")]
     Fatal(SysdbError),
+    /// The partition was given up (revoke or shutdown timed out) while the batch was in
+    /// flight: it must not commit.
+    #[error("the partition was given up while the batch was in flight")]
+    Fenced,
     /// A bug in the processor (e.g. a fold over records in the wrong order): retrying
     /// cannot help; the partition halts at once.
     #[error("{0}")]

@@ -42,6 +42,8 @@ struct WorkerHandle {
     backlog: VecDeque<WorkerMsg>,
     /// Tells the worker to commit what it holds (bounded) and exit.
     stop: CancellationToken,
+    /// Set when the router stops waiting for the worker: no commit after that.
+    fence: CancellationToken,
     task: JoinHandle<()>,
 }
 
@@ -107,12 +109,13 @@ impl Workers {
         for p in partitions {
             if let Some(w) = self.map.remove(p) {
                 w.stop.cancel();
-                tasks.push((*p, w.task));
+                tasks.push((*p, w.fence, w.task));
             }
         }
-        for (p, mut task) in tasks {
+        for (p, fence, mut task) in tasks {
             if tokio::time::timeout_at(deadline, &mut task).await.is_err() {
-                warn!(partition = p, "partition worker did not stop in time; aborting it");
+                warn!(partition = p, "partition worker did not stop in time; fencing and aborting it");
+                fence.cancel();
                 task.abort();
             }
         }
@@ -428,11 +431,13 @@ async fn assign(
         shared.set_halted(info.partition, reason);
         let (tx, rx) = mpsc::channel(WORKER_INBOX);
         let stop = workers.stop.child_token();
-        let worker = Worker::new(info.partition, shared.clone(), s.offset, halted, stop.clone());
+        let fence = CancellationToken::new();
+        let worker = Worker::new(info.partition, shared.clone(), s.offset, halted, stop.clone(), fence.clone());
         let task = tokio::spawn(worker.run(rx));
-        let handle = WorkerHandle { inbox: tx, backlog: VecDeque::new(), stop, task };
+        let handle = WorkerHandle { inbox: tx, backlog: VecDeque::new(), stop, fence, task };
         if let Some(old) = workers.map.insert(info.partition, handle) {
             old.stop.cancel();
+            old.fence.cancel();
             old.task.abort();
         }
         info!(partition = info.partition, offset = s.offset, source = ?s.source, halted, "partition starts");

@@ -133,6 +133,11 @@ pub struct Worker {
     functions: functions::FunctionCache,
     halted: bool,
     stop: CancellationToken,
+    /// Cancelled when the router stopped waiting for this worker (a revoke or shutdown
+    /// ran out of time): from then on the partition may be another replica's, and a batch
+    /// still in flight must not commit. The sysdb compare-and-set refuses it anyway; the
+    /// fence keeps it from even trying.
+    fence: CancellationToken,
     /// Records of the range being committed that go to the DLQ whatever a retry decides
     /// (already produced there, or refused by the sysdb), by offset.
     forced_dlq: HashMap<i64, DlqEntry>,
@@ -142,7 +147,14 @@ pub struct Worker {
 }
 
 impl Worker {
-    pub fn new(partition: i32, shared: Arc<Shared>, next: i64, halted: bool, stop: CancellationToken) -> Self {
+    pub fn new(
+        partition: i32,
+        shared: Arc<Shared>,
+        next: i64,
+        halted: bool,
+        stop: CancellationToken,
+        fence: CancellationToken,
+    ) -> Self {
         Worker {
             partition,
             shared,
@@ -155,6 +167,7 @@ impl Worker {
             functions: functions::FunctionCache::default(),
             halted,
             stop,
+            fence,
             forced_dlq: HashMap::new(),
             dlq_produced: HashSet::new(),
         }

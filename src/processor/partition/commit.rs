@@ -134,6 +134,15 @@ impl Worker {
                     self.forget_caches();
                     return RangeOutcome::Rejected(e.to_string());
                 }
+                Err(BatchError::Fenced) => {
+                    warn!(
+                        partition = self.partition,
+                        from = delta.from,
+                        to = delta.to,
+                        "the partition was given up while this batch was in flight; dropping it uncommitted"
+                    );
+                    return RangeOutcome::Abandoned;
+                }
                 Err(BatchError::Bug(message)) => {
                     self.halt(format!("internal error in batch [{}, {}): {message}", delta.from, delta.to));
                     return RangeOutcome::Abandoned;
@@ -263,6 +272,9 @@ impl Worker {
         }
 
         failpoint::hit("before_sysdb_commit");
+        if self.fence.is_cancelled() {
+            return Err(BatchError::Fenced);
+        }
         let commit_started = Instant::now();
         let committed = self.shared.sysdb.commit_batch(Arc::clone(&plan.commit)).await;
         self.shared.metrics.observe_sysdb_commit(commit_started.elapsed());
