@@ -156,6 +156,10 @@ pub struct Cluster3;
 
 /// Client ports of the three brokers (node-1..node-3).
 pub const CLUSTER3_PORTS: [u16; 3] = [29092, 29093, 29094];
+/// The cluster's controller port: below the kernel's ephemeral range (32768-60999 here),
+/// where an outgoing connection's local port could take it (the default, client + 10000
+/// = 39092, is inside it and collided once in CI).
+pub const CLUSTER3_CONTROLLER_PORT: u16 = 29095;
 
 impl Cluster3 {
     pub fn start() -> Cluster3 {
@@ -196,6 +200,7 @@ impl Drop for Cluster3 {
         let _ = Command::new(repo_root().join("deploy/local/kafka.sh"))
             .args(["stop", "--brokers", "3"])
             .env("SLUICE_KAFKA_PORT", CLUSTER3_PORTS[0].to_string())
+            .env("SLUICE_KAFKA_CONTROLLER_PORT", CLUSTER3_CONTROLLER_PORT.to_string())
             .status();
     }
 }
@@ -204,6 +209,7 @@ fn cluster3(cmd: &str) {
     let out = Command::new(repo_root().join("deploy/local/kafka.sh"))
         .args([cmd, "--brokers", "3"])
         .env("SLUICE_KAFKA_PORT", CLUSTER3_PORTS[0].to_string())
+        .env("SLUICE_KAFKA_CONTROLLER_PORT", CLUSTER3_CONTROLLER_PORT.to_string())
         .output()
         .expect("kafka.sh");
     assert!(out.status.success(), "kafka.sh {cmd} --brokers 3: {}", String::from_utf8_lossy(&out.stderr));

@@ -28,6 +28,7 @@ fn cluster(cmd: &str) {
     let out = Command::new(repo_root().join("deploy/local/kafka.sh"))
         .args([cmd, "--brokers", "3"])
         .env("SLUICE_KAFKA_PORT", PORTS[0].to_string())
+        .env("SLUICE_KAFKA_CONTROLLER_PORT", sluice_integration_tests::faults::CLUSTER3_CONTROLLER_PORT.to_string())
         .output()
         .unwrap();
     assert!(out.status.success(), "kafka.sh {cmd} --brokers 3: {}", String::from_utf8_lossy(&out.stderr));
@@ -92,6 +93,8 @@ impl Drop for ClusterGuard {
         let stopped = Command::new(repo_root().join("deploy/local/kafka.sh"))
             .args(["stop", "--brokers", "3"])
             .env("SLUICE_KAFKA_PORT", PORTS[0].to_string())
+            .env("SLUICE_KAFKA_CONTROLLER_PORT", sluice_integration_tests::faults::CLUSTER3_CONTROLLER_PORT.to_string())
+            .env("SLUICE_KAFKA_CONTROLLER_PORT", sluice_integration_tests::faults::CLUSTER3_CONTROLLER_PORT.to_string())
             .status();
         if !stopped.as_ref().is_ok_and(|s| s.success()) {
             eprintln!("kafka.sh stop --brokers 3 failed: {stopped:?}");

@@ -7,7 +7,7 @@
 //! watermarks for 30 s during an assignment right after the brokers come back (seen:
 //! "Local: Unknown partition" for a partition whose leader was killed); the test restarts
 //! it like a supervisor would and prints each exit. The three-broker cluster's ports
-//! (29092-29094, controller 39092) must be free: another cluster there fails the start.
+//! (29092-29094, controller 29095) must be free: another cluster there fails the start.
 
 use std::process::Command;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
