@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Checks the local Kafka scripts' contract: a second start is a no-op, stop works, and a
 # three-broker cluster creates topics with replication factor 3. Uses ports 29092-29094
-# so that it runs beside the single test broker on 9092.
+# (controller 29095, below the ephemeral port range), the same as the 3-broker
+# integration tests, so that it runs beside the single test broker on 9092.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-export SLUICE_KAFKA_PORT=29092
+export SLUICE_KAFKA_PORT=29092 SLUICE_KAFKA_CONTROLLER_PORT=29095
 k=deploy/local/kafka.sh
 cleanup() { $k stop --brokers 3 >/dev/null 2>&1 || true; $k wipe --brokers 3 >/dev/null 2>&1 || true; }
 trap cleanup EXIT
