@@ -41,6 +41,9 @@ fn apache_avro_leniency(e: &DecodeError) -> bool {
             | DecodeError::VarintOverflow { .. }
             | DecodeError::DuplicateMapKey { .. }
             | DecodeError::BadBlockSize { .. }
+            // A negative block byte size: apache-avro ignores the size, the hand-written
+            // decoder refuses it like any other lying block size.
+            | DecodeError::NegativeLength { .. }
     )
 }
 
