@@ -521,6 +521,7 @@ fn apache_avro_leniency(e: &DecodeError) -> Option<&'static str> {
         DecodeError::BadBlockSize { .. } => {
             Some("it ignores a block byte size that disagrees with the block's items (refused here: bad_block_size)")
         }
+        DecodeError::NegativeLength { .. } => Some("it ignores a negative block byte size (refused here)"),
         _ => None,
     }
 }
