@@ -95,14 +95,14 @@ pub fn wait_status(env: &Env, id: &str, status: &str, timeout: Duration) -> Valu
     }
 }
 
-/// The output collection equals the function over the whole `log` of `collection`.
-pub fn assert_outputs(env: &Env, log: &[LogRecord], collection: &str, function: &str, output: &str) {
+/// What `function`'s output collection must hold after the whole `log` of `collection`,
+/// as `sluice records` prints it (a counter never written reads as 0 and is absent).
+pub fn expected_outputs(log: &[LogRecord], collection: &str, function: &str) -> Vec<Value> {
     let indexed: Vec<(i64, LogRecord)> = log.iter().cloned().enumerate().map(|(i, r)| (i as i64, r)).collect();
     let unwritten_counter = |id: &str, total: Option<&sluice::record::MetaValue>| {
-        // A counter never written reads as 0 (see reference_outputs).
         function == "record_counter" && id == "function_output" && total == Some(&sluice::record::MetaValue::Long(0))
     };
-    let expected: Vec<Value> = reference_outputs(&indexed, collection, function)
+    reference_outputs(&indexed, collection, function)
         .iter()
         .filter(|(id, m)| !unwritten_counter(id, m.metadata.get("total_count")))
         .map(|(id, m)| {
@@ -114,7 +114,12 @@ pub fn assert_outputs(env: &Env, log: &[LogRecord], collection: &str, function: 
                 offset: 0,
             })
         })
-        .collect();
+        .collect()
+}
+
+/// The output collection equals the function over the whole `log` of `collection`.
+pub fn assert_outputs(env: &Env, log: &[LogRecord], collection: &str, function: &str, output: &str) {
+    let expected = expected_outputs(log, collection, function);
     let out = env.cmd().args(["records", output, "--format", "jsonl"]).output().expect("sluice records");
     let actual: Vec<Value> = if out.status.success() {
         String::from_utf8_lossy(&out.stdout).lines().map(|l| serde_json::from_str(l).expect("record JSON")).collect()

@@ -7,9 +7,7 @@
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use sluice::cli::jsonl::record_to_json;
-use sluice::functions::model::reference_outputs;
-use sluice::record::{LogRecord, Record};
+use sluice::record::LogRecord;
 use sluice_integration_tests::both_backends;
 use sluice_integration_tests::faults::workload;
 use sluice_integration_tests::{free_port, http_get, jsonl_lines, metric_samples, Env};
@@ -77,26 +75,7 @@ fn refused(env: &Env, collection: &str, function: &str, output: &str, needles: &
 
 /// The output collection equals the function over the whole `log` of `collection`.
 fn assert_outputs(env: &Env, log: &[LogRecord], collection: &str, function: &str, output: &str) {
-    let indexed: Vec<(i64, LogRecord)> = log.iter().cloned().enumerate().map(|(i, r)| (i as i64, r)).collect();
-    let model = reference_outputs(&indexed, collection, function);
-    let expected: Vec<Value> = model
-        .iter()
-        .filter(|(id, m)| {
-            // A counter never written reads as 0 (see reference_outputs).
-            !(function == "record_counter"
-                && id.as_str() == "function_output"
-                && m.metadata.get("total_count") == Some(&sluice::record::MetaValue::Long(0)))
-        })
-        .map(|(id, m)| {
-            record_to_json(&Record {
-                id: id.clone(),
-                embedding: m.embedding.clone(),
-                metadata: m.metadata.clone(),
-                document: m.document.clone(),
-                offset: 0,
-            })
-        })
-        .collect();
+    let expected = sluice_integration_tests::faults::expected_outputs(log, collection, function);
     assert!(!expected.is_empty(), "the reference of {function} over {collection} is empty: a vacuous comparison");
     let out = env.cmd().args(["records", output, "--format", "jsonl"]).output().unwrap();
     assert!(out.status.success(), "records {output}: {}", String::from_utf8_lossy(&out.stderr));

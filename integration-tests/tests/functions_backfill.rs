@@ -7,10 +7,8 @@ use std::time::{Duration, Instant};
 use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
 use rdkafka::ClientConfig;
 use serde_json::Value;
-use sluice::cli::jsonl::record_to_json;
-use sluice::functions::model::reference_outputs;
 use sluice::record::codec::encode;
-use sluice::record::{LogRecord, Record};
+use sluice::record::LogRecord;
 use sluice_integration_tests::both_backends;
 use sluice_integration_tests::faults::workload;
 use sluice_integration_tests::{assert_records_match_model, brokers, jsonl_lines, Env, Replica};
@@ -69,26 +67,7 @@ fn wait_status(env: &Env, id: &str, status: &str, timeout: Duration) -> Value {
 
 /// The output collection equals the function over the whole `log` of `collection`.
 fn assert_outputs(env: &Env, log: &[LogRecord], collection: &str, function: &str, output: &str) {
-    let indexed: Vec<(i64, LogRecord)> = log.iter().cloned().enumerate().map(|(i, r)| (i as i64, r)).collect();
-    let model = reference_outputs(&indexed, collection, function);
-    let expected: Vec<Value> = model
-        .iter()
-        .filter(|(id, m)| {
-            // A counter never written reads as 0 (see reference_outputs).
-            !(function == "record_counter"
-                && id.as_str() == "function_output"
-                && m.metadata.get("total_count") == Some(&sluice::record::MetaValue::Long(0)))
-        })
-        .map(|(id, m)| {
-            record_to_json(&Record {
-                id: id.clone(),
-                embedding: m.embedding.clone(),
-                metadata: m.metadata.clone(),
-                document: m.document.clone(),
-                offset: 0,
-            })
-        })
-        .collect();
+    let expected = sluice_integration_tests::faults::expected_outputs(log, collection, function);
     let out = env.cmd().args(["records", output, "--format", "jsonl"]).output().unwrap();
     let actual: Vec<Value> = if out.status.success() {
         String::from_utf8_lossy(&out.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect()
