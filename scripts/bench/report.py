@@ -1,8 +1,18 @@
 #!/usr/bin/env python3
 """Report of scripts/bench-suite.sh: reads the measurements (one JSON object per line),
-prints a table per workload, the latency and recovery results, every goal of issue #7
-(met / missed, by how much) and the per-phase wall times; writes everything as one JSON
-document.
+prints a table per workload, the latency and recovery results, every goal (met / missed,
+the measured value, by how much) and the per-phase wall times; writes everything as one
+JSON document (which scripts/bench/chart.py draws).
+
+Goals:
+  - W1 records/s: sluice on SQLite >= 0.5x consumer-perf-test's, on PostgreSQL >= 0.25x;
+  - latency at 50% load: p99 <= 50 ms and p50 <= 10 ms (SQLite; PostgreSQL's too when
+    the results hold a latency result for it);
+  - against the peer on W1-W3 (sluice on SQLite): >= 3x records/s, <= 0.33x CPU-s per 1M
+    records, <= 0.25x peak RSS;
+  - W4 and W5 steady records/s >= 0.9x the same backend's W1 steady records/s;
+  - backfill, when the results hold a row of kind "backfill": records/s >= 300,000 and the
+    live throughput drop during the backfill <= 10% (see backfill_rows).
 
 usage: report.py --meta META.json --results RESULTS.jsonl --phases PHASES.tsv --out OUT.json
 """
@@ -11,6 +21,7 @@ import json
 import sys
 
 MB = 2 ** 20
+LATENCY_ORDER = ["sluice-sqlite", "sluice-postgres", "peer"]
 ORDER = ["consumer-perf-test", "kcat", "sluice-sqlite", "sluice-postgres", "peer"]
 LABEL = {"consumer-perf-test": "kafka consumer-perf-test", "kcat": "kcat -C -e > /dev/null",
          "sluice-sqlite": "sluice process (SQLite)", "sluice-postgres": "sluice process (PostgreSQL)",
@@ -33,6 +44,149 @@ def table(rows, hdr):
     return "\n".join(out)
 
 
+# The goals (see evaluate_goals): throughput floors as ratios of a measured baseline, latency
+# ceilings at 50% load, resource ratios against the peer, and the backfill rate.
+GOAL_W1_VS_CPT = {"sluice-sqlite": 0.5, "sluice-postgres": 0.25}
+GOAL_LATENCY_MS = {"p99": 50, "p50": 10}
+GOAL_PEER = [("records_per_s", ">=", 3.0, "records/s"), ("cpu_s_per_1m_records", "<=", 0.33, "CPU-s/1M"),
+             ("peak_rss_mb", "<=", 0.25, "peak RSS")]
+GOAL_STEADY_VS_W1 = 0.9
+GOAL_BACKFILL_RECORDS_PER_S = 300_000
+GOAL_BACKFILL_LIVE_DROP_PCT = 10
+METRIC_FMT = {"records_per_s": (",.0f", " records/s"), "steady_records_per_s": (",.0f", " records/s"),
+              "cpu_s_per_1m_records": (".1f", " CPU-s/1M"), "peak_rss_mb": (".0f", " MB")}
+BACKEND = {"sluice-sqlite": "SQLite", "sluice-postgres": "PostgreSQL", "sqlite": "SQLite", "postgres": "PostgreSQL"}
+
+
+def latency_percentiles(l):
+    """(p50, p90, p99, source) of one latency result: the per-record figures, or (no per-record
+    samples) the histogram's interpolated ones (which have no p90)."""
+    if not l.get("n") and l.get("histogram"):
+        h = l["histogram"]
+        return h.get("p50_ms"), h.get("p90_ms"), h.get("p99_ms"), "histogram, interpolated"
+    return l.get("p50_ms"), l.get("p90_ms"), l.get("p99_ms"), "per record"
+
+
+def fmt_value(v, unit):
+    if unit == "x":
+        return f"{v:.3f}x"
+    if unit == "records/s":
+        return f"{v:,.0f} records/s"
+    if unit == "%":
+        return f"{v:.1f}%"
+    return f"{v:g} {unit}"
+
+
+def verdict(value, op, target):
+    """(met, text): met or missed, and by how much."""
+    met = value >= target if op == ">=" else value <= target
+    if target == 0:
+        return met, "met" if met else "MISSED"
+    d = abs(value / target - 1) * 100
+    if op == ">=":
+        return met, (f"met: {d:.1f}% above the minimum" if met else f"MISSED: {d:.1f}% below the minimum")
+    return met, (f"met: {d:.1f}% under the limit" if met else f"MISSED: {d:.1f}% over the limit")
+
+
+def evaluate_goals(by, lat, res):
+    """Every goal, met or missed. by: (workload, contender) -> drain row with the derived
+    rates; lat: contender -> latency result; res: every result line (for "backfill" and
+    "live" rows). A goal with no measurement is listed as not measured. A goal that is a
+    ratio of a measured baseline carries a "line" (the threshold in the baseline's units)
+    for the chart."""
+    goals = []
+
+    def goal(gid, name, value, op, target, unit="x", note="", line=None):
+        g = {"id": gid, "goal": name, "op": op, "target": target, "unit": unit, "note": note, "measured": value is not None,
+             "value": None, "met": None, "margin": None, "result": "not measured"}
+        if value is not None:
+            met, text = verdict(value, op, target)
+            g.update({"value": round(value, 3), "met": met, "result": text,
+                      "margin": round(value / target, 3) if target else None})
+        if line is not None:
+            g["line"] = line
+        goals.append(g)
+
+    def ratio_goal(gid, name, w, c, bw, bc, key, op, factor, label, compare=None):
+        """goal: by[w, c][compare or key] op factor x by[bw, bc][key]."""
+        x, y = by.get((w, c)), by.get((bw, bc))
+        xv = x.get(compare or key) if x else None
+        yv = y.get(key) if y else None
+        value = xv / yv if xv is not None and yv else None
+        f, u = METRIC_FMT[key]
+        note = (f"{xv:{f}} vs {yv:{f}}{u} ({c} {w} vs {bc} {bw})" if value is not None
+                else ("no baseline" if x and not yv else ""))
+        line = None
+        if yv:
+            # the steady rates are drawn as markers on the records/s panel
+            line = {"panel": "records_per_s" if key == "steady_records_per_s" else key, "workload": w, "contender": c,
+                    "value": round(factor * yv, 3), "label": label, "compare": compare or key}
+        goal(gid, name, value, op, factor, note=note, line=line)
+
+    for c, f in GOAL_W1_VS_CPT.items():
+        ratio_goal(f"w1-{c}-vs-cpt", f"W1 sluice {BACKEND[c]} records/s vs consumer-perf-test", "W1", c, "W1",
+                   "consumer-perf-test", "records_per_s", ">=", f, f"{f}x cpt")
+
+    for c in ["sluice-sqlite", "sluice-postgres"]:
+        if c not in lat and c != "sluice-sqlite":
+            continue  # PostgreSQL's latency only when measured
+        p50, _p90, p99, src = latency_percentiles(lat.get(c, {}))
+        for pct, v in [("p99", p99), ("p50", p50)]:
+            lim = GOAL_LATENCY_MS[pct]
+            goal(f"latency-{c}-{pct}", f"sluice {BACKEND[c]} {pct} latency at 50% load", v, "<=", lim, "ms",
+                 note=src if c in lat else "", line={"panel": "latency", "percentile": pct, "contender": c, "value": lim,
+                                                     "label": f"{pct} <= {lim} ms"})
+
+    for w in ["W1", "W2", "W3"]:
+        if (w, "peer") not in by:
+            continue
+        for key, op, f, what in GOAL_PEER:
+            ratio_goal(f"{w.lower()}-sluice-sqlite-vs-peer-{key}", f"{w} sluice SQLite {what} vs the peer", w, "sluice-sqlite", w,
+                       "peer", key, op, f, f"{f}x peer")
+
+    for w in ["W4", "W5"]:
+        for c in ["sluice-sqlite", "sluice-postgres"]:
+            if (w, c) in by:
+                # steady rates: W4/W5 are shorter than W1, start-up must not count
+                ratio_goal(f"{w.lower()}-{c}-steady-vs-w1", f"{w} sluice {BACKEND[c]} steady records/s vs its W1", w, c, "W1", c,
+                           "steady_records_per_s", ">=", GOAL_STEADY_VS_W1, f"{GOAL_STEADY_VS_W1}x W1 steady")
+
+    for b in backfill_rows(res):
+        name = BACKEND.get(b["backend"], b["backend"])
+        goal(f'backfill-{b["backend"]}-{b["function"]}-records-per-s', f'backfill ({name}, {b["function"]}) records/s',
+             b["records_per_s"], ">=", GOAL_BACKFILL_RECORDS_PER_S, "records/s")
+        goal(f'backfill-{b["backend"]}-{b["function"]}-live-drop', f"live records/s drop during the backfill ({name})",
+             b["live_drop_pct"], "<=", GOAL_BACKFILL_LIVE_DROP_PCT, "%", note=b["live_drop_note"])
+    return goals
+
+
+def backfill_rows(res):
+    """The backfill results: each "backfill" row (records_per_s; backend or contender; function)
+    with the live throughput drop during it: the row's own live_drop_pct, or else computed from
+    the "live" rows of its backend (with_backfill false / true: steady records/s when both have
+    it, records/s otherwise)."""
+    out = []
+    for r in res:
+        if r.get("kind") != "backfill":
+            continue
+        backend = r.get("backend") or r.get("contender") or "sqlite"
+        drop, note = r.get("live_drop_pct"), ""
+        if drop is None:
+            live = [x for x in res if x.get("kind") == "live" and (x.get("backend") or x.get("contender") or "sqlite") == backend]
+            la = next((x for x in live if not x.get("with_backfill")), None)
+            lb = next((x for x in live if x.get("with_backfill")), None)
+            if la and lb:
+                key = "steady_records_per_s" if la.get("steady_records_per_s") and lb.get("steady_records_per_s") else "records_per_s"
+                drop = 100 * (1 - lb[key] / la[key])
+                note = (f'{"steady " if key.startswith("steady") else ""}records/s of the live backlog: '
+                        f'{lb[key]:,.0f} with the backfill vs {la[key]:,.0f} without')
+            else:
+                note = "no live throughput measured beside the backfill"
+        out.append({"backend": backend, "function": r.get("function", "backfill"), "records_per_s": r.get("records_per_s"),
+                    "live_drop_pct": drop, "live_drop_note": note})
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--meta", required=True)
@@ -44,7 +198,7 @@ def main():
     res = [json.loads(l) for l in open(a.results) if l.strip()]
     workloads = {r["workload"]: r for r in res if r["kind"] == "workload"}
     drains = [r for r in res if r["kind"] == "drain"]
-    checks = {r["workload"]: r for r in res if r["kind"] == "checksums"}
+    checks_by_w = {r["workload"]: r for r in res if r["kind"] == "checksums"}
     lat = {r["contender"]: r for r in res if r["kind"] == "latency"}
     rec = {r["variant"]: r for r in res if r["kind"] == "recovery"}
     phases = []
@@ -103,14 +257,14 @@ def main():
             print(f'  sluice SQLite / peer: records/s {s["records_per_s"] / p["records_per_s"]:.2f}x, '
                   f'CPU-s/1M {s["cpu_s_per_1m_records"] / p["cpu_s_per_1m_records"]:.2f}x, '
                   f'peak RSS {s["peak_rss_mb"] / p["peak_rss_mb"]:.2f}x')
-        ck = checks.get(w)
+        ck = checks_by_w.get(w)
         if ck:
             print(f'  checksums: {"MATCH" if ck["match"] else "DIFFER"}: ' + "; ".join(ck["values"]))
     if lat:
         print()
         print("Latency, produce -> materialized, at 50% of each contender's W1 steady records/s (paced producer on CPU 0)")
         rows = []
-        for c in ["sluice-sqlite", "peer"]:
+        for c in LATENCY_ORDER:
             l = lat.get(c)
             if l:
                 ld = l.get("load") or {}
@@ -142,69 +296,27 @@ def main():
         for c, s in rebuild.items():
             print(f'  rebuild from offset 0 ({LABEL[c]}): {s} s per 1M W1 records (the W1 drain, scaled to 1M)')
 
-    goals = []
-
-    def goal(name, value, op, target, unit="x", note=""):
-        if value is None:
-            goals.append({"goal": name, "status": "not measured", "note": note})
-            return
-        met = value >= target if op == ">=" else value <= target
-        goals.append({"goal": name, "value": round(value, 3), "op": op, "target": target, "unit": unit, "met": met,
-                      "margin": round(value / target, 3) if target else None, "note": note})
-
-    def ratio(w1, c1, w2, c2, key="records_per_s"):
-        x, y = by.get((w1, c1)), by.get((w2, c2))
-        return x[key] / y[key] if x and y else None
-
-    goal("W1 sluice SQLite records/s vs consumer-perf-test", ratio("W1", "sluice-sqlite", "W1", "consumer-perf-test"), ">=", 0.5)
-    goal("W1 sluice PostgreSQL records/s vs consumer-perf-test", ratio("W1", "sluice-postgres", "W1", "consumer-perf-test"), ">=", 0.25)
-    for w in ["W1", "W2", "W3"]:
-        if (w, "peer") in by:
-            st = ratio(w, "sluice-sqlite", w, "peer", "steady_records_per_s")
-            goal(f"{w} sluice SQLite records/s vs the peer", ratio(w, "sluice-sqlite", w, "peer"), ">=", 2.0,
-                 note=f"steady (first record -> caught up) ratio {st:.3f}" if st else "")
-            goal(f"{w} sluice SQLite CPU-s/1M vs the peer", ratio(w, "sluice-sqlite", w, "peer", "cpu_s_per_1m_records"), "<=", 0.5)
-            goal(f"{w} sluice SQLite peak RSS vs the peer", ratio(w, "sluice-sqlite", w, "peer", "peak_rss_mb"), "<=", 0.25)
-    for w in ["W4", "W5"]:
-        for c, name in [("sluice-sqlite", "SQLite"), ("sluice-postgres", "PostgreSQL")]:
-            if (w, c) in by:
-                # steady rates: W4/W5 are shorter than W1, start-up must not count
-                goal(f"{w} sluice {name} steady records/s vs its W1", ratio(w, c, "W1", c, "steady_records_per_s"), ">=", 0.9,
-                     note=(f'per MB (steady MB/s ratio): {ratio(w, c, "W1", c, "steady_mb_per_s"):.3f}' if ("W1", c) in by else ""))
-    if "sluice-sqlite" in lat:
-        l = lat["sluice-sqlite"]
-        p99, p50, src = l.get("p99_ms"), l.get("p50_ms"), "per record"
-        if not l.get("n") and l.get("histogram"):
-            p99, p50, src = l["histogram"]["p99_ms"], l["histogram"]["p50_ms"], "histogram, interpolated"
-        goal("sluice SQLite p99 latency at 50% load", p99, "<=", 50, "ms",
-             note=f'{src}; p50 {p50} ms; peer p99 {lat.get("peer", {}).get("p99_ms", "?")} ms, p50 {lat.get("peer", {}).get("p50_ms", "?")} ms')
-    for v, r in rec.items():
-        goal(f"first committed batch after kill -9 restart ({v})", r["restart_to_first_batch_s"], "<=", 3, "s")
-    all_match = all(c["match"] for c in checks.values()) if checks else None
-    goals.append({"goal": "checksums of every contender match on every workload", "met": all_match,
-                  "value": None if all_match is None else all_match,
-                  "note": "; ".join(f'{w}: {"match" if c["match"] else "DIFFER"} ({len(c["values"])} contenders)' for w, c in sorted(checks.items()))})
-
+    goals = evaluate_goals(by, lat, res)
     print()
-    print("Goals (issue #7)")
+    print("Goals")
     rows = []
     for g in goals:
-        if g.get("status") == "not measured":
-            rows.append([g["goal"], "", "", "not measured", g["note"]])
+        if not g["measured"]:
+            rows.append([g["goal"], "", f'{g["op"]} {fmt_value(g["target"], g["unit"])}', "not measured", g["note"]])
             continue
-        if g.get("op"):
-            v = f'{g["value"]:.3f}{g["unit"]}' if g["unit"] == "x" else f'{g["value"]}{" " + g["unit"]}'
-            t = f'{g["op"]} {g["target"]}{g["unit"] if g["unit"] == "x" else " " + g["unit"]}'
-            if g["met"]:
-                how = "MET"
-            elif g["op"] == ">=":
-                how = f'MISSED: {g["margin"] * 100:.1f}% of the goal'
-            else:
-                how = f'MISSED: {g["margin"]:.2f}x the limit'
-        else:
-            v, t, how = str(g["value"]), "true", "MET" if g["met"] else "FAILED"
-        rows.append([g["goal"], v, t, how, g.get("note", "")])
+        rows.append([g["goal"], fmt_value(g["value"], g["unit"]), f'{g["op"]} {fmt_value(g["target"], g["unit"])}',
+                     g["result"], g["note"]])
     print(table(rows, ["goal", "value", "target", "result", "note"]))
+    met = sum(1 for g in goals if g["met"] is True)
+    missed = sum(1 for g in goals if g["met"] is False)
+    print(f"  {met} met, {missed} missed, {len(goals) - met - missed} not measured")
+    checks = []
+    if checks_by_w:
+        all_match = all(c["match"] for c in checks_by_w.values())
+        checks.append({"check": "checksums of every contender match on every workload", "ok": all_match,
+                       "note": "; ".join(f'{w}: {"match" if c["match"] else "DIFFER"} ({len(c["values"])} contenders)'
+                                         for w, c in sorted(checks_by_w.items()))})
+        print(f'  check: {checks[0]["check"]}: {"OK" if all_match else "FAILED"} ({checks[0]["note"]})')
 
     print()
     print("Phases (wall seconds)")
@@ -214,8 +326,9 @@ def main():
     print(f'  builds: cargo release {b["cargo_release"]:.1f} s, mvn package {b["mvn_package"]:.1f} s (in parallel)')
 
     doc = dict(meta)
-    doc.update({"workloads": workloads, "rows": drains, "checksums": checks, "latency": lat, "recovery": rec,
-                "rebuild_s_per_1m": rebuild, "goals": goals, "phases": phases, "phases_total_s": round(total, 1)})
+    doc.update({"workloads": workloads, "rows": drains, "checksums": checks_by_w, "latency": lat, "recovery": rec,
+                "backfill": [r for r in res if r["kind"] in ("backfill", "live")],
+                "rebuild_s_per_1m": rebuild, "goals": goals, "checks": checks, "phases": phases, "phases_total_s": round(total, 1)})
     json.dump(doc, open(a.out, "w"), indent=2)
     return 0
 
