@@ -904,6 +904,7 @@ jq -cn --arg commit "$COMMIT" --argjson dirty "$DIRTY" --arg date "$(date -u +%Y
       build_s: {cargo_release: ($cargo|tonumber), mvn_package: ($mvn|tonumber), note: "in parallel"},
       wall_s_before_report: ($total|tonumber)}' >"$WORK/meta.json"
 python3 "$REPO/scripts/bench/report.py" --meta "$WORK/meta.json" --results "$RESULTS" --phases "$PHASES" --out "$OUT_JSON"
+if python3 "$REPO/scripts/bench/chart.py" "$OUT_JSON" "${OUT_JSON%.json}.svg"; then log "chart: ${OUT_JSON%.json}.svg"; else log "WARNING: the chart (scripts/bench/chart.py) failed"; fi
 log "JSON: $OUT_JSON; logs: $LOG_DIR"
 if ((${#CHECKSUM_FAILURES[@]})); then
     for f in "${CHECKSUM_FAILURES[@]}"; do log "CHECKSUM MISMATCH $f"; done
