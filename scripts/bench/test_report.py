@@ -1,0 +1,256 @@
+#!/usr/bin/env python3
+"""Tests of report.py and chart.py: a small synthetic results file (the shapes
+bench-suite.sh writes) through both, checking the goal verdicts and the SVG.
+
+Run: python3 -m unittest discover -s scripts/bench -p 'test_*.py'   (or python3 scripts/bench/test_report.py)
+"""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import unittest
+import xml.etree.ElementTree as ET
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SVG = "{http://www.w3.org/2000/svg}"
+
+META = {
+    "commit": "abc1234", "worktree_dirty": False, "date": "2026-12-01T18:00:00Z", "command": "scripts/bench-suite.sh",
+    "quick": False, "machine": {"nproc": 2, "cpu_model": "Test CPU @ 2.0GHz", "mem_total_kb": 8 * 1048576, "kernel": "6.1"},
+    "pinning": "test", "kafka": "127.0.0.1:9092 (1 broker)", "postgres": "16.4", "java": "openjdk 21",
+    "peer_jvm_opts": "JVM defaults", "build_s": {"cargo_release": 100.0, "mvn_package": 30.0, "note": "in parallel"},
+    "wall_s_before_report": 900.0,
+}
+
+
+def workload(w, n, dim, collections=64):
+    return {"kind": "workload", "workload": w, "records": n, "bytes": n * 2000, "key_bytes": n * 20, "dim": dim,
+            "collections": collections, "ids_per_collection": 1000, "seeded_records_per_collection": 0,
+            "collection_prefix": "c", "topic": "t", "produce_s": 10.0, "quick": False}
+
+
+def drain(w, c, n, seconds, cpu_s, rss_mb, assign_s=None):
+    d = {"kind": "drain", "workload": w, "contender": c, "records": n, "seconds": seconds, "cpu_s": cpu_s,
+         "rss_kb": int(rss_mb * 1024), "broker_cpu_s": 1.0}
+    if assign_s is not None:
+        d["assign_s"] = assign_s
+    if c == "sluice-postgres":
+        d["postgres_server_cpu_s"] = 2.0
+    return d
+
+
+def results():
+    """Rates (records/s), chosen so that each goal is clearly met or clearly missed:
+    W1: cpt 200k, sqlite 120k (0.6x: met), postgres 40k (0.2x: missed), peer 30k
+        (sqlite/peer 4x: met; CPU 0.2x: met; RSS 0.5x: missed);
+    W2: sqlite 50k, peer 25k (2x: missed); W3 has no peer (no peer goals);
+    W4: sqlite steady 130k vs W1 steady 125k (met); postgres steady 30k vs 50k (missed);
+    latency: sqlite p99 40 ms (met), p50 12 ms (missed); postgres p99 80 (missed), p50 5 (met);
+    backfill (sqlite): 350k records/s (met), live drop 20% (missed)."""
+    n = 1_000_000
+    r = [workload("W1", n, 384), workload("W2", 250_000, 1536), workload("W3", 500_000, 0),
+         workload("W4", 500_000, 384, 80_000)]
+    r += [drain("W1", "consumer-perf-test", n, 5.0, 4.0, 400),
+          drain("W1", "kcat", n, 4.0, 3.0, 20),
+          drain("W1", "sluice-sqlite", n, n / 120_000, 6.0, 100, assign_s=n / 120_000 - n / 125_000),
+          drain("W1", "sluice-postgres", n, n / 40_000, 10.0, 120, assign_s=n / 40_000 - n / 50_000),
+          drain("W1", "peer", n, n / 30_000, 30.0, 200, assign_s=2.0),
+          drain("W2", "sluice-sqlite", 250_000, 5.0, 3.0, 150, assign_s=0.5),
+          drain("W2", "peer", 250_000, 10.0, 10.0, 250, assign_s=2.0),
+          drain("W3", "sluice-sqlite", 500_000, 2.0, 1.5, 60, assign_s=0.2),
+          drain("W4", "sluice-sqlite", 500_000, 500_000 / 130_000 + 1.0, 4.0, 90, assign_s=1.0),
+          drain("W4", "sluice-postgres", 500_000, 500_000 / 30_000 + 1.0, 9.0, 95, assign_s=1.0)]
+    r += [{"kind": "checksums", "workload": w, "match": True, "method": "m", "values": ["a=1", "b=1"]}
+          for w in ["W1", "W2", "W3", "W4"]]
+    r += [{"kind": "latency", "contender": "sluice-sqlite", "rate": 60000, "records": 1000, "seconds": 20, "cpu_s": 1.0,
+           "load": {"contender_cpu": 0.5, "cpu0": 0.6}, "n": 1000, "p50_ms": 12.0, "p90_ms": 25.0, "p99_ms": 40.0,
+           "max_ms": 60.0, "histogram": None},
+          {"kind": "latency", "contender": "sluice-postgres", "rate": 20000, "records": 1000, "seconds": 20, "cpu_s": 1.0,
+           "load": {"contender_cpu": 0.5, "cpu0": 0.6}, "n": 1000, "p50_ms": 5.0, "p90_ms": 30.0, "p99_ms": 80.0,
+           "max_ms": 90.0, "histogram": None},
+          {"kind": "latency", "contender": "peer", "rate": 15000, "records": 1000, "seconds": 20,
+           "load": {"contender_cpu": 0.5, "cpu0": 0.6}, "n": 1000, "p50_ms": 100, "p90_ms": 150, "p99_ms": 300,
+           "max_ms": 400}]
+    r += [{"kind": "recovery", "variant": "static", "restart_to_first_batch_s": 1.5, "restart_to_assignment_s": 1.0,
+           "method": "log", "rate": 60000, "config": ""}]
+    r += [{"kind": "backfill", "backend": "sqlite", "function": "record_counter", "records_per_s": 350_000},
+          {"kind": "live", "backend": "sqlite", "with_backfill": False, "records": 100_000, "seconds": 1.0,
+           "records_per_s": 100_000},
+          {"kind": "live", "backend": "sqlite", "with_backfill": True, "records": 100_000, "seconds": 1.25,
+           "records_per_s": 80_000}]
+    return r
+
+
+def run_report(tmp, res):
+    with open(os.path.join(tmp, "meta.json"), "w") as f:
+        json.dump(META, f)
+    with open(os.path.join(tmp, "results.jsonl"), "w") as f:
+        f.write("".join(json.dumps(x) + "\n" for x in res))
+    with open(os.path.join(tmp, "phases.tsv"), "w") as f:
+        f.write("setup\t10.0\nW1\t100.5\n")
+    out = os.path.join(tmp, "suite.json")
+    p = subprocess.run([sys.executable, os.path.join(HERE, "report.py"), "--meta", os.path.join(tmp, "meta.json"),
+                        "--results", os.path.join(tmp, "results.jsonl"), "--phases", os.path.join(tmp, "phases.tsv"),
+                        "--out", out], capture_output=True, text=True)
+    if p.returncode != 0:
+        raise AssertionError(f"report.py failed ({p.returncode}):\n{p.stdout}\n{p.stderr}")
+    with open(out) as f:
+        return json.load(f), p.stdout, out
+
+
+def run_chart(tmp, doc_path):
+    svg = os.path.join(tmp, "suite.svg")
+    p = subprocess.run([sys.executable, os.path.join(HERE, "chart.py"), doc_path, svg], capture_output=True, text=True)
+    if p.returncode != 0:
+        raise AssertionError(f"chart.py failed ({p.returncode}):\n{p.stdout}\n{p.stderr}")
+    return ET.parse(svg).getroot()
+
+
+def texts(root):
+    return ["".join(t.itertext()) for t in root.iter(SVG + "text")]
+
+
+sys.path.insert(0, HERE)
+from report import LABEL  # noqa: E402
+
+
+class ReportGoals(unittest.TestCase):
+    def setUp(self):
+        self.tmp = tempfile.TemporaryDirectory()
+        self.doc, self.stdout, self.path = run_report(self.tmp.name, results())
+        self.goals = {g["id"]: g for g in self.doc["goals"]}
+
+    def tearDown(self):
+        self.tmp.cleanup()
+
+    def verdicts(self):
+        return {i: g["met"] for i, g in self.goals.items()}
+
+    def test_every_goal_verdict(self):
+        self.assertEqual(self.verdicts(), {
+            "w1-sluice-sqlite-vs-cpt": True,
+            "w1-sluice-postgres-vs-cpt": False,
+            "latency-sluice-sqlite-p99": True,
+            "latency-sluice-sqlite-p50": False,
+            "latency-sluice-postgres-p99": False,
+            "latency-sluice-postgres-p50": True,
+            "w1-sluice-sqlite-vs-peer-records_per_s": True,
+            "w1-sluice-sqlite-vs-peer-cpu_s_per_1m_records": True,
+            "w1-sluice-sqlite-vs-peer-peak_rss_mb": False,
+            "w2-sluice-sqlite-vs-peer-records_per_s": False,
+            "w2-sluice-sqlite-vs-peer-cpu_s_per_1m_records": True,
+            "w2-sluice-sqlite-vs-peer-peak_rss_mb": False,
+            "w4-sluice-sqlite-steady-vs-w1": True,
+            "w4-sluice-postgres-steady-vs-w1": False,
+            "backfill-sqlite-record_counter-records-per-s": True,
+            "backfill-sqlite-record_counter-live-drop": False,
+        })
+
+    def test_values_and_margins(self):
+        g = self.goals
+        self.assertAlmostEqual(g["w1-sluice-sqlite-vs-cpt"]["value"], 0.6)
+        self.assertEqual((g["w1-sluice-sqlite-vs-cpt"]["op"], g["w1-sluice-sqlite-vs-cpt"]["target"]), (">=", 0.5))
+        self.assertEqual(g["w1-sluice-sqlite-vs-cpt"]["result"], "met: 20.0% above the minimum")
+        self.assertEqual(g["w1-sluice-postgres-vs-cpt"]["result"], "MISSED: 20.0% below the minimum")
+        self.assertAlmostEqual(g["w1-sluice-sqlite-vs-peer-records_per_s"]["value"], 4.0)
+        self.assertEqual(g["w1-sluice-sqlite-vs-peer-records_per_s"]["target"], 3.0)
+        self.assertEqual(g["w1-sluice-sqlite-vs-peer-cpu_s_per_1m_records"]["target"], 0.33)
+        self.assertEqual(g["w1-sluice-sqlite-vs-peer-peak_rss_mb"]["result"], "MISSED: 100.0% over the limit")
+        self.assertEqual(g["latency-sluice-sqlite-p99"]["value"], 40.0)
+        self.assertEqual(g["latency-sluice-sqlite-p50"]["result"], "MISSED: 20.0% over the limit")
+        self.assertAlmostEqual(g["w4-sluice-sqlite-steady-vs-w1"]["value"], 1.04)
+        self.assertAlmostEqual(g["backfill-sqlite-record_counter-live-drop"]["value"], 20.0)
+        self.assertEqual(g["backfill-sqlite-record_counter-records-per-s"]["target"], 300_000)
+        # the goal lines, in the baseline's units: 0.5x cpt's 200k, 3x the peer's 30k, 0.9x W1's steady 50k
+        self.assertEqual(g["w1-sluice-sqlite-vs-cpt"]["line"]["value"], 100_000)
+        self.assertEqual(g["w1-sluice-sqlite-vs-peer-records_per_s"]["line"]["value"], 90_000)
+        self.assertEqual(g["w4-sluice-postgres-steady-vs-w1"]["line"]["value"], 45_000)
+        self.assertEqual(g["w1-sluice-sqlite-vs-peer-cpu_s_per_1m_records"]["line"]["panel"], "cpu_s_per_1m_records")
+
+    def test_printed_goals(self):
+        goals = self.stdout[self.stdout.index("\nGoals\n"):]
+        self.assertNotIn("#7", self.stdout)
+        for g in self.doc["goals"]:
+            line = next((l for l in goals.splitlines() if l.startswith(g["goal"])), None)
+            self.assertIsNotNone(line, g["goal"])
+            self.assertIn(g["result"], line)
+        self.assertIn("8 met, 8 missed, 0 not measured", goals)
+        self.assertIn("checksums of every contender match on every workload: OK", goals)
+
+    def test_chart(self):
+        root = run_chart(self.tmp.name, self.path)
+        self.assertEqual(root.tag, SVG + "svg")
+        t = texts(root)
+        for c in {r["contender"] for r in results() if r["kind"] in ("drain", "latency")}:
+            self.assertIn(LABEL[c], t, f"the legend does not name {c}")
+        title = t[0] + " " + t[1]
+        for want in ["2026-12-01T18:00:00Z", "abc1234", "Test CPU @ 2.0GHz"]:
+            self.assertIn(want, title)
+        # a bar per drain row and panel (records/s, CPU-s/1M, peak RSS), a bar per latency percentile
+        bars = [r.find(SVG + "title").text for r in root.iter(SVG + "rect") if r.find(SVG + "title") is not None]
+        drains = [r for r in results() if r["kind"] == "drain"]
+        self.assertEqual(len(bars), 3 * len(drains) + 3 * 3)
+        for c in ["sluice-sqlite", "sluice-postgres", "peer", "consumer-perf-test", "kcat"]:
+            self.assertTrue(any(f"({c}):" in b for b in bars), c)
+        # values printed on the bars
+        for v in ["120k", "40k", "30k", "6.0", "400", "12", "300"]:
+            self.assertIn(v, t)
+        # goal lines: the ratio goals and the latency limits, each marked met or missed
+        for want in ["0.5x cpt met", "0.25x cpt MISSED", "3.0x peer met", "0.33x peer met", "0.25x peer MISSED",
+                     "0.9x W1 steady met", "0.9x W1 steady MISSED", "p99 <= 50 ms met", "p50 <= 10 ms MISSED"]:
+            self.assertIn(want, t)
+        dashed = [ln for ln in root.iter(SVG + "line") if ln.get("stroke-dasharray")]
+        self.assertEqual(len(dashed), 2 + sum(1 for g in self.doc["goals"] if "line" in g))
+
+
+class ReportPartial(unittest.TestCase):
+    """A run with no PostgreSQL, latency, peer or backfill results."""
+
+    def test_not_measured_and_absent(self):
+        res = [r for r in results() if r.get("contender") not in ("sluice-postgres", "peer")
+               and r["kind"] not in ("latency", "backfill", "live")]
+        with tempfile.TemporaryDirectory() as tmp:
+            doc, stdout, path = run_report(tmp, res)
+            goals = {g["id"]: g for g in doc["goals"]}
+            self.assertEqual(goals["w1-sluice-postgres-vs-cpt"]["result"], "not measured")
+            self.assertIsNone(goals["w1-sluice-postgres-vs-cpt"]["met"])
+            self.assertEqual(goals["latency-sluice-sqlite-p99"]["result"], "not measured")
+            self.assertNotIn("latency-sluice-postgres-p99", goals)
+            self.assertFalse([i for i in goals if "peer" in i or "backfill" in i])
+            self.assertTrue(goals["w4-sluice-sqlite-steady-vs-w1"]["met"])
+            root = run_chart(tmp, path)
+            t = texts(root)
+            self.assertIn(LABEL["sluice-sqlite"], t)
+            self.assertNotIn(LABEL["peer"], t)
+
+    def test_backfill_drop_of_the_row(self):
+        res = [r for r in results() if r["kind"] != "live"]
+        for r in res:
+            if r["kind"] == "backfill":
+                r.update({"records_per_s": 250_000, "live_drop_pct": 4.0})
+        with tempfile.TemporaryDirectory() as tmp:
+            doc, _, _ = run_report(tmp, res)
+            goals = {g["id"]: g for g in doc["goals"]}
+            self.assertFalse(goals["backfill-sqlite-record_counter-records-per-s"]["met"])
+            self.assertTrue(goals["backfill-sqlite-record_counter-live-drop"]["met"])
+            self.assertEqual(goals["backfill-sqlite-record_counter-live-drop"]["value"], 4.0)
+
+    def test_latency_from_the_histogram(self):
+        res = results()
+        for r in res:
+            if r["kind"] == "latency" and r["contender"] == "sluice-sqlite":
+                r.update({"n": 0, "histogram": {"p50_ms": 8.0, "p99_ms": 70.0, "count": 500, "bounds_s": [0.001]}})
+                for k in ["p50_ms", "p90_ms", "p99_ms", "max_ms"]:
+                    del r[k]
+        with tempfile.TemporaryDirectory() as tmp:
+            doc, _, path = run_report(tmp, res)
+            goals = {g["id"]: g for g in doc["goals"]}
+            self.assertEqual((goals["latency-sluice-sqlite-p50"]["met"], goals["latency-sluice-sqlite-p99"]["met"]),
+                             (True, False))
+            self.assertIn("histogram", goals["latency-sluice-sqlite-p99"]["note"])
+            ET.ElementTree(run_chart(tmp, path))
+
+
+if __name__ == "__main__":
+    unittest.main()
