@@ -29,7 +29,7 @@ SPARE = ["#17becf", "#8c564b", "#e377c2", "#2ca02c"]
 MET, MISSED = "#2a8a2a", "#c0201f"
 FONT = 'font-family="DejaVu Sans, Helvetica, Arial, sans-serif"'
 
-BAR_W, BAR_GAP, GROUP_GAP = 44, 4, 36
+BAR_W, BAR_GAP, GROUP_GAP = 44, 4, 20
 PANEL_H, PLOT_TOP, PLOT_BOTTOM = 300, 46, 40
 LEFT, RIGHT = 80, 30
 
@@ -92,28 +92,43 @@ class Svg:
         self.add(f'<rect x="{x:.1f}" y="{y:.1f}" width="{w:.1f}" height="{max(h, 0):.1f}" fill="{fill}">{t}</rect>')
 
 
-def bar_groups(groups):
-    """groups: [(group label, [(contender, value, extras)])] -> the plot width they need."""
-    return sum(len(bars) * (BAR_W + BAR_GAP) - BAR_GAP for _, bars in groups) + GROUP_GAP * (len(groups) + 1)
+AXIS_W, SUB_GAP = 58, 18
 
 
-def draw_panel(svg, top, width, title, groups, cols, kind, lines=(), log=False, unit=""):
-    """One panel of grouped bars. groups: [(label, [(contender, value, marker or None, key)])];
-    lines: [(key, value, text, met)] goal lines over the bar whose key matches."""
-    x0, x1 = LEFT, width - RIGHT
+def subplot_width(groups):
+    """groups: [(label, bars)] on one scale -> the width they need, axis labels included."""
+    return AXIS_W + sum(len(bars) * (BAR_W + BAR_GAP) - BAR_GAP for _, bars in groups) + GROUP_GAP * (len(groups) + 1)
+
+
+def panel_width(subplots):
+    return sum(subplot_width(g) for g in subplots) + SUB_GAP * (len(subplots) - 1)
+
+
+def draw_panel(svg, top, title, subplots, cols, kind, lines=(), log=False, unit=""):
+    """One panel: its title, then side by side one subplot per entry of subplots, each on its
+    own y scale (a workload's rates do not squash another's). subplots: [[(group label,
+    [(contender, value, marker or None, key)])]]; lines: [(key, value, text, met)] goal lines
+    over the bar whose key matches."""
+    svg.text(LEFT, top + 20, title, size=14, weight="bold")
+    x = LEFT
+    for groups in subplots:
+        draw_subplot(svg, x, top, groups, cols, kind, lines, log, unit)
+        x += subplot_width(groups) + SUB_GAP
+
+
+def draw_subplot(svg, left, top, groups, cols, kind, lines, log, unit):
+    x0, x1 = left + AXIS_W, left + subplot_width(groups)
     y0, y1 = top + PLOT_TOP, top + PANEL_H - PLOT_BOTTOM
-    svg.text(x0, top + 20, title, size=14, weight="bold")
     keys = {b[3] for _, bars in groups for b in bars}
+    lines = [ln for ln in lines if ln[0] in keys and ln[1] is not None]
     values = [x for _, bars in groups for b in bars for x in (b[1], b[2]) if x]
-    values += [v for k, v, _, _ in lines if v and k in keys]
+    values += [ln[1] for ln in lines if ln[1] > 0]
     if not values:
         svg.text(x0, y0 + 20, "no measurements", fill="#888")
         return
     if log:
-        lo = 10 ** math.floor(math.log10(min(values)))
+        lo = 10 ** math.floor(math.log10(min(values) * 0.5))
         hi = 10 ** math.ceil(math.log10(max(values) * 1.5))
-        if hi <= lo:
-            hi = lo * 10
 
         def ypos(v):
             return y1 - (math.log10(max(v, lo)) - math.log10(lo)) / (math.log10(hi) - math.log10(lo)) * (y1 - y0)
@@ -123,7 +138,7 @@ def draw_panel(svg, top, width, title, groups, cols, kind, lines=(), log=False, 
             ticks += [x for x in (t, 2 * t, 5 * t) if x <= hi * 1.0001]
             t *= 10
     else:
-        lo, hi = 0.0, nice_max(max(values) * 1.12)
+        lo, hi = 0.0, nice_max(max(values) * 1.15)
 
         def ypos(v):
             return y1 - (v - lo) / (hi - lo) * (y1 - y0)
@@ -131,7 +146,7 @@ def draw_panel(svg, top, width, title, groups, cols, kind, lines=(), log=False, 
     for t in ticks:
         y = ypos(t)
         svg.line(x0, y, x1, y, stroke="#e4e4e4")
-        svg.text(x0 - 6, y + 4, short(t, kind) + (f" {unit}" if unit and log else ""), size=10, anchor="end", fill="#555")
+        svg.text(x0 - 5, y + 4, short(t, kind) + (f" {unit}" if unit else ""), size=10, anchor="end", fill="#555")
     svg.line(x0, y1, x1, y1, stroke="#888")
     svg.line(x0, y0, x0, y1, stroke="#888")
     pos = {}
@@ -160,14 +175,12 @@ def draw_panel(svg, top, width, title, groups, cols, kind, lines=(), log=False, 
         x += GROUP_GAP - BAR_GAP
         svg.text((gx + x - GROUP_GAP) / 2, y1 + 18, glabel, size=12, anchor="middle", weight="bold")
     placed = []  # label boxes (x0, x1, y) already drawn: a label that would overlap one moves up
-    for key, v, text, met in sorted(lines, key=lambda ln: -ln[1] if ln[1] else 0):
-        if key not in pos or v is None:
-            continue
+    for key, v, text, met in sorted(lines, key=lambda ln: -ln[1]):
         bx, y = pos[key], ypos(v)
         col = MET if met else (MISSED if met is False else "#555")
         svg.line(bx - 6, y, bx + BAR_W + 6, y, stroke=col, width=2, dash="6,3")
         half = 2.9 * len(text)
-        cx, ty = bx + BAR_W / 2, y - 3
+        cx, ty = min(max(bx + BAR_W / 2, x0 + half), x1 - half), y - 3  # inside the subplot
         while any(a < cx + half and cx - half < b and abs(ty - py) < 10 for a, b, py in placed):
             ty -= 10
         placed.append((cx - half, cx + half, ty))
@@ -224,16 +237,17 @@ def main():
             bars.append((c, v if v else None, None, (pct, c)))
         lat_groups.append((pct, bars))
 
-    panels = [("records/s (a diamond: steady records/s, first record -> caught up)", groups_of("records_per_s", True),
-               "records_per_s", goal_lines("records_per_s"), False, ""),
+    # one subplot (own scale) per workload; the latency percentiles share one log scale
+    panels = [("records/s (a diamond: steady records/s, first record -> caught up); each workload on its own scale",
+               [[g] for g in groups_of("records_per_s", True)], "records_per_s", goal_lines("records_per_s"), False, ""),
               ("CPU-s per 1M records (the contender's process alone)",
-               groups_of("cpu_s_per_1m_records"), "cpu", goal_lines("cpu_s_per_1m_records"), False, ""),
-              ("peak RSS, MB", groups_of("peak_rss_mb"), "mb", goal_lines("peak_rss_mb"), False, "")]
+               [[g] for g in groups_of("cpu_s_per_1m_records")], "cpu", goal_lines("cpu_s_per_1m_records"), False, ""),
+              ("peak RSS, MB", [[g] for g in groups_of("peak_rss_mb")], "mb", goal_lines("peak_rss_mb"), False, "")]
     if lat:
-        panels.append(("latency at 50% load, produce -> materialized, ms (log scale)", lat_groups, "ms",
+        panels.append(("latency at 50% load, produce -> materialized, ms (log scale)", [lat_groups], "ms",
                        goal_lines("latency"), True, "ms"))
 
-    plot_w = max([bar_groups(g) for _, g, *_ in panels] + [760])
+    plot_w = max([panel_width(p[1]) for p in panels] + [760])
     width = LEFT + plot_w + RIGHT
     m = doc.get("machine", {})
     title = "Sluice benchmark suite" + (" (--quick: smoke-test sizes)" if doc.get("quick") else "")
@@ -263,8 +277,8 @@ def main():
     svg.line(LEFT + 260, ly - 4, LEFT + 290, ly - 4, stroke=MISSED, width=2, dash="6,3")
     svg.text(LEFT + 296, ly, "goal missed (threshold drawn over the bar the goal applies to)", size=11)
     top = ly + 14
-    for ptitle, groups, kind, lines, log, unit in panels:
-        draw_panel(svg, top, width, ptitle, groups, cols, kind, lines, log, unit)
+    for ptitle, subplots, kind, lines, log, unit in panels:
+        draw_panel(svg, top, ptitle, subplots, cols, kind, lines, log, unit)
         top += PANEL_H
     met = sum(1 for g in goals if g.get("met") is True)
     missed = sum(1 for g in goals if g.get("met") is False)

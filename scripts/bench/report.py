@@ -82,10 +82,15 @@ def verdict(value, op, target):
     met = value >= target if op == ">=" else value <= target
     if target == 0:
         return met, "met" if met else "MISSED"
-    d = abs(value / target - 1) * 100
+    r = value / target
+    d = abs(r - 1) * 100
     if op == ">=":
-        return met, (f"met: {d:.1f}% above the minimum" if met else f"MISSED: {d:.1f}% below the minimum")
-    return met, (f"met: {d:.1f}% under the limit" if met else f"MISSED: {d:.1f}% over the limit")
+        if met:
+            return met, (f"met: {r:.1f}x the minimum" if r >= 2 else f"met: {d:.1f}% above the minimum")
+        return met, f"MISSED: {d:.1f}% below the minimum"
+    if met:
+        return met, f"met: {d:.1f}% under the limit"
+    return met, (f"MISSED: {r:.1f}x the limit" if r >= 2 else f"MISSED: {d:.1f}% over the limit")
 
 
 def evaluate_goals(by, lat, res):
