@@ -112,20 +112,22 @@ def evaluate_goals(by, lat, res):
             g["line"] = line
         goals.append(g)
 
-    def ratio_goal(gid, name, w, c, bw, bc, key, op, factor, label, compare=None):
-        """goal: by[w, c][compare or key] op factor x by[bw, bc][key]."""
+    def ratio_goal(gid, name, w, c, bw, bc, key, op, factor, label):
+        """goal: by[w, c][key] op factor x by[bw, bc][key]."""
         x, y = by.get((w, c)), by.get((bw, bc))
-        xv = x.get(compare or key) if x else None
+        xv = x.get(key) if x else None
         yv = y.get(key) if y else None
         value = xv / yv if xv is not None and yv else None
         f, u = METRIC_FMT[key]
         note = (f"{xv:{f}} vs {yv:{f}}{u} ({c} {w} vs {bc} {bw})" if value is not None
                 else ("no baseline" if x and not yv else ""))
+        if key == "records_per_s" and x and y and x.get("steady_records_per_s") and y.get("steady_records_per_s"):
+            note += f'; steady ratio {x["steady_records_per_s"] / y["steady_records_per_s"]:.3f}'
         line = None
         if yv:
             # the steady rates are drawn as markers on the records/s panel
             line = {"panel": "records_per_s" if key == "steady_records_per_s" else key, "workload": w, "contender": c,
-                    "value": round(factor * yv, 3), "label": label, "compare": compare or key}
+                    "value": round(factor * yv, 3), "label": label, "compare": key}
         goal(gid, name, value, op, factor, note=note, line=line)
 
     for c, f in GOAL_W1_VS_CPT.items():

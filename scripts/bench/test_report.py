@@ -155,6 +155,7 @@ class ReportGoals(unittest.TestCase):
         self.assertEqual(g["w1-sluice-postgres-vs-cpt"]["result"], "MISSED: 20.0% below the minimum")
         self.assertAlmostEqual(g["w1-sluice-sqlite-vs-peer-records_per_s"]["value"], 4.0)
         self.assertEqual(g["w1-sluice-sqlite-vs-peer-records_per_s"]["target"], 3.0)
+        self.assertIn("steady ratio 3.917", g["w1-sluice-sqlite-vs-peer-records_per_s"]["note"])
         self.assertEqual(g["w1-sluice-sqlite-vs-peer-cpu_s_per_1m_records"]["target"], 0.33)
         self.assertEqual(g["w1-sluice-sqlite-vs-peer-peak_rss_mb"]["result"], "MISSED: 2.0x the limit")
         self.assertEqual(g["latency-sluice-postgres-p99"]["result"], "MISSED: 60.0% over the limit")
