@@ -12,6 +12,8 @@ deploy/local/deps.sh
 cargo fmt --all --check
 cargo clippy --locked --workspace --all-targets -- -D warnings
 phase "format and lints clean"
+# The benchmark report and chart (Python, seconds): goal verdicts and the SVG.
+python3 -m unittest discover -s scripts/bench -p 'test_*.py'
 deploy/local/prometheus.sh start
 deploy/local/kafka.sh start
 deploy/local/kafka-auth.sh start # SASL_SSL/SCRAM broker on 29192 (integration-tests/tests/auth_broker.rs)
