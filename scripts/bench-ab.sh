@@ -6,6 +6,10 @@
 #
 #   scripts/bench-ab.sh BIN_A BIN_B [RECORDS] [ROUNDS]     # defaults: 300000 records, 2 rounds
 #
+# The same binary with two configurations: AB_CONFIG_A / AB_CONFIG_B name a TOML config
+# file for that side (SLUICE_CONFIG). AB_PREFIX reuses a log produced by an earlier run
+# (its prefix is printed), so that a series of A/Bs drains the same records.
+#
 # Needs a broker (deploy/local/kafka.sh start). The consumer is pinned to CPU 1 when
 # taskset exists, like the suite's contenders.
 set -euo pipefail
@@ -16,20 +20,25 @@ ROUNDS=${4:-2}
 export SLUICE_BROKERS=${SLUICE_BROKERS:-127.0.0.1:9092}
 export SLUICE_HTTP=
 dir=$(mktemp -d /tmp/sluice-ab-XXXXXX)
-prefix=ab-$(basename "$dir" | tr -dc 'a-z0-9' | tail -c 8)
+prefix=${AB_PREFIX:-ab-$(basename "$dir" | tr -dc 'a-z0-9' | tail -c 8)}
 pin=()
 command -v taskset >/dev/null && pin=(taskset -c 1)
 
-echo "bench-ab: producing $N W1-shaped records into $prefix.log"
-SLUICE_SYSDB="sqlite://$dir/init.db" SLUICE_TOPIC_PREFIX=$prefix "$B" init --partitions 8 >/dev/null
-"$B" workload --records "$N" --collections 64 --dim 384 --ids-per-collection 1000 --seed 7 |
-    SLUICE_SYSDB="sqlite://$dir/init.db" SLUICE_TOPIC_PREFIX=$prefix "$B" produce - >/dev/null
+if [ -z "${AB_PREFIX:-}" ]; then
+    echo "bench-ab: producing $N W1-shaped records into $prefix.log"
+    SLUICE_SYSDB="sqlite://$dir/init.db" SLUICE_TOPIC_PREFIX=$prefix "$B" init --partitions 8 >/dev/null 2>&1
+    "$B" workload --records "$N" --collections 64 --dim 384 --ids-per-collection 1000 --seed 7 |
+        SLUICE_SYSDB="sqlite://$dir/init.db" SLUICE_TOPIC_PREFIX=$prefix "$B" produce - >/dev/null 2>&1
+else
+    echo "bench-ab: draining the existing $prefix.log ($N records)"
+fi
 
-drain() { # BIN RUN -> prints records/s, checks the checksum
-    local bin=$1 run=$2 db="sqlite://$dir/$run.db"
+drain() { # BIN RUN CONFIG -> prints records/s, checks the checksum
+    local bin=$1 run=$2 cfg=$3
+    local db="sqlite://$dir/$run.db"
     local start end
     start=$(date +%s.%N)
-    SLUICE_SYSDB=$db SLUICE_TOPIC_PREFIX=$prefix SLUICE_GROUP="$prefix-$run" "${pin[@]}" "$bin" process >"$dir/$run.log" 2>&1 &
+    env ${cfg:+SLUICE_CONFIG=$cfg} SLUICE_SYSDB=$db SLUICE_TOPIC_PREFIX=$prefix SLUICE_GROUP="$prefix-$run" "${pin[@]}" "$bin" process >"$dir/$run.log" 2>&1 &
     local pid=$!
     while :; do
         sleep 0.5
@@ -49,8 +58,8 @@ drain() { # BIN RUN -> prints records/s, checks the checksum
 
 declare -a ra rb
 for i in $(seq 1 "$ROUNDS"); do
-    a=$(drain "$A" "a$i"); echo "run A$i: $a records/s"; ra+=("$a")
-    b=$(drain "$B" "b$i"); echo "run B$i: $b records/s"; rb+=("$b")
+    a=$(drain "$A" "a$i" "${AB_CONFIG_A:-}"); echo "run A$i: $a records/s"; ra+=("$a")
+    b=$(drain "$B" "b$i" "${AB_CONFIG_B:-}"); echo "run B$i: $b records/s"; rb+=("$b")
 done
 [ "$(sort -u "$dir/checksums" | wc -l)" = 1 ] || { echo "bench-ab: checksums differ: $(sort -u "$dir/checksums")" >&2; exit 1; }
 median() { printf '%s\n' "$@" | sort -n | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2)}'; }

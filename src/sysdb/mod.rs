@@ -55,7 +55,8 @@ pub enum ErrorClass {
 /// Errors of the sysdb, classified by [`SysdbError::class`]: a CAS conflict is an
 /// expected outcome (another replica or an operator moved the partition); `Unavailable`
 /// is retryable; `Rejected` points at the batch's data; the rest are not retryable.
-#[derive(Debug, Error)]
+/// `Clone`: one failed group commit (SQLite) answers every batch of the group.
+#[derive(Debug, Clone, Error)]
 pub enum SysdbError {
     #[error(transparent)]
     Conflict(#[from] IncompatibleDelta),

@@ -89,6 +89,8 @@ impl From<rusqlite::Error> for SysdbError {
 
 struct Inner {
     writer: Mutex<Connection>,
+    /// Batches waiting for the next group commit (taken by whoever holds `writer`).
+    pending: Mutex<Vec<PendingCommit>>,
     /// `None` for `:memory:` (a second connection would open another, empty database).
     reader: Option<Mutex<Connection>>,
     /// Tells the checkpointer thread (file databases) to stop.
@@ -236,14 +238,63 @@ fn validate_delta(delta: &PositionDelta) -> Result<()> {
     PositionDelta::new(delta.partition, delta.from, delta.to).map(|_| ()).map_err(|e| invalid(e.to_string()))
 }
 
-fn commit_batch_sync(conn: &mut Connection, batch: &BatchCommit) -> Result<CommitReport> {
-    validate_delta(&batch.delta)?;
-    // Dropping `tx` without commit rolls back, so every early return leaves the database
-    // untouched.
+/// One batch waiting for a group commit, and where its outcome goes.
+struct PendingCommit {
+    batch: Arc<BatchCommit>,
+    reply: tokio::sync::oneshot::Sender<Result<CommitReport>>,
+}
+
+/// Commit every waiting batch in ONE transaction (group commit; see
+/// [`SqliteSysdb::commit_batch`]). Each batch runs inside a savepoint: its compare-and-set
+/// and its writes either all stay or are rolled back alone, so one batch's conflict or
+/// refused value never touches another's. If the transaction itself cannot begin or
+/// commit, every batch gets that error and nothing of any of them is stored.
+fn commit_group(conn: &mut Connection, group: Vec<PendingCommit>) {
+    let outcomes = match commit_group_sync(conn, &group) {
+        Ok(outcomes) => outcomes,
+        Err(e) => group.iter().map(|_| Err(e.clone())).collect(),
+    };
+    for (pending, outcome) in group.into_iter().zip(outcomes) {
+        // The caller may have stopped waiting (its worker was cancelled): nothing to tell.
+        let _ = pending.reply.send(outcome);
+    }
+}
+
+fn commit_group_sync(conn: &mut Connection, group: &[PendingCommit]) -> Result<Vec<Result<CommitReport>>> {
+    // Dropping `tx` without commit rolls back, so an early return stores nothing.
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-    let stored = read_next_offset(&tx, &batch.topic, batch.delta.partition)?;
-    batch.delta.check(stored)?;
     let now = now_ms();
+    let mut outcomes = Vec::with_capacity(group.len());
+    for pending in group {
+        if group.len() == 1 {
+            outcomes.push(apply_batch(&tx, &pending.batch, now));
+            continue;
+        }
+        tx.execute_batch("SAVEPOINT batch")?;
+        let outcome = apply_batch(&tx, &pending.batch, now);
+        if let Err(e) = &outcome {
+            // Some errors (disk full, I/O) end the whole transaction in SQLite: then the
+            // savepoint is gone and nothing of the group is stored; every batch gets the
+            // error that ended it.
+            if tx.execute_batch("ROLLBACK TO batch").is_err() || tx.is_autocommit() {
+                return Err(e.clone());
+            }
+        }
+        tx.execute_batch("RELEASE batch")?;
+        outcomes.push(outcome);
+    }
+    if outcomes.iter().any(Result::is_ok) {
+        tx.commit()?;
+    }
+    Ok(outcomes)
+}
+
+/// One batch's writes inside an open write transaction: the compare-and-set first (the
+/// database's only write lock is held, so nothing can move the position in between).
+fn apply_batch(tx: &Connection, batch: &BatchCommit, now: i64) -> Result<CommitReport> {
+    validate_delta(&batch.delta)?;
+    let stored = read_next_offset(tx, &batch.topic, batch.delta.partition)?;
+    batch.delta.check(stored)?;
     {
         let mut upsert_collection = tx.prepare_cached(
             "INSERT INTO collections (id, partition, dimension, log_position, record_count, created_at_ms)
@@ -296,9 +347,8 @@ fn commit_batch_sync(conn: &mut Connection, batch: &BatchCommit) -> Result<Commi
         }
     }
     // Attached functions: their status is read here, inside the write transaction.
-    let report = functions::commit_functions(&tx, batch, now)?;
-    write_next_offset(&tx, &batch.topic, batch.delta.partition, batch.delta.to, now)?;
-    tx.commit()?;
+    let report = functions::commit_functions(tx, batch, now)?;
+    write_next_offset(tx, &batch.topic, batch.delta.partition, batch.delta.to, now)?;
     Ok(report)
 }
 
@@ -347,7 +397,7 @@ impl SqliteSysdb {
                 spawn_checkpointer(&path, stop_checkpointer.clone())?;
                 Some(Mutex::new(reader))
             };
-            Ok(Inner { writer: Mutex::new(writer), reader, stop_checkpointer })
+            Ok(Inner { writer: Mutex::new(writer), pending: Mutex::new(Vec::new()), reader, stop_checkpointer })
         })
         .await
         .map_err(join_error)??;
@@ -578,8 +628,33 @@ impl SqliteSysdb {
         .await
     }
 
+    /// Commit a batch with its position (compare-and-set), grouped with whatever other
+    /// batches wait at the same time: SQLite has one writer, so while one transaction
+    /// commits, the batches of other partitions queue here, and the next transaction takes
+    /// them all. Fewer, larger transactions write each rewritten page once for several
+    /// partitions' records. Each batch keeps its own outcome (savepoints), so the crash
+    /// and zombie guarantees are those of one transaction per batch.
     pub async fn commit_batch(&self, batch: Arc<BatchCommit>) -> Result<super::CommitReport> {
-        self.write(move |c| commit_batch_sync(c, &batch)).await
+        let (reply, outcome) = tokio::sync::oneshot::channel();
+        self.inner.pending.lock().unwrap_or_else(|p| p.into_inner()).push(PendingCommit { batch, reply });
+        let inner = Arc::clone(&self.inner);
+        tokio::task::spawn_blocking(move || {
+            let mut conn = inner.writer.lock().unwrap_or_else(|p| p.into_inner());
+            // Whoever holds the writer takes every waiting batch; ours may already have
+            // been taken by the previous holder, which then answers it.
+            let group = std::mem::take(&mut *inner.pending.lock().unwrap_or_else(|p| p.into_inner()));
+            if !group.is_empty() {
+                tracing::debug!(batches = group.len(), "sqlite group commit");
+                commit_group(&mut conn, group);
+            }
+        })
+        .await
+        .map_err(join_error)?;
+        outcome.await.map_err(|_| SysdbError::Database {
+            backend: BACKEND,
+            message: "the group commit holding this batch ended without an outcome (a panic on the writer thread)"
+                .into(),
+        })?
     }
 
     pub async fn record_gap(&self, topic: &str, partition: i32, from: i64, to: i64) -> Result<()> {
@@ -677,6 +752,121 @@ fn join_error(e: tokio::task::JoinError) -> SysdbError {
 mod tests {
     use super::*;
     use crate::sysdb::{conformance, Sysdb};
+
+    fn group_batch(partition: i32, from: i64, to: i64, ids: &[&str]) -> Arc<BatchCommit> {
+        let writes = ids
+            .iter()
+            .map(|id| {
+                let record = Record {
+                    id: (*id).into(),
+                    embedding: Some(vec![0.5, -1.0]),
+                    metadata: Default::default(),
+                    document: Some(format!("{id} of partition {partition}")),
+                    offset: from,
+                };
+                ((*id).to_string(), Some(record))
+            })
+            .collect();
+        Arc::new(BatchCommit {
+            topic: "group".into(),
+            delta: PositionDelta::new(partition, from, to).unwrap(),
+            collections: vec![super::super::CollectionUpdate {
+                id: format!("coll-{partition}"),
+                partition,
+                dimension: Some(2),
+                log_position: to - 1,
+                record_count_delta: ids.len() as i64,
+                writes,
+            }],
+            functions: Vec::new(),
+        })
+    }
+
+    /// One group transaction, four batches: each keeps its own outcome. A conflicting
+    /// batch and one whose value the database refuses leave nothing behind (not even
+    /// their collection rows), and the others commit.
+    #[test]
+    fn a_group_commit_keeps_each_batch_outcome_apart() {
+        let mut conn = open_connection(":memory:").unwrap();
+        configure(&conn, ":memory:").unwrap();
+        migrate(&mut conn).unwrap();
+        for p in 0..4 {
+            write_next_offset(&conn, "group", p, 0, 0).unwrap();
+        }
+        // A value SQLite refuses, as a constraint would: class Record.
+        conn.execute_batch(
+            "CREATE TRIGGER refuse_poison BEFORE INSERT ON records WHEN NEW.id = 'poison'
+             BEGIN SELECT RAISE(ABORT, 'poison refused'); END;",
+        )
+        .unwrap();
+        let batches = [
+            group_batch(0, 0, 5, &["a", "b"]),
+            group_batch(1, 3, 5, &["c"]), // stored position is 0: conflict
+            group_batch(2, 0, 5, &["good", "poison"]),
+            group_batch(3, 0, 5, &["d"]),
+        ];
+        let mut outcomes = Vec::new();
+        let group = batches
+            .iter()
+            .map(|b| {
+                let (reply, rx) = tokio::sync::oneshot::channel();
+                outcomes.push(rx);
+                PendingCommit { batch: Arc::clone(b), reply }
+            })
+            .collect();
+        commit_group(&mut conn, group);
+        let outcomes: Vec<_> = outcomes.into_iter().map(|mut rx| rx.try_recv().expect("answered")).collect();
+        assert!(outcomes[0].is_ok(), "{:?}", outcomes[0]);
+        assert!(matches!(outcomes[1], Err(SysdbError::Conflict(_))), "{:?}", outcomes[1]);
+        assert!(matches!(outcomes[2], Err(SysdbError::Rejected { .. })), "{:?}", outcomes[2]);
+        assert!(outcomes[3].is_ok(), "{:?}", outcomes[3]);
+        let positions: Vec<i64> = (0..4).map(|p| read_next_offset(&conn, "group", p).unwrap().unwrap()).collect();
+        assert_eq!(positions, vec![5, 0, 0, 5]);
+        let mut stored: Vec<String> = conn
+            .prepare("SELECT collection_id || '/' || id FROM records ORDER BY 1")
+            .unwrap()
+            .query_map([], |r| r.get(0))
+            .unwrap()
+            .map(Result::unwrap)
+            .collect();
+        stored.sort();
+        assert_eq!(stored, vec!["coll-0/a", "coll-0/b", "coll-3/d"]);
+        let collections: Vec<String> = conn
+            .prepare("SELECT id FROM collections ORDER BY id")
+            .unwrap()
+            .query_map([], |r| r.get(0))
+            .unwrap()
+            .map(Result::unwrap)
+            .collect();
+        assert_eq!(collections, vec!["coll-0", "coll-3"]);
+    }
+
+    /// Many partitions committing at once through the public API (grouped or not, as the
+    /// writer's timing decides): every batch lands once, with its own position.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn concurrent_partitions_all_commit_through_group_commits() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = SqliteSysdb::open(&dir.path().join("g.db").to_string_lossy()).await.unwrap();
+        for p in 0..16 {
+            db.init_position("group", p, 0).await.unwrap();
+        }
+        let mut tasks = Vec::new();
+        for p in 0..16 {
+            let db = db.clone();
+            tasks.push(tokio::spawn(async move {
+                for round in 0..10 {
+                    let id = format!("r{round}");
+                    db.commit_batch(group_batch(p, round * 5, round * 5 + 5, &[&id])).await.unwrap();
+                }
+            }));
+        }
+        for t in tasks {
+            t.await.unwrap();
+        }
+        let positions = db.positions("group").await.unwrap();
+        assert_eq!(positions, (0..16).map(|p| (p, 50)).collect());
+        assert_eq!(db.collections().await.unwrap().iter().map(|c| c.record_count).sum::<i64>(), 160);
+    }
 
     async fn open_file(dir: &tempfile::TempDir) -> (Sysdb, String) {
         let url = format!("sqlite://{}", dir.path().join("sysdb.sqlite").display());
