@@ -438,12 +438,21 @@ impl Worker {
 /// What a worker's inbox gave.
 enum Received {
     Msg(WorkerMsg),
-    /// The linger deadline passed first.
+    /// The linger deadline passed (with a zero linger: the inbox is empty).
     Timeout,
     Closed,
 }
 
 async fn recv_until(inbox: &mut mpsc::Receiver<WorkerMsg>, deadline: Option<Instant>) -> Received {
+    // The deadline passed (always so with a zero linger): take only what is already
+    // waiting; an empty inbox closes the batch.
+    if deadline.is_some_and(|d| d <= Instant::now()) {
+        return match inbox.try_recv() {
+            Ok(m) => Received::Msg(m),
+            Err(mpsc::error::TryRecvError::Empty) => Received::Timeout,
+            Err(mpsc::error::TryRecvError::Disconnected) => Received::Closed,
+        };
+    }
     let next = match deadline {
         Some(d) => match tokio::time::timeout_at(d.into(), inbox.recv()).await {
             Ok(m) => m,
