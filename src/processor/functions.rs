@@ -27,43 +27,45 @@ pub struct Attached {
 /// Per worker: the functions attached to the collections it has seen.
 #[derive(Default)]
 pub struct FunctionCache {
-    by_collection: HashMap<String, (Instant, Vec<Attached>)>,
+    /// Every live function, by input collection, as read at the instant: one read serves
+    /// all collections (a partition may hold thousands) until it is stale.
+    snapshot: Option<(Instant, HashMap<String, Vec<Attached>>)>,
 }
 
 impl FunctionCache {
-    /// The functions attached to `collection`, re-read when stale or when a marker names
-    /// a function the cache does not know.
+    /// The functions attached to `collection`, from a snapshot of all attached functions
+    /// that is re-read when stale or when a marker names a function it does not hold.
     pub async fn get(&mut self, sysdb: &Sysdb, collection: &str, named: &[&str]) -> Result<&[Attached], SysdbError> {
-        let fresh = match self.by_collection.get(collection) {
-            Some((at, list)) => at.elapsed() < TTL && named.iter().all(|id| list.iter().any(|a| a.row.id == *id)),
+        let fresh = match &self.snapshot {
+            Some((at, by)) => {
+                let list = by.get(collection).map(Vec::as_slice).unwrap_or_default();
+                at.elapsed() < TTL && named.iter().all(|id| list.iter().any(|a| a.row.id == *id))
+            }
             None => false,
         };
         if !fresh {
-            let rows = sysdb.functions(Some(collection)).await?;
-            let list = rows
-                .into_iter()
-                .filter(|r| r.status != FunctionStatus::Detached)
-                .filter_map(|row| match build(&row.function, &row.params) {
-                    Ok(f) => Some(Attached { f: Arc::from(f), row }),
-                    Err(e) => {
-                        tracing::error!(function = %row.id, %e, "attached function cannot be built; skipping it");
-                        None
-                    }
-                })
-                .collect();
-            self.by_collection.insert(collection.to_string(), (Instant::now(), list));
+            let rows = sysdb.functions(None).await?;
+            let mut by: HashMap<String, Vec<Attached>> = HashMap::new();
+            for row in rows.into_iter().filter(|r| r.status != FunctionStatus::Detached) {
+                match build(&row.function, &row.params) {
+                    Ok(f) => by.entry(row.collection_id.clone()).or_default().push(Attached { f: Arc::from(f), row }),
+                    Err(e) => tracing::error!(function = %row.id, %e, "attached function cannot be built; skipping it"),
+                }
+            }
+            self.snapshot = Some((Instant::now(), by));
         }
-        Ok(self.by_collection.get(collection).map(|(_, l)| l.as_slice()).unwrap_or_default())
+        Ok(self.snapshot.as_ref().and_then(|(_, by)| by.get(collection)).map(Vec::as_slice).unwrap_or_default())
     }
 
     /// Forget everything (after a conflict or a reassignment).
     pub fn clear(&mut self) {
-        self.by_collection.clear();
+        self.snapshot = None;
     }
 
-    /// Forget one collection (after a marker changed a function's status).
-    pub fn invalidate(&mut self, collection: &str) {
-        self.by_collection.remove(collection);
+    /// Forget what is known of `collection` (after a marker changed a function's status):
+    /// the next lookup reads every function again.
+    pub fn invalidate(&mut self, _collection: &str) {
+        self.snapshot = None;
     }
 }
 

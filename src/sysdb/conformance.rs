@@ -99,6 +99,7 @@ pub async fn run_all(db: &Sysdb) {
     list_records_pages_in_id_order(db).await;
     get_records_returns_only_present_ids(db).await;
     get_records_many_reads_several_collections_at_once(db).await;
+    collections_named_reads_only_the_named_ones(db).await;
     metadata_round_trips_exactly(db).await;
     embeddings_round_trip_bit_exact(db).await;
     functions::run_all(db).await;
@@ -534,6 +535,35 @@ pub async fn refused_values_are_record_errors_that_leave_the_position(db: &Sysdb
     .expect("the batch without the refused record commits");
     assert_eq!(db.positions(&topic).await.expect("positions"), HashMap::from([(0, 12)]));
     assert!(all_records(db, &coll).await.iter().any(|r| r.id == "good"));
+}
+
+/// One read of several collections by name: the known ones with their stored rows (as
+/// `collection` returns them), the unknown ones missing, nothing else.
+pub async fn collections_named_reads_only_the_named_ones(db: &Sysdb) {
+    let topic = unique("named");
+    let (a, b, other) = (unique("coll"), unique("coll"), unique("coll"));
+    db.init_position(&topic, 2, 0).await.expect("init");
+    db.commit_batch(batch(
+        &topic,
+        2,
+        0,
+        3,
+        vec![
+            update(&a, 2, Some(3), 0, 1, vec![upsert(record("r", 0, Some(vec![1.0, 2.0, 3.0])))]),
+            update(&b, 2, None, 1, 1, vec![upsert(record("s", 1, None))]),
+            update(&other, 2, None, 2, 1, vec![upsert(record("t", 2, None))]),
+        ],
+    ))
+    .await
+    .expect("commit");
+    let missing = unique("missing");
+    let got = db.collections_named(vec![a.clone(), b.clone(), missing.clone()]).await.expect("collections_named");
+    assert_eq!(got.len(), 2, "{got:?}");
+    for id in [&a, &b] {
+        assert_eq!(got.get(id), db.collection(id).await.expect("collection").as_ref(), "{id}");
+    }
+    assert!(!got.contains_key(&missing) && !got.contains_key(&other));
+    assert!(db.collections_named(Vec::new()).await.expect("empty").is_empty());
 }
 
 pub async fn list_records_pages_in_id_order(db: &Sysdb) {

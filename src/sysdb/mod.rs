@@ -388,6 +388,15 @@ impl Sysdb {
         dispatch!(self, s => s.collection(id).await)
     }
 
+    /// The stored rows of the collections among `ids`, in one read (one blocking task on
+    /// SQLite, one statement on PostgreSQL); unknown ids are missing from the answer.
+    pub async fn collections_named(&self, ids: Vec<String>) -> Result<HashMap<String, CollectionRow>> {
+        if ids.is_empty() {
+            return Ok(HashMap::new());
+        }
+        dispatch!(self, s => s.collections_named(ids).await)
+    }
+
     /// Current records of `collection` among `ids` (absent ids are simply missing).
     pub async fn get_records(&self, collection: &str, ids: &[String]) -> Result<HashMap<String, Record>> {
         dispatch!(self, s => s.get_records(collection, ids).await)

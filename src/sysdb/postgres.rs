@@ -501,6 +501,14 @@ impl PostgresSysdb {
         rows.iter().map(decode_collection).collect()
     }
 
+    pub async fn collections_named(&self, ids: Vec<String>) -> Result<HashMap<String, CollectionRow>> {
+        let client = self.client().await?;
+        let stmt =
+            client.prepare_cached(&format!("SELECT {COLLECTION_COLUMNS} FROM collections WHERE id = ANY($1)")).await?;
+        let rows = client.query(&stmt, &[&ids]).await?;
+        rows.iter().map(|r| decode_collection(r).map(|c| (c.id.clone(), c))).collect()
+    }
+
     pub async fn collection(&self, id: &str) -> Result<Option<CollectionRow>> {
         let client = self.client().await?;
         let stmt =

@@ -531,6 +531,21 @@ impl SqliteSysdb {
         .await
     }
 
+    pub async fn collections_named(&self, ids: Vec<String>) -> Result<HashMap<String, CollectionRow>> {
+        self.read(move |c| {
+            let mut stmt = c.prepare_cached(&format!("SELECT {COLLECTION_COLUMNS} FROM collections WHERE id = ?1"))?;
+            let mut out = HashMap::with_capacity(ids.len());
+            for id in &ids {
+                if let Some(row) = stmt.query_row([id], collection_row).optional()? {
+                    let row = decode_collection(row)?;
+                    out.insert(row.id.clone(), row);
+                }
+            }
+            Ok(out)
+        })
+        .await
+    }
+
     pub async fn collection(&self, id: &str) -> Result<Option<CollectionRow>> {
         let id = id.to_string();
         self.read(move |c| {

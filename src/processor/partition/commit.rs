@@ -186,17 +186,23 @@ impl Worker {
             }
         }
 
-        // Learn the collections this batch names.
-        let names: HashSet<&str> =
-            decoded.iter().filter_map(|(_, r)| r.as_ref().ok()).map(|r| r.collection_id.as_str()).collect();
-        for name in names {
-            if !self.known.contains_key(name) {
-                let k = match self.shared.sysdb.collection(name).await? {
-                    Some(row) => Known::Registered(row),
-                    None => Known::Unknown,
-                };
-                self.known.insert(name.to_string(), k);
-            }
+        // Learn the collections this batch names that the worker has not seen: one read.
+        let unseen: Vec<String> = decoded
+            .iter()
+            .filter_map(|(_, r)| r.as_ref().ok())
+            .map(|r| r.collection_id.as_str())
+            .filter(|name| !self.known.contains_key(*name))
+            .collect::<HashSet<&str>>()
+            .into_iter()
+            .map(str::to_string)
+            .collect();
+        let mut rows = self.shared.sysdb.collections_named(unseen.clone()).await?;
+        for name in unseen {
+            let k = match rows.remove(&name) {
+                Some(row) => Known::Registered(row),
+                None => Known::Unknown,
+            };
+            self.known.insert(name, k);
         }
         let routed = batch::route(
             decoded,
