@@ -223,7 +223,9 @@ pub async fn reset(config: &Config, sysdb: &Sysdb, req: &ResetRequest) -> Result
     }
     if let ResetTarget::To(n) = req.target {
         if n < 0 {
-            return Err(OffsetsError::Invalid(format!("--to {n}: an offset is >= 0 (the next record to read)")));
+            return Err(OffsetsError::Invalid(format!(
+                "--to must be >= 0 (a Kafka offset: the next record to read), not {n}"
+            )));
         }
     }
     let topic = config.kafka.log_topic();

@@ -123,8 +123,19 @@ pub fn reset_text(r: &ResetReport) -> String {
     }
     if !r.executed {
         let _ = writeln!(s, "nothing changed; run again with --execute --reason TEXT to apply");
-    } else if r.group_committed == Some(true) {
-        let _ = writeln!(s, "sysdb positions moved (audited) and group offsets committed");
+        return s;
+    }
+    for row in &r.rows {
+        let _ = writeln!(
+            s,
+            "partition {}: sysdb next_offset {} -> {} (audited)",
+            row.partition,
+            row.sysdb_next_offset.map(|p| p.to_string()).unwrap_or_else(|| "none".into()),
+            row.target
+        );
+    }
+    if r.group_committed == Some(true) {
+        let _ = writeln!(s, "group offsets committed");
     }
     s
 }
