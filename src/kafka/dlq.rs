@@ -41,13 +41,16 @@ pub struct DlqMessage {
 }
 
 /// Read every partition of `topic` from its log start up to the high watermark it has
-/// when called, with a plain assigned consumer (no group, nothing committed) that sees
+/// when called, with a plain assigned consumer (no group membership, nothing committed) that sees
 /// committed transactions only. Gives up after `timeout`.
 pub fn read_all(settings: &ClientSettings, topic: &str, timeout: Duration) -> Result<Vec<DlqMessage>, KafkaError> {
     let mut c = settings.client_config();
     c.set("enable.auto.commit", "false");
     c.set("enable.auto.offset.store", "false");
     c.set("isolation.level", "read_committed");
+    // librdkafka wants a group id even for an assigned consumer; this one never joins a
+    // group and never commits, so nothing is created on the broker under its name.
+    c.set("group.id", format!("sluice-dlq-reader-{}", uuid::Uuid::new_v4()));
     let consumer: BaseConsumer = c.create().map_err(|e| KafkaError::Config(e.to_string()))?;
     let md = consumer
         .fetch_metadata(Some(topic), settings.timeout())
