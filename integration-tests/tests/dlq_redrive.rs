@@ -7,7 +7,8 @@
 //! * A dry-run replay produces nothing. With the limit raised, `dlq replay --execute`
 //!   re-produces the chosen entries (same key, same partition, provenance headers) and
 //!   the records equal the reference model of the log with the replayed copies applied.
-//! * Replaying again produces nothing more: the log holds one copy per entry.
+//! * Replaying again (by the CLI and by the admin API) produces nothing more: the log
+//!   holds one copy per entry. `GET /api/v1/dlq` lists what `dlq list` does.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
@@ -32,6 +33,23 @@ fn entries(env: &Env, extra: &[&str]) -> Vec<Value> {
     let mut args = vec!["dlq", "list", "--format", "json"];
     args.extend_from_slice(extra);
     json(env, &args).as_array().unwrap().clone()
+}
+
+/// `POST path` with a JSON body to a replica's API: `(status, JSON body)`.
+fn http_post(port: u16, path: &str, body: &str) -> (u16, Value) {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
+    write!(
+        s,
+        "POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut raw = String::new();
+    s.read_to_string(&mut raw).unwrap();
+    let (head, body) = raw.split_once("\r\n\r\n").expect("HTTP head");
+    (head.split(' ').nth(1).unwrap().parse().unwrap(), serde_json::from_str(body).unwrap_or(Value::Null))
 }
 
 fn log_messages(env: &Env) -> Vec<ConsumedMsg> {
@@ -134,8 +152,22 @@ fn dlq_redrive(env: Env) {
     let done = json(&env, &["dlq", "replay", "--kind", KIND, "--execute", "--format", "json"]);
     assert_eq!(done["executed"], true);
     assert_eq!(done["entries"].as_array().unwrap().len(), big.len(), "{done:#}");
-    let mut r2 = env.spawn_replica("r2", &[]);
+    let port = sluice_integration_tests::free_port();
+    let mut r2 = env.spawn_replica("r2", &[("SLUICE_HTTP", &format!("127.0.0.1:{port}"))]);
     env.wait_caught_up(WAIT);
+    // The admin API lists the same entries and, asked to replay them again, skips them all.
+    let listed = loop {
+        match sluice_integration_tests::http_get(port, &format!("/api/v1/dlq?kind={KIND}")) {
+            Some((200, _, body)) => break serde_json::from_str::<Value>(&body).unwrap(),
+            Some((status, _, body)) => panic!("GET /api/v1/dlq: {status} {body}"),
+            None => std::thread::sleep(Duration::from_millis(100)),
+        }
+    };
+    assert_eq!(listed["entries"].as_array().unwrap(), &entries(&env, &["--kind", KIND]));
+    let (status, again) = http_post(port, "/api/v1/dlq/replay", &format!(r#"{{"kind":"{KIND}","execute":true}}"#));
+    assert_eq!(status, 200, "{again}");
+    assert!(again["entries"].as_array().unwrap().is_empty(), "{again:#}");
+    assert_eq!(again["already_replayed"].as_array().unwrap().len(), big.len(), "{again:#}");
     assert_eq!(r2.terminate(Duration::from_secs(30)), Some(0), "{}", r2.log_text());
     // The applied records: every good one, then the large ones in their original order.
     let mut applied = good.clone();

@@ -9,6 +9,8 @@
 //!   `--to-datetime` picks the first offset produced at or after the time; `--execute`
 //!   moves the sysdb position and the group offset together and audits it.
 //! * `offsets history` lists the reset (who, why, from, to) and a recorded gap.
+//! * The admin API gives the same plan and refusal (`POST /api/v1/offsets/reset`) and the
+//!   same history (`GET /api/v1/offsets/history`).
 //! * After the reset the replica reprocesses from the new positions and the records equal
 //!   the reference model.
 
@@ -20,6 +22,33 @@ use sluice::record::LogRecord;
 use sluice_integration_tests::{both_backends, consume_all, jsonl_lines, small_workload, Env};
 
 const PARTITIONS: i32 = 2;
+
+/// One HTTP/1.1 request to a replica's API: `(status, JSON body or Null)`.
+fn http(port: u16, method: &str, path: &str, body: Option<&str>) -> (u16, Value) {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect to the replica's HTTP server");
+    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    let body = body.unwrap_or("");
+    write!(
+        s,
+        "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut raw = String::new();
+    s.read_to_string(&mut raw).unwrap();
+    let (head, body) = raw.split_once("\r\n\r\n").expect("HTTP head");
+    (head.split(' ').nth(1).unwrap().parse().unwrap(), serde_json::from_str(body).unwrap_or(Value::Null))
+}
+
+/// Wait until the replica's HTTP server answers.
+fn wait_http(port: u16) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while sluice_integration_tests::http_get(port, "/healthz").is_none() {
+        assert!(std::time::Instant::now() < deadline, "the replica's HTTP server never answered");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
 
 struct Out {
     code: Option<i32>,
@@ -110,13 +139,24 @@ fn assert_reprocessed_state(env: &Env, from: &BTreeMap<i64, i64>) {
 fn operator_offsets(env: Env) {
     env.run(&["init", "--partitions", &PARTITIONS.to_string()]);
     // Two loads a few seconds apart; T lies between them.
-    let first: Vec<LogRecord> = small_workload(150, 11, &env.prefix, 4);
+    // Collections on both partitions (their names decide where they go).
+    let prefix = (0..)
+        .map(|k| format!("{}-{k}", env.prefix))
+        .find(|p| {
+            let homes: std::collections::BTreeSet<u32> = small_workload(150, 11, p, 4)
+                .iter()
+                .map(|r| sluice::record::partitioner::partition_for(r.collection_id.as_bytes(), PARTITIONS as u32))
+                .collect();
+            homes.len() == PARTITIONS as usize
+        })
+        .unwrap();
+    let first: Vec<LogRecord> = small_workload(150, 11, &prefix, 4);
     env.produce(&jsonl_lines(&first));
     std::thread::sleep(Duration::from_millis(1500));
     let t = now_rfc3339();
     std::thread::sleep(Duration::from_millis(1500));
     let highs_first: BTreeMap<i64, i64> = positions(&env).into_iter().map(|(p, (_, _, h))| (p, h)).collect();
-    let second: Vec<LogRecord> = small_workload(150, 12, &env.prefix, 4);
+    let second: Vec<LogRecord> = small_workload(150, 12, &prefix, 4);
     env.produce(&jsonl_lines(&second));
     let highs: BTreeMap<i64, i64> = positions(&env).into_iter().map(|(p, (_, _, h))| (p, h)).collect();
     assert!(
@@ -130,7 +170,8 @@ fn operator_offsets(env: Env) {
     assert!(w.stdout.contains("partition 0: lag") && w.stdout.contains("partition 1: lag"), "{}", w.stdout);
     assert!(w.stderr.contains("still lag"), "{}", w.stderr);
 
-    let mut r1 = env.spawn_replica("r1", &[]);
+    let port = sluice_integration_tests::free_port();
+    let mut r1 = env.spawn_replica("r1", &[("SLUICE_HTTP", &format!("127.0.0.1:{port}"))]);
     let w = sluice(&env, &["offsets", "wait", "--timeout", "120s"]);
     assert_eq!(w.code, Some(0), "wait until caught up: {} {}\n{}", w.stdout, w.stderr, r1.log_text());
     assert!(positions(&env).values().all(|(s, _, h)| *s == Some(*h)), "caught up when wait returned");
@@ -147,6 +188,22 @@ fn operator_offsets(env: Env) {
     assert_eq!(o.code, Some(1), "refused while a member is active: {}", o.stdout);
     assert!(o.stderr.contains("active member") && o.stderr.contains(&member_id), "{}", o.stderr);
     assert!(o.stderr.contains("--force"), "{}", o.stderr);
+    assert_eq!(positions(&env), before, "the refused reset changed positions");
+    // The admin API: the same plan, the same refusal.
+    wait_http(port);
+    let (status, api_plan) =
+        http(port, "POST", "/api/v1/offsets/reset", Some(r#"{"all_partitions":true,"to_earliest":true}"#));
+    assert_eq!(status, 200, "{api_plan}");
+    assert_eq!((api_plan["executed"].clone(), api_plan["rows"].clone()), (Value::Bool(false), plan["rows"].clone()));
+    assert_eq!(api_plan["active_members"][0]["id"], member_id.as_str());
+    let (status, refused) = http(
+        port,
+        "POST",
+        "/api/v1/offsets/reset",
+        Some(r#"{"all_partitions":true,"to_earliest":true,"execute":true,"reason":"x"}"#),
+    );
+    assert_eq!((status, refused["error"].as_str()), (400, Some("bad_request")), "{refused}");
+    assert!(refused["message"].as_str().unwrap().contains(&member_id), "{refused}");
     assert_eq!(positions(&env), before, "the refused reset changed positions");
     assert_eq!(r1.terminate(Duration::from_secs(30)), Some(0), "graceful stop");
     env.run(&["offsets", "reconcile"]);
@@ -240,9 +297,14 @@ fn operator_offsets(env: Env) {
     }
 
     // A replica reprocesses from there; the records equal the reference model.
-    let mut r2 = env.spawn_replica("r2", &[]);
+    let port = sluice_integration_tests::free_port();
+    let mut r2 = env.spawn_replica("r2", &[("SLUICE_HTTP", &format!("127.0.0.1:{port}"))]);
     let w = sluice(&env, &["offsets", "wait", "--timeout", "120s"]);
     assert_eq!(w.code, Some(0), "{} {}\n{}", w.stdout, w.stderr, r2.log_text());
+    wait_http(port);
+    let (status, api_history) = http(port, "GET", "/api/v1/offsets/history", None);
+    assert_eq!(status, 200, "{api_history}");
+    assert_eq!(api_history["entries"].as_array().unwrap(), &history(&env), "the API's history is the CLI's");
     assert_eq!(r2.terminate(Duration::from_secs(30)), Some(0));
     assert_reprocessed_state(&env, &highs_first);
 
