@@ -4,7 +4,8 @@
 //! * `offsets wait` exits 0 once no partition lags, and 1 at its timeout naming the
 //!   partitions that do.
 //! * `offsets reset` refuses while the group has an active member (naming it) unless
-//!   forced; a dry run (the default) changes neither the sysdb nor the group offset; a
+//!   forced (a forced reset moves the sysdb position and says whether the group offset
+//!   was committed); a dry run (the default) changes neither the sysdb nor the group offset; a
 //!   missing partition or topic and a target outside the log are refused, naming them;
 //!   `--to-datetime` picks the first offset produced at or after the time; `--execute`
 //!   moves the sysdb position and the group offset together and audits it.
@@ -305,14 +306,45 @@ fn operator_offsets(env: Env) {
     let (status, api_history) = http(port, "GET", "/api/v1/offsets/history", None);
     assert_eq!(status, 200, "{api_history}");
     assert_eq!(api_history["entries"].as_array().unwrap(), &history(&env), "the API's history is the CLI's");
-    assert_eq!(r2.terminate(Duration::from_secs(30)), Some(0));
     assert_reprocessed_state(&env, &highs_first);
+
+    // `--force` resets while a member is active: the sysdb moves (audited); the group
+    // offset cannot follow, and the report says so.
+    let forced: Value = serde_json::from_str(&env.run(&[
+        "offsets",
+        "reset",
+        "--partition",
+        "1",
+        "--to-earliest",
+        "--execute",
+        "--force",
+        "--reason",
+        "forced while running",
+        "--format",
+        "json",
+    ]))
+    .unwrap();
+    assert_eq!(
+        (forced["executed"].as_bool(), forced["active_members"].as_array().map(Vec::len)),
+        (Some(true), Some(1))
+    );
+    // The broker refuses a commit from outside a group that has members.
+    assert_eq!(forced["group_committed"], false, "{forced:#}");
+    assert!(forced["group_error"].as_str().is_some_and(|e| e.contains("commit group offsets")), "{forced:#}");
+    assert_eq!(positions(&env)[&1].0, Some(0), "the forced reset moved the sysdb position");
+    assert_eq!(r2.terminate(Duration::from_secs(30)), Some(0));
 
     // A recorded data-loss gap shows in the history after the resets.
     let high0 = highs[&0];
     record_gap(&env, 0, high0, high0 + 5);
     let h = history(&env);
-    assert_eq!(h.len(), PARTITIONS as usize + 1, "{h:#?}");
+    assert_eq!(h.len(), PARTITIONS as usize + 2, "{h:#?}");
+    let f = &h[PARTITIONS as usize];
+    assert_eq!(
+        (f["kind"].as_str(), f["partition"].as_i64(), f["reason"].as_str()),
+        (Some("reset"), Some(1), Some("forced while running"))
+    );
+    assert_eq!((f["from_offset"].as_i64(), f["to_offset"].as_i64()), (Some(highs[&1]), Some(0)));
     let gap = h.last().unwrap();
     assert_eq!((gap["kind"].as_str(), gap["partition"].as_i64()), (Some("gap"), Some(0)), "{gap}");
     assert_eq!((gap["from_offset"].as_i64(), gap["to_offset"].as_i64()), (Some(high0), Some(high0 + 5)));
