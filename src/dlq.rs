@@ -175,46 +175,20 @@ pub async fn replay(
 ) -> Result<ReplayReport, DlqError> {
     let messages = read(config).await?;
     let replayed = replays(config, sysdb).await?;
-    let mut report = ReplayReport {
-        executed: execute,
-        entries: Vec::new(),
-        already_replayed: Vec::new(),
-        duplicates: Vec::new(),
-        not_replayable: Vec::new(),
-    };
-    // Sources already replayed through any of their DLQ entries.
-    let mut sources_done: HashSet<(Option<String>, Option<i32>, Option<i64>)> = HashSet::new();
-    let views: Vec<(DlqEntryView, &DlqMessage)> = messages
+    let views: Vec<DlqEntryView> = messages
         .iter()
-        .map(|m| (DlqEntryView::from_message(m, replayed.get(&(m.partition, m.offset)).copied()), m))
+        .map(|m| DlqEntryView::from_message(m, replayed.get(&(m.partition, m.offset)).copied()))
         .collect();
-    let source = |v: &DlqEntryView| (v.source_topic.clone(), v.source_partition, v.source_offset);
-    let known_source = |v: &DlqEntryView| v.source_partition.is_some() && v.source_offset.is_some();
-    for (v, _) in &views {
-        if v.replayed_to.is_some() && known_source(v) {
-            sources_done.insert(source(v));
-        }
-    }
-    let mut chosen: Vec<(DlqEntryView, &DlqMessage)> = Vec::new();
-    for (v, m) in views.into_iter().filter(|(v, _)| v.matches(filter)) {
-        if v.replayed_to.is_some() {
-            report.already_replayed.push(v);
-        } else if known_source(&v) && sources_done.contains(&source(&v)) {
-            report.duplicates.push(v);
-        } else if v.payload_omitted {
-            report.not_replayable.push(v);
-        } else {
-            if known_source(&v) {
-                sources_done.insert(source(&v));
-            }
-            chosen.push((v, m));
-        }
-    }
-    // The source order: a collection's records replay in the order they were first written.
-    chosen.sort_by_key(|(v, _)| (v.source_partition, v.source_offset, v.dlq_partition, v.dlq_offset));
-    if let Some(n) = filter.limit {
-        chosen.truncate(n);
-    }
+    let by_position: HashMap<(i32, i64), &DlqMessage> = messages.iter().map(|m| ((m.partition, m.offset), m)).collect();
+    let mut report = select(views, filter);
+    report.executed = execute;
+    let chosen: Vec<(DlqEntryView, &DlqMessage)> = std::mem::take(&mut report.entries)
+        .into_iter()
+        .map(|v| {
+            let m = by_position[&(v.dlq_partition, v.dlq_offset)];
+            (v, m)
+        })
+        .collect();
     let log_topic = config.kafka.log_topic();
     let dlq_topic = config.kafka.dlq_topic();
     for (mut v, m) in chosen {
@@ -263,6 +237,105 @@ pub async fn replay(
     Ok(report)
 }
 
+/// Which of the DLQ's entries a replay takes (`entries`, in source order, at most
+/// `filter.limit`) and which matching ones it skips, and why. Pure: the tests call it.
+pub fn select(views: Vec<DlqEntryView>, filter: &DlqFilter) -> ReplayReport {
+    let mut report = ReplayReport {
+        executed: false,
+        entries: Vec::new(),
+        already_replayed: Vec::new(),
+        duplicates: Vec::new(),
+        not_replayable: Vec::new(),
+    };
+    let source = |v: &DlqEntryView| (v.source_topic.clone(), v.source_partition, v.source_offset);
+    let known_source = |v: &DlqEntryView| v.source_partition.is_some() && v.source_offset.is_some();
+    // Sources replayed through any of their DLQ entries, matching the filter or not.
+    let mut sources_done: HashSet<(Option<String>, Option<i32>, Option<i64>)> =
+        views.iter().filter(|v| v.replayed_to.is_some() && known_source(v)).map(source).collect();
+    for v in views.into_iter().filter(|v| v.matches(filter)) {
+        if v.replayed_to.is_some() {
+            report.already_replayed.push(v);
+        } else if known_source(&v) && sources_done.contains(&source(&v)) {
+            report.duplicates.push(v);
+        } else if v.payload_omitted {
+            report.not_replayable.push(v);
+        } else {
+            if known_source(&v) {
+                sources_done.insert(source(&v));
+            }
+            report.entries.push(v);
+        }
+    }
+    // The source order: a collection's records replay in the order they were first written.
+    report.entries.sort_by_key(|v| (v.source_partition, v.source_offset, v.dlq_partition, v.dlq_offset));
+    if let Some(n) = filter.limit {
+        report.entries.truncate(n);
+    }
+    report
+}
+
 fn now_ms() -> i64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(dlq: (i32, i64), source: (i32, i64), kind: &str, collection: &str, at: i64) -> DlqEntryView {
+        DlqEntryView {
+            dlq_partition: dlq.0,
+            dlq_offset: dlq.1,
+            timestamp_ms: Some(at),
+            source_topic: Some("p.log".into()),
+            source_partition: Some(source.0),
+            source_offset: Some(source.1),
+            kind: kind.into(),
+            message: "m".into(),
+            collection: Some(collection.into()),
+            payload_bytes: 10,
+            payload_omitted: false,
+            replayed_to: None,
+        }
+    }
+
+    fn positions(vs: &[DlqEntryView]) -> Vec<(i32, i64)> {
+        vs.iter().map(|v| (v.dlq_partition, v.dlq_offset)).collect()
+    }
+
+    #[test]
+    fn a_replay_takes_each_source_record_once_in_source_order() {
+        let mut replayed = entry((0, 1), (1, 5), "k", "a", 10);
+        replayed.replayed_to = Some(ReplayedTo { partition: 1, offset: 90, at_ms: 11 });
+        let mut omitted = entry((0, 4), (0, 8), "k", "a", 10);
+        omitted.payload_omitted = true;
+        let views = vec![
+            entry((1, 0), (0, 7), "k", "b", 10),
+            replayed,
+            entry((0, 2), (1, 5), "k", "a", 12), // a second DLQ entry of a replayed source
+            entry((0, 3), (0, 3), "k", "a", 12),
+            entry((1, 1), (0, 3), "k", "a", 13), // a second DLQ entry of a chosen source
+            omitted,
+            entry((0, 5), (0, 9), "other", "a", 14),
+        ];
+        let all = select(views.clone(), &DlqFilter::default());
+        assert_eq!(positions(&all.entries), [(0, 3), (1, 0), (0, 5)], "source order");
+        assert_eq!(positions(&all.already_replayed), [(0, 1)]);
+        assert_eq!(positions(&all.duplicates), [(0, 2), (1, 1)]);
+        assert_eq!(positions(&all.not_replayable), [(0, 4)]);
+
+        let kind = DlqFilter { kind: Some("k".into()), ..DlqFilter::default() };
+        assert_eq!(positions(&select(views.clone(), &kind).entries), [(0, 3), (1, 0)]);
+        let of_b = DlqFilter { collection: Some("b".into()), ..DlqFilter::default() };
+        assert_eq!(positions(&select(views.clone(), &of_b).entries), [(1, 0)]);
+        let since = DlqFilter { since_ms: Some(13), ..DlqFilter::default() };
+        let later = select(views.clone(), &since);
+        assert_eq!(
+            positions(&later.entries),
+            [(1, 1), (0, 5)],
+            "the first of a pair filtered out: the second is taken"
+        );
+        let one = DlqFilter { limit: Some(1), ..DlqFilter::default() };
+        assert_eq!(positions(&select(views, &one).entries), [(0, 3)]);
+    }
 }

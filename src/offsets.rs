@@ -205,7 +205,6 @@ pub fn clamp_target(
 }
 
 struct KafkaView {
-    count: i32,
     group: crate::kafka::admin::GroupDescription,
     group_offsets: std::collections::HashMap<i32, i64>,
     marks: Vec<(i64, i64)>,
@@ -260,12 +259,11 @@ pub async fn reset(config: &Config, sysdb: &Sysdb, req: &ResetRequest) -> Result
                 ResetTarget::Datetime(ms) => md.offsets_for_time(&t, &chosen, ms)?,
                 _ => Default::default(),
             };
-            Ok(Ok((chosen, KafkaView { count, group, group_offsets, marks, by_time })))
+            Ok(Ok((chosen, KafkaView { group, group_offsets, marks, by_time })))
         })
         .await
         .map_err(|e| OffsetsError::Kafka(KafkaError::Config(format!("offset query task failed: {e}"))))??;
     let (chosen, view) = view?;
-    let _ = view.count;
     let positions = sysdb.positions(&topic).await?;
     let mut rows = Vec::with_capacity(chosen.len());
     for (i, &p) in chosen.iter().enumerate() {
