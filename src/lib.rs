@@ -6,6 +6,7 @@ pub mod api;
 pub mod backfill;
 pub mod cli;
 pub mod config;
+pub mod dlq;
 pub mod failpoint;
 pub mod functions;
 pub mod health;

@@ -55,6 +55,7 @@ fn main() -> std::process::ExitCode {
             Cmd::Records { collection, format } => commands::records(&config, &collection, format).await,
             Cmd::Collections { command } => commands::collections(&config, command).await,
             Cmd::Offsets { command } => commands::offsets(&config, command).await,
+            Cmd::Dlq { command } => sluice::cli::dlq::run(&config, command).await,
             Cmd::Config { command: ConfigCmd::Show } => commands::config_show(&config),
             Cmd::Workload { records, collections, dim, ids_per_collection, seed, collection_prefix } => {
                 commands::workload(&sluice::workload::WorkloadSpec {

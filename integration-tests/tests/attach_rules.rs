@@ -234,7 +234,17 @@ fn lost_marker(env: Env) {
     let p = partition0(&env);
     let (next, high) = (p["sysdb_next_offset"].as_i64().unwrap(), p["high_watermark"].as_i64().unwrap());
     assert_eq!(next + 1, high, "the marker is the only record not yet applied: {p}");
-    env.run(&["offsets", "reset", "--partition", "0", "--to", &high.to_string(), "--reason", "skip past the marker"]);
+    env.run(&[
+        "offsets",
+        "reset",
+        "--partition",
+        "0",
+        "--to",
+        &high.to_string(),
+        "--reason",
+        "skip past the marker",
+        "--execute",
+    ]);
     assert_eq!(function(&env, &id)["status"], "awaiting_marker");
 
     // A replica that only runs the outbox relay: it republishes the lost marker once,
@@ -281,7 +291,7 @@ fn lost_under_reject(env: Env) {
     let attached = attach(&env, &c, "record_counter", "count");
     assert_eq!(attached["marker"], "published");
     let id = attached["function_id"].as_str().unwrap().to_string();
-    env.run(&["offsets", "reset", "--partition", "0", "--to", "1", "--reason", "skip past the marker"]);
+    env.run(&["offsets", "reset", "--partition", "0", "--to", "1", "--reason", "skip past the marker", "--execute"]);
 
     let strict = env.with_processor("unknown_collections = \"reject\"\n");
     let port = free_port();

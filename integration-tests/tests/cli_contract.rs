@@ -91,7 +91,7 @@ fn offsets_reset_is_audited_and_reconcile_pushes_sysdb_positions_into_the_group(
 
     // Reset partition 1 to 5: the sysdb moves, the audit row says who, from, to, why.
     let before = offsets(&env)[1]["sysdb_next_offset"].as_i64().unwrap();
-    let out = env.run(&["offsets", "reset", "--partition", "1", "--to", "5", "--reason", "replay test"]);
+    let out = env.run(&["offsets", "reset", "--partition", "1", "--to", "5", "--reason", "replay test", "--execute"]);
     assert!(out.contains(&format!("{before} -> 5")), "{out}");
     assert_eq!(offsets(&env)[1]["sysdb_next_offset"].as_i64(), Some(5));
     let rt = tokio::runtime::Runtime::new().unwrap();

@@ -390,6 +390,7 @@ fn every_dashboard_and_alert_expression_works_against_two_real_replicas() {
         "0",
         "--reason",
         "prometheus_dashboard test: gap",
+        "--execute",
     ]);
     let admin: AdminClient<DefaultClientContext> =
         ClientConfig::new().set("bootstrap.servers", brokers()).create().unwrap();

@@ -272,6 +272,7 @@ fn refused_records(env: Env) {
         &position.to_string(),
         "--reason",
         "resume after the halt",
+        "--execute",
     ]);
     let rows = offsets_json(&env);
     assert!(rows.iter().all(|r| r["status"] == "running" && r["halted_at_ms"].is_null()), "{rows:#?}");

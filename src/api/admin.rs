@@ -1,6 +1,7 @@
 //! The JSON admin API under `/api/v1`, mirroring the CLI: collections (list, show, read
 //! records with paging), records in (`POST .../records`, see [`super::ingest`]),
-//! functions (attach, list, show, detach) and `offsets show`. `docs/openapi.yaml` is its
+//! functions (attach, list, show, detach), `offsets show`, `offsets history`, `offsets
+//! reset` (a dry run unless `execute`), and the DLQ (`dlq list`, `dlq replay`). `docs/openapi.yaml` is its
 //! reference.
 //!
 //! Reads are open; mutating requests need the bearer token when one is configured
@@ -14,7 +15,7 @@ use axum::extract::rejection::{BytesRejection, PathRejection, QueryRejection};
 use axum::extract::{DefaultBodyLimit, Path, Query, State};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
+use axum::routing::{get, post};
 use axum::{middleware, Json, Router};
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -39,6 +40,10 @@ pub fn routes(admin: Arc<Admin>) -> Router {
         .route("/functions", get(list_functions).post(attach_function))
         .route("/functions/{id}", get(show_function).delete(detach_function))
         .route("/offsets", get(offsets))
+        .route("/offsets/history", get(offsets_history))
+        .route("/offsets/reset", post(offsets_reset))
+        .route("/dlq", get(dlq_list))
+        .route("/dlq/replay", post(dlq_replay))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(middleware::from_fn_with_state(token, require_token))
@@ -221,13 +226,171 @@ async fn detach_function(
     Ok(Json(json!({"detached": function_json(&before), "output_dropped": q.drop_output})))
 }
 
+impl From<OffsetsError> for HttpError {
+    fn from(e: OffsetsError) -> Self {
+        match e {
+            OffsetsError::Kafka(e) => HttpError::from_kafka(&e),
+            OffsetsError::Sysdb(e) => HttpError::from(e),
+            OffsetsError::Refused(_) | OffsetsError::Invalid(_) => HttpError::bad_request(e.to_string()),
+        }
+    }
+}
+
 /// `offsets show`: sysdb position, group offset and high watermark per partition.
 async fn offsets(State(admin): State<Arc<Admin>>) -> Result<Json<Value>, HttpError> {
-    let rows = crate::offsets::offset_rows(&admin.config, &admin.sysdb).await.map_err(|e| match e {
-        OffsetsError::Kafka(e) => HttpError::from_kafka(&e),
-        OffsetsError::Sysdb(e) => HttpError::from(e),
-    })?;
+    let rows = crate::offsets::offset_rows(&admin.config, &admin.sysdb).await?;
     Ok(Json(json!({"topic": admin.config.kafka.log_topic(), "partitions": rows})))
+}
+
+/// `offsets history`: operator resets and recorded data-loss gaps, oldest first.
+async fn offsets_history(State(admin): State<Arc<Admin>>) -> Result<Json<Value>, HttpError> {
+    let entries = crate::offsets::history(&admin.config, &admin.sysdb).await?;
+    Ok(Json(json!({"topic": admin.config.kafka.log_topic(), "entries": entries})))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ResetBody {
+    /// Explicit partitions; or `all_partitions: true`.
+    #[serde(default)]
+    partitions: Vec<i32>,
+    #[serde(default)]
+    all_partitions: bool,
+    to: Option<i64>,
+    #[serde(default)]
+    to_earliest: bool,
+    #[serde(default)]
+    to_latest: bool,
+    /// RFC 3339.
+    to_datetime: Option<String>,
+    shift_by: Option<i64>,
+    #[serde(default)]
+    clamp: bool,
+    #[serde(default)]
+    force: bool,
+    #[serde(default)]
+    execute: bool,
+    reason: Option<String>,
+    /// Recorded in the audit row (default `admin-api`).
+    actor: Option<String>,
+}
+
+fn reset_request(b: ResetBody) -> Result<crate::offsets::ResetRequest, HttpError> {
+    use crate::offsets::{parse_rfc3339_ms, PartitionSelection, ResetRequest, ResetTarget};
+    let targets = usize::from(b.to.is_some())
+        + usize::from(b.to_earliest)
+        + usize::from(b.to_latest)
+        + usize::from(b.to_datetime.is_some())
+        + usize::from(b.shift_by.is_some());
+    if targets != 1 {
+        return Err(HttpError::bad_request(
+            "give exactly one target: to, to_earliest, to_latest, to_datetime or shift_by",
+        ));
+    }
+    let target = if let Some(n) = b.to {
+        ResetTarget::To(n)
+    } else if b.to_earliest {
+        ResetTarget::Earliest
+    } else if b.to_latest {
+        ResetTarget::Latest
+    } else if let Some(t) = &b.to_datetime {
+        ResetTarget::Datetime(parse_rfc3339_ms(t).map_err(HttpError::bad_request)?)
+    } else {
+        ResetTarget::ShiftBy(b.shift_by.unwrap_or_default())
+    };
+    let partitions = match (b.all_partitions, b.partitions.is_empty()) {
+        (true, true) => PartitionSelection::All,
+        (false, false) => PartitionSelection::List(b.partitions),
+        _ => return Err(HttpError::bad_request("give either partitions or all_partitions: true")),
+    };
+    let execute = if b.execute {
+        match b.reason.as_deref().map(str::trim) {
+            Some(r) if !r.is_empty() => Some((b.actor.unwrap_or_else(|| "admin-api".into()), r.to_string())),
+            _ => return Err(HttpError::bad_request("execute needs a reason (it is audited with the reset)")),
+        }
+    } else {
+        None
+    };
+    Ok(ResetRequest { partitions, target, clamp: b.clamp, force: b.force, execute })
+}
+
+/// `offsets reset`: the plan (a dry run) unless `execute`, with the CLI's validation.
+async fn offsets_reset(
+    State(admin): State<Arc<Admin>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Json<Value>, HttpError> {
+    let body = body?;
+    let b: ResetBody = serde_json::from_slice(&body).map_err(|e| HttpError::from_json(&e))?;
+    let report = crate::offsets::reset(&admin.config, &admin.sysdb, &reset_request(b)?).await?;
+    Ok(Json(json!(report)))
+}
+
+impl From<crate::dlq::DlqError> for HttpError {
+    fn from(e: crate::dlq::DlqError) -> Self {
+        use crate::dlq::DlqError;
+        match e {
+            DlqError::Kafka(e) => HttpError::from_kafka(&e),
+            DlqError::Sysdb(e) => HttpError::from(e),
+            DlqError::Unrecorded { .. } => HttpError::new(ErrorCode::Unavailable, e.to_string()),
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DlqQuery {
+    kind: Option<String>,
+    collection: Option<String>,
+    /// RFC 3339.
+    since: Option<String>,
+    limit: Option<usize>,
+}
+
+fn dlq_filter(q: DlqQuery) -> Result<crate::dlq::DlqFilter, HttpError> {
+    Ok(crate::dlq::DlqFilter {
+        kind: q.kind,
+        collection: q.collection,
+        since_ms: q
+            .since
+            .as_deref()
+            .map(crate::offsets::parse_rfc3339_ms)
+            .transpose()
+            .map_err(HttpError::bad_request)?,
+        limit: q.limit,
+    })
+}
+
+/// `dlq list`: the DLQ entries that pass the filters.
+async fn dlq_list(
+    State(admin): State<Arc<Admin>>,
+    query: Result<Query<DlqQuery>, QueryRejection>,
+) -> Result<Json<Value>, HttpError> {
+    let Query(q) = query?;
+    let entries = crate::dlq::list(&admin.config, &admin.sysdb, &dlq_filter(q)?).await?;
+    Ok(Json(json!({"topic": admin.config.kafka.dlq_topic(), "entries": entries})))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ReplayBody {
+    kind: Option<String>,
+    collection: Option<String>,
+    since: Option<String>,
+    limit: Option<usize>,
+    #[serde(default)]
+    execute: bool,
+}
+
+/// `dlq replay`: a dry run unless `execute`.
+async fn dlq_replay(
+    State(admin): State<Arc<Admin>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Json<Value>, HttpError> {
+    let body = body?;
+    let b: ReplayBody = serde_json::from_slice(&body).map_err(|e| HttpError::from_json(&e))?;
+    let filter = dlq_filter(DlqQuery { kind: b.kind, collection: b.collection, since: b.since, limit: b.limit })?;
+    let report = crate::dlq::replay(&admin.config, &admin.sysdb, &admin.producer, &filter, b.execute).await?;
+    Ok(Json(json!(report)))
 }
 
 #[cfg(test)]

@@ -340,3 +340,72 @@ async fn unknown_functions_are_404s() {
     assert_eq!(status, StatusCode::OK, "{v}");
     assert_eq!(v["functions"], serde_json::json!([]));
 }
+
+#[tokio::test]
+async fn offsets_history_lists_resets_and_gaps_from_the_sysdb() {
+    let admin = Admin::new(config(None), sysdb_with(2).await).unwrap();
+    admin.sysdb.reset_position("admin-test.log", 1, 7, "alice", "replay the night").await.unwrap();
+    admin.sysdb.record_gap("admin-test.log", 0, 2, 9).await.unwrap();
+    let app = router(AppState { metrics: Metrics::new(), health: Health::new(), admin: Some(Arc::new(admin)) });
+    let (status, v) = get(&app, "/api/v1/offsets/history").await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    assert_eq!(v["topic"], "admin-test.log");
+    let entries = v["entries"].as_array().unwrap();
+    assert_eq!(entries.len(), 2, "{v}");
+    let reset = entries.iter().find(|e| e["kind"] == "reset").expect("the reset");
+    assert_eq!(
+        (&reset["partition"], &reset["actor"], &reset["reason"], &reset["from_offset"], &reset["to_offset"]),
+        (
+            &serde_json::json!(1),
+            &serde_json::json!("alice"),
+            &serde_json::json!("replay the night"),
+            &Value::Null,
+            &serde_json::json!(7)
+        )
+    );
+    let gap = entries.iter().find(|e| e["kind"] == "gap").expect("the gap");
+    assert_eq!(
+        (&gap["partition"], &gap["from_offset"], &gap["to_offset"]),
+        (&serde_json::json!(0), &serde_json::json!(2), &serde_json::json!(9))
+    );
+}
+
+#[tokio::test]
+async fn offsets_reset_and_dlq_replay_validate_before_touching_the_broker() {
+    let app = app(Some(TOKEN), 0).await;
+    let post = |uri: &'static str, body: &'static str| {
+        let app = app.clone();
+        async move { call(&app, Method::POST, uri, Some(TOKEN), Some(body)).await }
+    };
+    // Mutating: the token is needed (dry runs included).
+    assert_error(
+        &call(&app, Method::POST, "/api/v1/offsets/reset", None, Some(r#"{"partitions":[0],"to":1}"#)).await,
+        StatusCode::UNAUTHORIZED,
+        "unauthorized",
+    );
+    for (body, needle) in [
+        (r#"{"partitions":[0]}"#, "exactly one target"),
+        (r#"{"partitions":[0],"to":1,"to_latest":true}"#, "exactly one target"),
+        (r#"{"to":1}"#, "all_partitions"),
+        (r#"{"partitions":[0],"all_partitions":true,"to":1}"#, "all_partitions"),
+        (r#"{"partitions":[0],"to":1,"execute":true}"#, "reason"),
+        (r#"{"partitions":[0],"to":1,"execute":true,"reason":"  "}"#, "reason"),
+        (r#"{"partitions":[0],"to_datetime":"yesterday"}"#, "RFC 3339"),
+        (r#"{"partitions":[0],"to":-1}"#, ">= 0"),
+    ] {
+        let got = post("/api/v1/offsets/reset", body).await;
+        assert_error(&got, StatusCode::BAD_REQUEST, "bad_request");
+        assert!(got.1["message"].as_str().unwrap().contains(needle), "{body}: {}", got.1);
+    }
+    // Unknown fields are refused, not ignored.
+    assert_error(
+        &post("/api/v1/offsets/reset", r#"{"partition":0,"to":1}"#).await,
+        StatusCode::BAD_REQUEST,
+        "bad_request",
+    );
+    assert_error(&post("/api/v1/dlq/replay", r#"{"kinds":"x"}"#).await, StatusCode::BAD_REQUEST, "bad_request");
+    assert_error(&post("/api/v1/dlq/replay", "not json").await, StatusCode::BAD_REQUEST, "bad_json");
+    let since = post("/api/v1/dlq/replay", r#"{"since":"last week"}"#).await;
+    assert_error(&since, StatusCode::BAD_REQUEST, "bad_request");
+    assert_error(&get(&app, "/api/v1/dlq?since=never").await, StatusCode::BAD_REQUEST, "bad_request");
+}

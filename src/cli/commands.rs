@@ -4,7 +4,6 @@ use std::io::{BufRead, Write};
 
 use anyhow::{bail, Context, Result};
 use serde_json::json;
-use tracing::info;
 
 use super::jsonl;
 use super::{CollectionsCmd, Format, OffsetsCmd};
@@ -237,18 +236,7 @@ pub async fn offsets(config: &Config, cmd: OffsetsCmd) -> Result<()> {
             .await??;
             println!("pushed {n} sysdb positions into group {}", config.kafka.group);
         }
-        OffsetsCmd::Reset { partition, to, reason } => {
-            if to < 0 {
-                bail!("--to must be >= 0 (a Kafka offset: the next record to read)");
-            }
-            let actor = std::env::var("USER").unwrap_or_else(|_| "unknown".into());
-            let prev = sysdb.reset_position(&topic, partition, to, &actor, &reason).await?;
-            info!(partition, to, ?prev, "sysdb position reset");
-            println!(
-                "partition {partition}: sysdb next_offset {} -> {to} (audited; restart the replicas that own it)",
-                prev.map(|p| p.to_string()).unwrap_or_else(|| "none".into())
-            );
-        }
+        other => return super::offsets_cmd::run(config, &sysdb, other).await,
     }
     Ok(())
 }

@@ -2,12 +2,14 @@
 //! a contract other tools and the tests depend on.
 
 pub mod commands;
+pub mod dlq;
+pub mod offsets_cmd;
 /// JSON lines live with the record types; re-exported for the commands and tests.
 pub use crate::record::jsonl;
 
 use std::path::PathBuf;
 
-use clap::{Args, Parser, Subcommand, ValueEnum};
+use clap::{ArgGroup, Args, Parser, Subcommand, ValueEnum};
 
 #[derive(Debug, Parser)]
 #[command(name = "sluice", version, about = "Kafka-backed stream processor for collection logs")]
@@ -99,6 +101,11 @@ pub enum Cmd {
         #[command(subcommand)]
         command: OffsetsCmd,
     },
+    /// The dead-letter topic: list its entries, replay them into the log.
+    Dlq {
+        #[command(subcommand)]
+        command: DlqCmd,
+    },
     /// Configuration.
     Config {
         #[command(subcommand)]
@@ -140,15 +147,102 @@ pub enum OffsetsCmd {
     },
     /// Push the sysdb positions into the consumer group (stop the replicas first).
     Reconcile,
-    /// Operator override of a partition's sysdb position (audited).
-    Reset {
-        #[arg(long)]
-        partition: i32,
-        #[arg(long)]
-        to: i64,
-        #[arg(long, default_value = "operator reset")]
-        reason: String,
+    /// Move partitions' positions, the sysdb's (audited) and the group's: prints the plan
+    /// and changes nothing unless --execute.
+    Reset(ResetArgs),
+    /// Operator resets and recorded data-loss gaps, oldest first.
+    History {
+        #[arg(long, value_enum, default_value_t = Format::Human)]
+        format: Format,
     },
+    /// Wait until no partition lags (exit 0), or exit 1 at the timeout naming those that do.
+    Wait {
+        /// How long to wait: 30s, 5m, 1h, 250ms (a bare number is seconds).
+        #[arg(long, default_value = "5m")]
+        timeout: String,
+    },
+}
+
+/// `offsets reset`: one target, and explicit partitions or all of them.
+#[derive(Debug, Args)]
+#[command(group(ArgGroup::new("target").required(true).args(["to", "to_earliest", "to_latest", "to_datetime", "shift_by"])))]
+#[command(group(ArgGroup::new("which").required(true).args(["partition", "all_partitions"])))]
+pub struct ResetArgs {
+    /// A partition of the log topic (repeatable).
+    #[arg(long)]
+    pub partition: Vec<i32>,
+    /// Every partition of the log topic.
+    #[arg(long)]
+    pub all_partitions: bool,
+    /// This offset (the next record to read).
+    #[arg(long, allow_hyphen_values = true)]
+    pub to: Option<i64>,
+    /// The log start (first offset still stored).
+    #[arg(long)]
+    pub to_earliest: bool,
+    /// The high watermark (skip everything stored).
+    #[arg(long)]
+    pub to_latest: bool,
+    /// The first record at or after this RFC 3339 time (e.g. 2026-12-01T18:00:00Z).
+    #[arg(long)]
+    pub to_datetime: Option<String>,
+    /// The current position (sysdb, else the group offset) plus N (may be negative).
+    #[arg(long, allow_hyphen_values = true)]
+    pub shift_by: Option<i64>,
+    /// Move a target outside [log start, high watermark] to the nearest bound instead of
+    /// refusing it.
+    #[arg(long)]
+    pub clamp: bool,
+    /// Write the plan (without it, a dry run).
+    #[arg(long)]
+    pub execute: bool,
+    /// Reset even though the consumer group has active members.
+    #[arg(long)]
+    pub force: bool,
+    /// Why (audited; required with --execute).
+    #[arg(long)]
+    pub reason: Option<String>,
+    #[arg(long, value_enum, default_value_t = Format::Human)]
+    pub format: Format,
+}
+
+/// `sluice dlq`: entries with their source, kind and message.
+#[derive(Debug, Subcommand)]
+pub enum DlqCmd {
+    /// List DLQ entries (read from the DLQ topic's start to its high watermark).
+    List {
+        #[command(flatten)]
+        filter: DlqFilterArgs,
+        #[arg(long, value_enum, default_value_t = Format::Human)]
+        format: Format,
+    },
+    /// Re-produce the chosen entries' original bytes into the log (same key), once each:
+    /// a dry run listing them unless --execute.
+    Replay {
+        #[command(flatten)]
+        filter: DlqFilterArgs,
+        #[arg(long)]
+        execute: bool,
+        #[arg(long, value_enum, default_value_t = Format::Human)]
+        format: Format,
+    },
+}
+
+/// Which DLQ entries.
+#[derive(Debug, Args)]
+pub struct DlqFilterArgs {
+    /// Only this kind (`document_too_large`, `sysdb_rejected`, ...).
+    #[arg(long)]
+    pub kind: Option<String>,
+    /// Only this collection (the record's key).
+    #[arg(long)]
+    pub collection: Option<String>,
+    /// Only entries produced at or after this RFC 3339 time.
+    #[arg(long)]
+    pub since: Option<String>,
+    /// At most N entries.
+    #[arg(long)]
+    pub limit: Option<usize>,
 }
 
 #[derive(Debug, Subcommand)]

@@ -88,6 +88,24 @@ impl MetadataClient {
         }
     }
 
+    /// Partition count of a topic, `None` when the broker says it does not exist (an
+    /// unreachable broker is an error).
+    pub fn topic_partitions(&self, topic: &str) -> Result<Option<i32>, KafkaError> {
+        let md = self
+            .consumer
+            .fetch_metadata(Some(topic), self.timeout)
+            .map_err(|e| broker_err(format!("metadata of {topic}"), e))?;
+        match md.topics().iter().find(|t| t.name() == topic) {
+            Some(t) if t.error().is_none() && !t.partitions().is_empty() => Ok(Some(t.partitions().len() as i32)),
+            Some(t) => match t.error() {
+                None => Ok(None),
+                Some(e) if RDKafkaErrorCode::from(e) == RDKafkaErrorCode::UnknownTopicOrPartition => Ok(None),
+                Some(e) => Err(broker_err(format!("metadata of {topic}"), RDKafkaErrorCode::from(e))),
+            },
+            None => Ok(None),
+        }
+    }
+
     /// `(low, high)` watermarks of a partition. This client is never polled, so its view
     /// of partition leaders is refreshed only on request: after a leader moved (a broker
     /// died) the query fails with "unknown partition" until the metadata is read again,
@@ -119,6 +137,64 @@ impl MetadataClient {
             .collect())
     }
 
+    /// The first offset whose timestamp is at or after `timestamp_ms` in each partition
+    /// (the broker's ListOffsets by time); `None` when no record is that recent (the
+    /// caller takes the high watermark).
+    pub fn offsets_for_time(
+        &self,
+        topic: &str,
+        partitions: &[i32],
+        timestamp_ms: i64,
+    ) -> Result<HashMap<i32, Option<i64>>, KafkaError> {
+        let mut tpl = TopicPartitionList::new();
+        for p in partitions {
+            tpl.add_partition_offset(topic, *p, Offset::Offset(timestamp_ms))
+                .map_err(|e| broker_err("build offsets", e))?;
+        }
+        let tpl = self
+            .consumer
+            .offsets_for_times(tpl, self.timeout)
+            .map_err(|e| broker_err(format!("offsets of {topic} by time"), e))?;
+        let mut out = HashMap::new();
+        for e in tpl.elements() {
+            if let Err(err) = e.error() {
+                return Err(broker_err(format!("offset of {topic}/{} by time", e.partition()), err));
+            }
+            out.insert(
+                e.partition(),
+                match e.offset() {
+                    Offset::Offset(o) if o >= 0 => Some(o),
+                    _ => None,
+                },
+            );
+        }
+        Ok(out)
+    }
+
+    /// The state and members of a consumer group (`Empty`/`Dead` with no members when
+    /// nobody consumes; a group that never existed reads the same).
+    pub fn describe_group(&self, group: &str) -> Result<GroupDescription, KafkaError> {
+        let list = self
+            .consumer
+            .fetch_group_list(Some(group), self.timeout)
+            .map_err(|e| broker_err(format!("describe group {group}"), e))?;
+        let Some(g) = list.groups().iter().find(|g| g.name() == group) else {
+            return Ok(GroupDescription { state: "Dead".into(), members: Vec::new() });
+        };
+        Ok(GroupDescription {
+            state: g.state().to_string(),
+            members: g
+                .members()
+                .iter()
+                .map(|m| GroupMember {
+                    id: m.id().to_string(),
+                    client_id: m.client_id().to_string(),
+                    host: m.client_host().to_string(),
+                })
+                .collect(),
+        })
+    }
+
     /// Commit offsets for the configured group from outside the group (`offsets reconcile`).
     /// The broker refuses this while the group has active members.
     pub fn commit_group_offsets(&self, topic: &str, offsets: &[(i32, i64)]) -> Result<(), KafkaError> {
@@ -130,6 +206,22 @@ impl MetadataClient {
             broker_err(format!("commit group offsets of {topic} (is the group empty? stop the replicas first)"), e)
         })
     }
+}
+
+/// A consumer group as the broker describes it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct GroupDescription {
+    /// `Stable`, `PreparingRebalance`, `CompletingRebalance`, `Empty` or `Dead`.
+    pub state: String,
+    pub members: Vec<GroupMember>,
+}
+
+/// One active member of a consumer group.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct GroupMember {
+    pub id: String,
+    pub client_id: String,
+    pub host: String,
 }
 
 /// Partition count of a topic (blocking).

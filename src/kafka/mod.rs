@@ -4,6 +4,7 @@
 
 pub mod admin;
 pub mod consumer;
+pub mod dlq;
 pub mod preflight;
 pub mod producer;
 pub mod tasks;

@@ -94,6 +94,7 @@ pub async fn run_all(db: &Sysdb) {
     concurrent_commits_with_the_same_from(db).await;
     gaps_move_the_position_and_are_listed(db).await;
     reset_is_audited_and_returns_the_previous_value(db).await;
+    dlq_replays_are_recorded_once(db).await;
     halts_are_stored_listed_and_cleared_by_a_reset(db).await;
     refused_values_are_record_errors_that_leave_the_position(db).await;
     list_records_pages_in_id_order(db).await;
@@ -378,6 +379,27 @@ pub async fn gaps_move_the_position_and_are_listed(db: &Sysdb) {
     assert_eq!(db.gaps(&topic).await.expect("gaps").len(), 1, "a refused gap was recorded");
     assert_eq!(db.positions(&topic).await.expect("positions"), HashMap::from([(1, 50)]));
     assert!(db.gaps(&unique("gap")).await.expect("gaps").is_empty(), "gaps of another topic listed");
+}
+
+/// A DLQ replay is recorded once per (topic, DLQ partition, offset): a second record of
+/// the same entry changes nothing and says so; other topics are not listed.
+pub async fn dlq_replays_are_recorded_once(db: &Sysdb) {
+    use crate::sysdb::DlqReplayRow;
+    let topic = unique("dlq");
+    let row = |p: i32, o: i64, lp: i32, lo: i64, at: i64| DlqReplayRow {
+        topic: topic.clone(),
+        dlq_partition: p,
+        dlq_offset: o,
+        replayed_at_ms: at,
+        log_partition: lp,
+        log_offset: lo,
+    };
+    assert!(db.dlq_replays(&topic).await.expect("replays").is_empty());
+    assert!(db.record_dlq_replay(&row(1, 7, 0, 100, 5)).await.expect("record"));
+    assert!(db.record_dlq_replay(&row(0, 9, 1, 200, 6)).await.expect("record"));
+    assert!(!db.record_dlq_replay(&row(1, 7, 1, 300, 7)).await.expect("record again"), "a second record was accepted");
+    assert_eq!(db.dlq_replays(&topic).await.expect("replays"), vec![row(0, 9, 1, 200, 6), row(1, 7, 0, 100, 5)]);
+    assert!(db.dlq_replays(&unique("dlq")).await.expect("replays").is_empty(), "replays of another topic listed");
 }
 
 pub async fn reset_is_audited_and_returns_the_previous_value(db: &Sysdb) {

@@ -301,6 +301,17 @@ pub struct ResetRow {
     pub at_ms: i64,
 }
 
+/// A DLQ entry replayed into the log (`dlq_replays`): `topic` is the DLQ topic.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DlqReplayRow {
+    pub topic: String,
+    pub dlq_partition: i32,
+    pub dlq_offset: i64,
+    pub replayed_at_ms: i64,
+    pub log_partition: i32,
+    pub log_offset: i64,
+}
+
 /// The sysdb, opened from a URL: `sqlite://PATH` (or `sqlite::memory:` for tests) or
 /// `postgres://...` / `postgresql://...`.
 pub enum Sysdb {
@@ -540,6 +551,17 @@ impl Sysdb {
 
     pub async fn resets(&self, topic: &str) -> Result<Vec<ResetRow>> {
         dispatch!(self, s => s.resets(topic).await)
+    }
+
+    /// Record that a DLQ entry was replayed (after the broker acknowledged the produce).
+    /// Returns false, changing nothing, when that entry was recorded already.
+    pub async fn record_dlq_replay(&self, row: &DlqReplayRow) -> Result<bool> {
+        dispatch!(self, s => s.record_dlq_replay(row).await)
+    }
+
+    /// The replays recorded for a DLQ topic, by DLQ partition and offset.
+    pub async fn dlq_replays(&self, dlq_topic: &str) -> Result<Vec<DlqReplayRow>> {
+        dispatch!(self, s => s.dlq_replays(dlq_topic).await)
     }
 }
 

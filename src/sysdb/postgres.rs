@@ -36,7 +36,8 @@ use tokio_postgres::NoTls;
 use super::codec::{decode_record, encode_embedding, encode_metadata};
 use super::schema;
 use super::{
-    now_ms, redact_url, BatchCommit, CollectionRow, CommitReport, GapRow, PartitionState, ResetRow, Result, SysdbError,
+    now_ms, redact_url, BatchCommit, CollectionRow, CommitReport, DlqReplayRow, GapRow, PartitionState, ResetRow,
+    Result, SysdbError,
 };
 use crate::positions::{IncompatibleDelta, PositionDelta};
 use crate::record::Record;
@@ -695,6 +696,40 @@ impl PostgresSysdb {
                 actor: r.get(4),
                 reason: r.get(5),
                 at_ms: r.get(6),
+            })
+            .collect())
+    }
+
+    pub async fn record_dlq_replay(&self, r: &DlqReplayRow) -> Result<bool> {
+        let client = self.client().await?;
+        let n = client
+            .execute(
+                "INSERT INTO dlq_replays (topic, dlq_partition, dlq_offset, replayed_at, log_partition, log_offset)
+                 VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (topic, dlq_partition, dlq_offset) DO NOTHING",
+                &[&r.topic, &r.dlq_partition, &r.dlq_offset, &r.replayed_at_ms, &r.log_partition, &r.log_offset],
+            )
+            .await?;
+        Ok(n == 1)
+    }
+
+    pub async fn dlq_replays(&self, topic: &str) -> Result<Vec<DlqReplayRow>> {
+        let client = self.client().await?;
+        let rows = client
+            .query(
+                "SELECT topic, dlq_partition, dlq_offset, replayed_at, log_partition, log_offset FROM dlq_replays
+                 WHERE topic = $1 ORDER BY dlq_partition, dlq_offset",
+                &[&topic],
+            )
+            .await?;
+        Ok(rows
+            .iter()
+            .map(|r| DlqReplayRow {
+                topic: r.get(0),
+                dlq_partition: r.get(1),
+                dlq_offset: r.get(2),
+                replayed_at_ms: r.get(3),
+                log_partition: r.get(4),
+                log_offset: r.get(5),
             })
             .collect())
     }

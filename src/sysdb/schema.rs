@@ -52,6 +52,11 @@
 //!   collection, whatever its input.
 //! * a partial index on `functions` of those still `awaiting_marker` (the relay's gauge
 //!   and lost-marker scan read only those).
+//!
+//! Step 5, DLQ redrive: `dlq_replays(topic, dlq_partition, dlq_offset, replayed_at,
+//! log_partition, log_offset)` — a DLQ entry (`topic` is the DLQ topic) that `sluice dlq
+//! replay` re-produced into the log, and where it landed; written after the broker
+//! acknowledged the produce, read to skip entries already replayed.
 
 use super::SysdbError;
 
@@ -211,6 +216,21 @@ CREATE UNIQUE INDEX functions_one_live_writer_per_output ON functions (output_co
 CREATE INDEX functions_awaiting_marker ON functions (created_at_ms) WHERE status = 'awaiting_marker';
 "#,
     },
+    Migration {
+        version: 5,
+        description: "dlq_replays: DLQ entries replayed into the log",
+        sql: r#"
+CREATE TABLE dlq_replays (
+    topic         TEXT    NOT NULL,
+    dlq_partition INTEGER NOT NULL,
+    dlq_offset    INTEGER NOT NULL,
+    replayed_at   INTEGER NOT NULL,
+    log_partition INTEGER NOT NULL,
+    log_offset    INTEGER NOT NULL,
+    PRIMARY KEY (topic, dlq_partition, dlq_offset)
+) WITHOUT ROWID;
+"#,
+    },
 ];
 
 /// PostgreSQL steps.
@@ -356,6 +376,21 @@ ALTER TABLE partitions ADD COLUMN halted_reason TEXT NULL, ADD COLUMN halted_at_
 ALTER TABLE outbox ADD COLUMN published_offset BIGINT NULL;
 CREATE UNIQUE INDEX functions_one_live_writer_per_output ON functions (output_collection) WHERE status <> 'detached';
 CREATE INDEX functions_awaiting_marker ON functions (created_at_ms) WHERE status = 'awaiting_marker';
+"#,
+    },
+    Migration {
+        version: 5,
+        description: "dlq_replays: DLQ entries replayed into the log",
+        sql: r#"
+CREATE TABLE dlq_replays (
+    topic         TEXT COLLATE "C" NOT NULL,
+    dlq_partition INTEGER NOT NULL,
+    dlq_offset    BIGINT  NOT NULL,
+    replayed_at   BIGINT  NOT NULL,
+    log_partition INTEGER NOT NULL,
+    log_offset    BIGINT  NOT NULL,
+    PRIMARY KEY (topic, dlq_partition, dlq_offset)
+);
 "#,
     },
 ];

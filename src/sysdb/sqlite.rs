@@ -22,7 +22,10 @@ use rusqlite::{params, Connection, ErrorCode, OptionalExtension, TransactionBeha
 
 use super::codec::{decode_record, encode_metadata};
 use super::schema;
-use super::{now_ms, BatchCommit, CollectionRow, CommitReport, GapRow, PartitionState, ResetRow, Result, SysdbError};
+use super::{
+    now_ms, BatchCommit, CollectionRow, CommitReport, DlqReplayRow, GapRow, PartitionState, ResetRow, Result,
+    SysdbError,
+};
 use crate::positions::PositionDelta;
 use crate::record::Record;
 
@@ -751,6 +754,41 @@ impl SqliteSysdb {
                     actor: r.get(4)?,
                     reason: r.get(5)?,
                     at_ms: r.get(6)?,
+                })
+            })?;
+            Ok(rows.collect::<rusqlite::Result<Vec<_>>>()?)
+        })
+        .await
+    }
+
+    pub async fn record_dlq_replay(&self, r: &DlqReplayRow) -> Result<bool> {
+        let r = r.clone();
+        self.write(move |c| {
+            let n = c.execute(
+                "INSERT INTO dlq_replays (topic, dlq_partition, dlq_offset, replayed_at, log_partition, log_offset)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6) ON CONFLICT (topic, dlq_partition, dlq_offset) DO NOTHING",
+                params![r.topic, r.dlq_partition, r.dlq_offset, r.replayed_at_ms, r.log_partition, r.log_offset],
+            )?;
+            Ok(n == 1)
+        })
+        .await
+    }
+
+    pub async fn dlq_replays(&self, topic: &str) -> Result<Vec<DlqReplayRow>> {
+        let topic = topic.to_string();
+        self.read(move |c| {
+            let mut stmt = c.prepare_cached(
+                "SELECT topic, dlq_partition, dlq_offset, replayed_at, log_partition, log_offset FROM dlq_replays
+                 WHERE topic = ?1 ORDER BY dlq_partition, dlq_offset",
+            )?;
+            let rows = stmt.query_map([&topic], |r| {
+                Ok(DlqReplayRow {
+                    topic: r.get(0)?,
+                    dlq_partition: r.get(1)?,
+                    dlq_offset: r.get(2)?,
+                    replayed_at_ms: r.get(3)?,
+                    log_partition: r.get(4)?,
+                    log_offset: r.get(5)?,
                 })
             })?;
             Ok(rows.collect::<rusqlite::Result<Vec<_>>>()?)

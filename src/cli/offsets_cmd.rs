@@ -1,0 +1,217 @@
+//! `sluice offsets reset | history | wait` (`show` and `reconcile` are in `commands.rs`).
+
+use anyhow::{bail, Result};
+use tracing::info;
+
+use super::{Format, OffsetsCmd, ResetArgs};
+use crate::config::Config;
+use crate::offsets::{
+    format_rfc3339_ms, history, lagging, parse_duration, parse_rfc3339_ms, reset, wait_caught_up, HistoryEntry,
+    OffsetRow, PartitionSelection, ResetReport, ResetRequest, ResetTarget,
+};
+use crate::sysdb::Sysdb;
+
+pub async fn run(config: &Config, sysdb: &Sysdb, cmd: OffsetsCmd) -> Result<()> {
+    match cmd {
+        OffsetsCmd::Reset(args) => reset_cmd(config, sysdb, args).await,
+        OffsetsCmd::History { format } => history_cmd(config, sysdb, format).await,
+        OffsetsCmd::Wait { timeout } => wait_cmd(config, sysdb, &timeout).await,
+        OffsetsCmd::Show { .. } | OffsetsCmd::Reconcile => bail!("offsets show/reconcile are not handled here"),
+    }
+}
+
+/// Who is recorded in the audit row.
+fn actor() -> String {
+    std::env::var("USER").or_else(|_| std::env::var("LOGNAME")).unwrap_or_else(|_| "unknown".into())
+}
+
+/// The request a command line asks for.
+pub fn reset_request(args: &ResetArgs, actor: &str) -> Result<ResetRequest> {
+    let target = match (&args.to, args.to_earliest, args.to_latest, &args.to_datetime, &args.shift_by) {
+        (Some(n), ..) => ResetTarget::To(*n),
+        (_, true, ..) => ResetTarget::Earliest,
+        (_, _, true, ..) => ResetTarget::Latest,
+        (_, _, _, Some(t), _) => ResetTarget::Datetime(parse_rfc3339_ms(t).map_err(anyhow::Error::msg)?),
+        (_, _, _, _, Some(d)) => ResetTarget::ShiftBy(*d),
+        _ => bail!("give one target: --to N, --to-earliest, --to-latest, --to-datetime T or --shift-by N"),
+    };
+    let partitions =
+        if args.all_partitions { PartitionSelection::All } else { PartitionSelection::List(args.partition.clone()) };
+    let execute = if args.execute {
+        match args.reason.as_deref().map(str::trim) {
+            Some(r) if !r.is_empty() => Some((actor.to_string(), r.to_string())),
+            _ => bail!("--execute needs --reason TEXT (it is audited with the reset)"),
+        }
+    } else {
+        None
+    };
+    Ok(ResetRequest { partitions, target, clamp: args.clamp, force: args.force, execute })
+}
+
+async fn reset_cmd(config: &Config, sysdb: &Sysdb, args: ResetArgs) -> Result<()> {
+    let req = reset_request(&args, &actor())?;
+    let report = reset(config, sysdb, &req).await?;
+    if report.executed {
+        for r in &report.rows {
+            info!(partition = r.partition, from = ?r.sysdb_next_offset, to = r.target, "sysdb position reset");
+        }
+    }
+    match args.format {
+        Format::Human => print!("{}", reset_text(&report)),
+        _ => println!("{}", serde_json::to_string_pretty(&report)?),
+    }
+    if report.group_committed == Some(false) {
+        eprintln!(
+            "warning: the sysdb positions moved but the group offsets were not committed ({}); \
+             the processors start from the sysdb positions, `sluice offsets reconcile` pushes them into the group once it is empty",
+            report.group_error.as_deref().unwrap_or("unknown error")
+        );
+    }
+    Ok(())
+}
+
+fn opt(v: Option<i64>) -> String {
+    v.map(|v| v.to_string()).unwrap_or_else(|| "-".into())
+}
+
+/// The plan (or what was done) as a table.
+pub fn reset_text(r: &ResetReport) -> String {
+    use std::fmt::Write as _;
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "{} reset of {} (group {}, {}{})",
+        if r.executed { "executed" } else { "dry run:" },
+        r.topic,
+        r.group,
+        r.group_state,
+        if r.active_members.is_empty() {
+            String::new()
+        } else {
+            format!(
+                ", active members: {}",
+                r.active_members.iter().map(|m| format!("{} ({})", m.id, m.host)).collect::<Vec<_>>().join(", ")
+            )
+        }
+    );
+    let _ = writeln!(
+        s,
+        "{:>9} {:>12} {:>12} {:>12} {:>12} {:>14}",
+        "PARTITION",
+        if r.executed { "SYSDB_WAS" } else { "SYSDB_NEXT" },
+        "GROUP",
+        "TARGET",
+        "LOG_START",
+        "HIGH_WATERMARK"
+    );
+    for row in &r.rows {
+        let target = if row.clamped {
+            format!("{} (clamped from {})", row.target, row.requested)
+        } else {
+            row.target.to_string()
+        };
+        let _ = writeln!(
+            s,
+            "{:>9} {:>12} {:>12} {:>12} {:>12} {:>14}",
+            row.partition,
+            opt(row.sysdb_next_offset),
+            opt(row.group_offset),
+            target,
+            row.log_start,
+            row.high_watermark
+        );
+    }
+    if !r.executed {
+        let _ = writeln!(s, "nothing changed; run again with --execute --reason TEXT to apply");
+        return s;
+    }
+    for row in &r.rows {
+        let _ = writeln!(
+            s,
+            "partition {}: sysdb next_offset {} -> {} (audited)",
+            row.partition,
+            row.sysdb_next_offset.map(|p| p.to_string()).unwrap_or_else(|| "none".into()),
+            row.target
+        );
+    }
+    if r.group_committed == Some(true) {
+        let _ = writeln!(s, "group offsets committed");
+    }
+    s
+}
+
+async fn history_cmd(config: &Config, sysdb: &Sysdb, format: Format) -> Result<()> {
+    let entries = history(config, sysdb).await?;
+    match format {
+        Format::Human => print!("{}", history_text(&entries)),
+        Format::Json => println!("{}", serde_json::to_string_pretty(&entries)?),
+        Format::Jsonl => {
+            for e in &entries {
+                println!("{}", serde_json::to_string(e)?);
+            }
+        }
+    }
+    Ok(())
+}
+
+pub fn history_text(entries: &[HistoryEntry]) -> String {
+    use std::fmt::Write as _;
+    let mut s =
+        format!("{:<24} {:<5} {:>9} {:>12} {:>12}  {:<12} REASON\n", "AT", "KIND", "PARTITION", "FROM", "TO", "WHO");
+    for e in entries {
+        let _ = match e {
+            HistoryEntry::Reset { partition, at_ms, actor, reason, from_offset, to_offset } => writeln!(
+                s,
+                "{:<24} {:<5} {:>9} {:>12} {:>12}  {:<12} {}",
+                format_rfc3339_ms(*at_ms),
+                "reset",
+                partition,
+                opt(*from_offset),
+                to_offset,
+                actor,
+                reason.replace(['\n', '\r'], " ")
+            ),
+            HistoryEntry::Gap { partition, at_ms, from_offset, to_offset } => writeln!(
+                s,
+                "{:<24} {:<5} {:>9} {:>12} {:>12}  {:<12} data loss: offsets {from_offset}..{to_offset} were gone",
+                format_rfc3339_ms(*at_ms),
+                "gap",
+                partition,
+                from_offset,
+                to_offset,
+                "-"
+            ),
+        };
+    }
+    s
+}
+
+async fn wait_cmd(config: &Config, sysdb: &Sysdb, timeout: &str) -> Result<()> {
+    let timeout = parse_duration(timeout).map_err(anyhow::Error::msg)?;
+    let every = std::time::Duration::from_millis(500).min(timeout.max(std::time::Duration::from_millis(50)));
+    match wait_caught_up(config, sysdb, timeout, every).await? {
+        Ok(rows) => {
+            println!("caught up: {} partitions, lag 0", rows.len());
+            Ok(())
+        }
+        Err(rows) => {
+            let lag: Vec<&OffsetRow> = lagging(&rows);
+            for r in &lag {
+                println!(
+                    "partition {}: lag {} (sysdb next {}, high watermark {}, {})",
+                    r.partition,
+                    r.lag,
+                    opt(r.sysdb_next_offset),
+                    r.high_watermark,
+                    r.status
+                );
+            }
+            bail!(
+                "{} of {} partitions still lag after {timeout:?}: {}",
+                lag.len(),
+                rows.len(),
+                lag.iter().map(|r| format!("{}/{} lag {}", r.topic, r.partition, r.lag)).collect::<Vec<_>>().join(", ")
+            )
+        }
+    }
+}
