@@ -249,3 +249,60 @@ pub enum ConfigCmd {
     /// Print the reference of every configuration key (Markdown; docs/configuration.md).
     Docs,
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    fn walk(cmd: &clap::Command, path: &str, missing: &mut Vec<String>) {
+        for arg in cmd.get_arguments() {
+            let id = arg.get_id().as_str();
+            if id == "help" || id == "version" {
+                continue;
+            }
+            if arg.get_help().is_none() && arg.get_long_help().is_none() {
+                missing.push(format!("{path} {id}: no help text"));
+            }
+        }
+        for sub in cmd.get_subcommands() {
+            if sub.get_about().is_none() && sub.get_name() != "help" {
+                missing.push(format!("{path} {}: no description", sub.get_name()));
+            }
+            walk(sub, &format!("{path} {}", sub.get_name()), missing);
+        }
+    }
+
+    #[test]
+    fn every_flag_and_command_has_help_and_global_flags_name_their_variable() {
+        let cmd = Cli::command();
+        cmd.clone().debug_assert();
+        let mut missing = Vec::new();
+        walk(&cmd, "sluice", &mut missing);
+        assert!(missing.is_empty(), "{missing:#?}");
+        for arg in cmd.get_arguments().filter(|a| a.is_global_set()) {
+            assert!(arg.get_env().is_some(), "--{} has no environment variable", arg.get_id());
+        }
+        // Every printing command takes --format with the same default.
+        for path in [
+            &["init"][..],
+            &["produce"],
+            &["records"],
+            &["checksum"],
+            &["collections", "list"],
+            &["offsets", "show"],
+            &["offsets", "reconcile"],
+            &["offsets", "reset"],
+            &["functions", "attach"],
+            &["functions", "list"],
+            &["functions", "detach"],
+        ] {
+            let mut c = &cmd;
+            for p in path {
+                c = c.find_subcommand(p).unwrap_or_else(|| panic!("{path:?}"));
+            }
+            let f = c.get_arguments().find(|a| a.get_id() == "format").unwrap_or_else(|| panic!("{path:?} --format"));
+            assert_eq!(f.get_default_values(), ["table"], "{path:?}");
+        }
+    }
+}
