@@ -32,7 +32,8 @@ fn high_watermarks(env: &Env) -> i64 {
     offsets(env).iter().map(|o| o["high_watermark"].as_i64().unwrap()).sum()
 }
 
-/// Good lines 1, 3, 6; invalid lines 2 (not JSON), 4 (empty id), 5 (unknown operation).
+/// Good lines 1, 3, 6; invalid lines 2 (not JSON), 4 (empty id), 5 (unknown operation),
+/// 7 (not UTF-8).
 fn mixed_input(env: &Env) -> std::path::PathBuf {
     let good = jsonl_lines(&workload(3, 1, &env.prefix));
     let input = [
@@ -44,7 +45,10 @@ fn mixed_input(env: &Env) -> std::path::PathBuf {
         good[2].clone(),
     ];
     let path = env.dir.join("bad.jsonl");
-    std::fs::write(&path, input.join("\n")).unwrap();
+    let mut bytes = input.join("\n").into_bytes();
+    // Line 7: not UTF-8 (also set aside, not the end of the run).
+    bytes.extend_from_slice(b"\n\xff\xfe{}\n");
+    std::fs::write(&path, bytes).unwrap();
     path
 }
 
@@ -72,11 +76,11 @@ fn produce_stops_at_the_first_invalid_line_or_sets_them_aside_with_rejects() {
         .unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let report: Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!((report["delivered"].as_u64(), report["rejected"].as_u64()), (Some(3), Some(3)), "{report}");
+    assert_eq!((report["delivered"].as_u64(), report["rejected"].as_u64()), (Some(3), Some(4)), "{report}");
     let rejected: Vec<Value> =
         std::fs::read_to_string(&rejects).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
     let lines: Vec<i64> = rejected.iter().map(|r| r["line"].as_i64().unwrap()).collect();
-    assert_eq!(lines, vec![2, 4, 5]);
+    assert_eq!(lines, vec![2, 4, 5, 7]);
     assert!(rejected.iter().all(|r| !r["reason"].as_str().unwrap().is_empty()), "{rejected:?}");
     assert_eq!(rejected[0]["text"], "{not json");
     assert_eq!(high_watermarks(&env), 1 + 3, "the three valid lines were delivered");

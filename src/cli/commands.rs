@@ -210,17 +210,24 @@ pub async fn produce(
     let mut pending: Vec<(usize, String, Vec<u8>)> = Vec::new();
     let mut undelivered: Vec<(usize, String)> = Vec::new();
     let mut first_invalid: Option<(usize, String)> = None;
-    for (i, line) in reader.lines().enumerate() {
+    for (i, raw) in reader.split(b'\n').enumerate() {
         let n = i + 1;
-        let line = line.with_context(|| format!("cannot read line {n} of {input}"))?;
-        bytes += line.len() as u64 + 1;
+        let mut raw = raw.with_context(|| format!("cannot read line {n} of {input}"))?;
+        bytes += raw.len() as u64 + 1;
+        if raw.last() == Some(&b'\r') {
+            raw.pop();
+        }
+        // A line that is not UTF-8 is an invalid line like any other (set aside with --rejects).
+        let (line, utf8) = match String::from_utf8(raw) {
+            Ok(l) => (l, true),
+            Err(e) => (String::from_utf8_lossy(e.as_bytes()).into_owned(), false),
+        };
         if line.trim().is_empty() {
             continue;
         }
         report.lines += 1;
-        let rec = match jsonl::parse_line(&line)
-            .and_then(|r| validate(&r, &config.limits).map(|_| r).map_err(|e| e.to_string()))
-        {
+        let parsed = if utf8 { jsonl::parse_line(&line) } else { Err("the line is not valid UTF-8".to_string()) };
+        let rec = match parsed.and_then(|r| validate(&r, &config.limits).map(|_| r).map_err(|e| e.to_string())) {
             Ok(r) => r,
             Err(reason) => {
                 report.rejected += 1;
