@@ -559,6 +559,11 @@ pub fn redact_url(raw: &str) -> String {
     }
     match url::Url::parse(raw) {
         Ok(mut u) => {
+            // Nothing secret: the text as given (the serializer would normalize it, e.g.
+            // percent-encode a space in a SQLite path).
+            if u.password().is_none() && !u.query_pairs().any(|(k, _)| secret_param(&k)) {
+                return raw.to_string();
+            }
             if u.password().is_some() {
                 let _ = u.set_password(Some("***"));
             }
@@ -613,6 +618,7 @@ mod tests {
         assert_eq!(redact_url("postgres://u:secret@h:5/db"), "postgres://u:***@h:5/db");
         assert_eq!(redact_url("sqlite:///tmp/x.db"), "sqlite:///tmp/x.db");
         assert_eq!(redact_url("sqlite://sluice.db"), "sqlite://sluice.db");
+        assert_eq!(redact_url("sqlite:///tmp/my db.db"), "sqlite:///tmp/my db.db");
         let q = redact_url("postgres://u@h/db?password=hunter2&sslmode=disable&PassWd=x&client_secret=y");
         assert_eq!(q, "postgres://u@h/db?password=***&sslmode=disable&PassWd=***&client_secret=***");
         let both = redact_url("postgresql://u:p%40ss@h:5432/db?application_name=a");
