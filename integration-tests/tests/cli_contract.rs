@@ -547,3 +547,33 @@ fn eager_rebalance_protocol_two_replicas_one_killed() {
     let all: Vec<LogRecord> = a.iter().chain(&b).cloned().collect();
     assert_records_match_model(&env, &all);
 }
+
+#[test]
+fn produce_reports_progress_on_stderr_while_it_runs() {
+    use std::io::Write;
+    let env = Env::sqlite("produce-progress");
+    let lines = jsonl_lines(&workload(70, 11, &env.prefix));
+    // stdin, not a terminal: plain progress lines every few seconds (no broker: a dry run).
+    let mut child = env
+        .cmd()
+        .args(["produce", "-", "--dry-run", "--format", "json"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    for l in &lines {
+        writeln!(stdin, "{l}").unwrap();
+        stdin.flush().unwrap();
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    drop(stdin);
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    let progress: Vec<&str> = err.lines().filter(|l| l.starts_with("produce: ") && l.contains(" lines")).collect();
+    assert!(!progress.is_empty(), "no progress line in 7 s: {err}");
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["valid"].as_u64(), Some(70), "{report}");
+}
