@@ -59,7 +59,7 @@ wait_caught_up
 step "sluice collections list"
 $sluice collections list
 step "first 2 records of collection-0: sluice records collection-0"
-$sluice records collection-0 | head -2 | cut -c1-200
+$sluice records collection-0 --format jsonl | head -2 | cut -c1-200
 step "attaching functions to collection-0 (they backfill over its existing records while live processing goes on)"
 $sluice functions attach collection-0 --function record_counter --output collection-0-count
 $sluice functions attach collection-0 --function statistics --output collection-0-stats
@@ -79,7 +79,7 @@ $sluice functions list
 step "sluice records collection-0-count   (record_counter: live records of collection-0)"
 $sluice records collection-0-count
 step "first 3 records of collection-0-stats   (statistics: records per metadata key/value)"
-$sluice records collection-0-stats | head -3
+$sluice records collection-0-stats --format jsonl | head -3
 wait_caught_up
 step "sluice offsets show   (sysdb = authoritative, group = lagging copy, lag = high watermark - sysdb)"
 $sluice offsets show

@@ -1,13 +1,21 @@
-//! Configuration: a TOML file (`--config`), overridden by environment variables
-//! (`SLUICE_BROKERS`, `SLUICE_SYSDB`, `SLUICE_GROUP`, `SLUICE_INSTANCE_ID`, `SLUICE_TOPIC_PREFIX`, `SLUICE_HTTP`,
-//! `SLUICE_ADMIN_TOKEN`, `SLUICE_SASL_USERNAME`, `SLUICE_SASL_PASSWORD`), overridden by
-//! command-line flags. Unknown keys are rejected.
-//! Every field's doc comment is the user's reference (`sluice config show` prints the effective values).
+//! Configuration: a TOML file (`--config`), overridden by environment variables, overridden
+//! by command-line flags. Every key can be set as `SLUICE_<SECTION>__<KEY>` (e.g.
+//! `SLUICE_PROCESSOR__BATCH_MAX_RECORDS=1000`; `[librdkafka]` keys with `_` for `.`:
+//! `SLUICE_LIBRDKAFKA__SASL_MECHANISMS`); the named variables `SLUICE_BROKERS`,
+//! `SLUICE_SYSDB`, `SLUICE_GROUP`, `SLUICE_INSTANCE_ID`, `SLUICE_TOPIC_PREFIX`,
+//! `SLUICE_HTTP`, `SLUICE_ADMIN_TOKEN`, `SLUICE_SASL_USERNAME`, `SLUICE_SASL_PASSWORD`
+//! apply after those. Unknown keys are rejected.
+//! Every field's doc comment is the user's reference: `sluice config docs` renders them
+//! (docs/configuration.md), `sluice config show` prints the effective values, secrets as
+//! `***`.
+
+pub mod docs;
 
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use serde::Deserialize;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize, Serializer};
 use thiserror::Error;
 
 use crate::record::framing::Framing;
@@ -24,7 +32,7 @@ pub enum ConfigError {
 }
 
 /// The whole configuration.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize, JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct Config {
     pub kafka: KafkaConfig,
@@ -43,12 +51,14 @@ pub struct Config {
     /// `"ssl.ca.location" = "/path/ca.pem"`, `"sasl.username"`, `"sasl.password"`.
     /// Env: `SLUICE_SASL_USERNAME` / `SLUICE_SASL_PASSWORD` set `sasl.username` /
     /// `sasl.password` (preferred for the password: keeps it out of files). Secret values
-    /// (`*password*`, `*secret*`, ...) are never logged; `sluice config show` prints `***`.
+    /// (keys containing `password`, `secret` or `key`) are never logged; `sluice config
+    /// show` prints `***`. Env: `SLUICE_LIBRDKAFKA__<KEY>` with `_` for `.`.
+    #[serde(serialize_with = "serialize_librdkafka")]
     pub librdkafka: BTreeMap<String, String>,
 }
 
 /// How a replica's partitions are shared in the consumer group.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum RebalanceProtocol {
     /// `cooperative-sticky`: incremental rebalances, only moved partitions stop.
@@ -58,7 +68,7 @@ pub enum RebalanceProtocol {
 }
 
 /// Where a partition with no sysdb row and no group offset starts.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum ResetPolicy {
     Earliest,
@@ -67,7 +77,7 @@ pub enum ResetPolicy {
 
 /// What to do when the sysdb position is below the partition's log-start offset
 /// (retention deleted records that were never processed).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum OnDataLoss {
     /// Stop the partition with an error and a metric until an operator decides
@@ -78,7 +88,7 @@ pub enum OnDataLoss {
 }
 
 /// What happens to records of a collection the sysdb does not know.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum UnknownCollections {
     /// Register it on the partition it arrived on (if that is its murmur2 partition).
@@ -87,7 +97,7 @@ pub enum UnknownCollections {
     Reject,
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct KafkaConfig {
     /// Bootstrap servers, comma separated. Env: `SLUICE_BROKERS`.
@@ -158,11 +168,13 @@ impl KafkaConfig {
     }
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct SysdbConfig {
     /// `sqlite://PATH` (embedded default) or `postgres://USER:PASS@HOST:PORT/DB`.
-    /// Env: `SLUICE_SYSDB`. The password is never logged.
+    /// Env: `SLUICE_SYSDB`. The password (in the userinfo or a `password=` query
+    /// parameter) is never logged nor shown.
+    #[serde(serialize_with = "serialize_url")]
     pub url: String,
 }
 
@@ -172,7 +184,7 @@ impl Default for SysdbConfig {
     }
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct ProcessorConfig {
     /// A batch closes at this many records...
@@ -208,7 +220,7 @@ impl Default for ProcessorConfig {
 }
 
 /// What `/metrics` exports beyond the fixed families.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize, JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct MetricsConfig {
     /// Export `sluice_collection_records_processed_total{collection}`: one series per
@@ -218,7 +230,7 @@ pub struct MetricsConfig {
 }
 
 /// The backfill worker (a role of `sluice process`).
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct BackfillConfig {
     /// Records per backfill chunk (one transaction each). Smaller chunks hold the
@@ -247,7 +259,7 @@ impl Default for BackfillConfig {
     }
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct HttpConfig {
     /// Listen address of `/metrics`, `/healthz`, `/readyz` and the admin API.
@@ -274,26 +286,64 @@ impl HttpConfig {
     }
 }
 
-/// A secret string: `Debug` prints `***`, so a logged config never shows it.
-#[derive(Clone, PartialEq, Eq, Deserialize)]
+/// A secret string (held by `secrecy`, wiped from memory on drop): `Debug` and
+/// `Serialize` print `***`, so neither a logged config nor `config show` shows it.
+#[derive(Clone, Deserialize)]
 #[serde(transparent)]
-pub struct Secret(String);
+pub struct Secret(secrecy::SecretString);
 
 impl Secret {
     pub fn new(value: impl Into<String>) -> Secret {
-        Secret(value.into())
+        Secret(secrecy::SecretString::from(value.into()))
     }
 
     /// The value itself, for the one place that needs it.
     pub fn expose(&self) -> &str {
-        &self.0
+        secrecy::ExposeSecret::expose_secret(&self.0)
     }
 }
+
+impl PartialEq for Secret {
+    fn eq(&self, other: &Secret) -> bool {
+        self.expose() == other.expose()
+    }
+}
+
+impl Eq for Secret {}
 
 impl std::fmt::Debug for Secret {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("\"***\"")
     }
+}
+
+/// What every secret serializes as.
+pub const REDACTED: &str = "***";
+
+impl Serialize for Secret {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(REDACTED)
+    }
+}
+
+impl JsonSchema for Secret {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "Secret".into()
+    }
+    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        schemars::json_schema!({ "type": "string", "description": "secret (shown as ***)" })
+    }
+    fn inline_schema() -> bool {
+        true
+    }
+}
+
+fn serialize_url<S: Serializer>(url: &str, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(&crate::sysdb::redact_url(url))
+}
+
+fn serialize_librdkafka<S: Serializer>(map: &BTreeMap<String, String>, s: S) -> Result<S::Ok, S::Error> {
+    redacted_librdkafka(map).serialize(s)
 }
 
 /// Overrides from the environment and the command line, highest precedence last.
@@ -354,19 +404,71 @@ impl Config {
         toml::from_str(text).map_err(|e| ConfigError::Parse { path: path.into(), message: e.to_string() })
     }
 
-    /// Load the file (if any), apply overrides, validate.
+    /// Load the file (if any), overlay the `SLUICE_<SECTION>__<KEY>` variables of this
+    /// process's environment, apply the overrides, validate.
     pub fn load(path: Option<&Path>, overrides: Overrides) -> Result<Config, ConfigError> {
-        let mut config = match path {
-            Some(p) => {
-                let text = std::fs::read_to_string(p)
-                    .map_err(|source| ConfigError::Read { path: p.display().to_string(), source })?;
-                Config::from_toml(&text, &p.display().to_string())?
-            }
-            None => Config::default(),
+        Config::load_with_env(path, std::env::vars(), overrides)
+    }
+
+    /// [`Config::load`] with the environment given (tests).
+    pub fn load_with_env(
+        path: Option<&Path>,
+        env: impl IntoIterator<Item = (String, String)>,
+        overrides: Overrides,
+    ) -> Result<Config, ConfigError> {
+        let (text, name) = match path {
+            Some(p) => (
+                std::fs::read_to_string(p)
+                    .map_err(|source| ConfigError::Read { path: p.display().to_string(), source })?,
+                p.display().to_string(),
+            ),
+            None => (String::new(), "(no config file)".to_string()),
         };
+        let mut table: toml::Table =
+            toml::from_str(&text).map_err(|e| ConfigError::Parse { path: name.clone(), message: e.to_string() })?;
+        let mut from_env = Vec::new();
+        for (var, value) in env {
+            if let Some(rest) = var.strip_prefix(ENV_PREFIX).filter(|r| r.contains("__")) {
+                overlay_env(&mut table, &var, rest, &value)?;
+                from_env.push(var);
+            }
+        }
+        let mut config: Config = Config::deserialize(table).map_err(|e| ConfigError::Parse {
+            path: if from_env.is_empty() { name } else { format!("{name} with {}", from_env.join(", ")) },
+            message: e.to_string(),
+        })?;
         config.apply(overrides);
         config.validate()?;
         Ok(config)
+    }
+
+    /// The configuration as `sluice config show --format toml` prints it: every key,
+    /// secrets as `***`.
+    /// Optional keys that are unset (TOML has no null) appear as comments, so that every
+    /// key is listed.
+    pub fn to_toml_redacted(&self) -> Result<String, ConfigError> {
+        let text =
+            toml::to_string(self).map_err(|e| ConfigError::Invalid(format!("cannot print the configuration: {e}")))?;
+        let json = self.redacted();
+        let mut out = String::new();
+        for line in text.lines() {
+            out.push_str(line);
+            out.push('\n');
+            let section = line.strip_prefix('[').and_then(|l| l.strip_suffix(']'));
+            if let Some(fields) = section.and_then(|s| json.get(s)).and_then(|v| v.as_object()) {
+                for (k, v) in fields {
+                    if v.is_null() {
+                        out.push_str(&format!("# {k} is unset\n"));
+                    }
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// The configuration as a JSON value: every key, secrets as `***`.
+    pub fn redacted(&self) -> serde_json::Value {
+        serde_json::to_value(self).unwrap_or_default()
     }
 
     pub fn apply(&mut self, o: Overrides) {
@@ -435,14 +537,86 @@ impl Config {
                 )));
             }
         }
-        Ok(())
+        check_librdkafka(&self.librdkafka)
     }
 }
 
-/// Whether a librdkafka option holds a secret (its value is never logged).
+/// Prefix of every configuration environment variable.
+const ENV_PREFIX: &str = "SLUICE_";
+
+/// Set one `SLUICE_<SECTION>__<KEY>` variable into the parsed file. The value's TOML type
+/// follows the key's default (numbers and booleans parsed, everything else a string);
+/// an unknown section is an error here, an unknown key one at deserialization.
+fn overlay_env(table: &mut toml::Table, var: &str, rest: &str, value: &str) -> Result<(), ConfigError> {
+    let bad = |m: String| ConfigError::Invalid(format!("environment variable {var}: {m}"));
+    let (section, key) = rest.split_once("__").ok_or_else(|| bad("expected SLUICE_<SECTION>__<KEY>".into()))?;
+    let section = section.to_ascii_lowercase();
+    let defaults = toml::Table::try_from(Config::default()).map_err(|e| bad(e.to_string()))?;
+    let known: Vec<String> = schemars::schema_for!(Config)
+        .get("properties")
+        .and_then(|p| p.as_object())
+        .map(|p| p.keys().cloned().collect())
+        .unwrap_or_default();
+    if !known.contains(&section) {
+        return Err(bad(format!("no configuration section [{section}] (sections: {})", known.join(", "))));
+    }
+    let key =
+        if section == "librdkafka" { key.to_ascii_lowercase().replace('_', ".") } else { key.to_ascii_lowercase() };
+    let default = defaults.get(&section).and_then(|t| t.get(&key));
+    let parsed = match default {
+        Some(toml::Value::Integer(_)) => {
+            toml::Value::Integer(value.trim().parse().map_err(|_| bad(format!("{key} must be an integer")))?)
+        }
+        Some(toml::Value::Float(_)) => {
+            toml::Value::Float(value.trim().parse().map_err(|_| bad(format!("{key} must be a number")))?)
+        }
+        Some(toml::Value::Boolean(_)) => toml::Value::Boolean(match value.trim().to_ascii_lowercase().as_str() {
+            "true" | "1" | "yes" | "on" => true,
+            "false" | "0" | "no" | "off" => false,
+            _ => return Err(bad(format!("{key} must be true or false"))),
+        }),
+        Some(toml::Value::Array(_)) => toml::from_str::<toml::Table>(&format!("v = {value}"))
+            .ok()
+            .and_then(|mut t| t.remove("v"))
+            .ok_or_else(|| bad(format!("{key} must be a TOML array")))?,
+        _ => toml::Value::String(value.to_string()),
+    };
+    let entry = table.entry(section.clone()).or_insert_with(|| toml::Value::Table(toml::Table::new()));
+    match entry {
+        toml::Value::Table(t) => {
+            t.insert(key, parsed);
+            Ok(())
+        }
+        _ => Err(bad(format!("[{section}] is not a table in the config file"))),
+    }
+}
+
+/// Whether a librdkafka option holds a secret (its value is never logged nor shown): any
+/// key containing `password`, `secret` or `key` (over-redacting a key file's path is
+/// harmless), and the OAUTHBEARER config.
 pub fn is_secret_key(key: &str) -> bool {
     let k = key.to_ascii_lowercase();
-    k.contains("password") || k.contains("secret") || k.ends_with(".key.pem") || k.contains("sasl.oauthbearer.config")
+    k.contains("password") || k.contains("secret") || k.contains("key") || k.contains("sasl.oauthbearer.config")
+}
+
+/// Check the `[librdkafka]` options against librdkafka itself, without echoing any value:
+/// its own message for `"sasl.pasword" = "hunter2"` would carry `hunter2`.
+fn check_librdkafka(map: &BTreeMap<String, String>) -> Result<(), ConfigError> {
+    let mut c = rdkafka::ClientConfig::new();
+    for (k, v) in map {
+        c.set(k, v);
+    }
+    match c.create_native_config() {
+        Ok(_) => Ok(()),
+        Err(rdkafka::error::KafkaError::ClientConfig(_, desc, key, value)) => {
+            let mut reason = if value.is_empty() { desc } else { desc.replace(&value, REDACTED) };
+            if let Some(v) = map.get(&key).filter(|v| !v.is_empty()) {
+                reason = reason.replace(v.as_str(), REDACTED);
+            }
+            Err(ConfigError::Invalid(format!("invalid [librdkafka] key {key:?}: {reason}")))
+        }
+        Err(_) => Err(ConfigError::Invalid("invalid [librdkafka] options".into())),
+    }
 }
 
 /// The librdkafka options with secret values replaced, for logs and `config show`.
@@ -525,5 +699,100 @@ mod tests {
         let mut d = Config::from_toml("[librdkafka]\n\"sasl.password\" = \"file-pass\"\n", "t").unwrap();
         d.apply(Overrides::default());
         assert_eq!(d.librdkafka["sasl.password"], "file-pass");
+    }
+
+    fn env(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+        pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+    }
+
+    #[test]
+    fn every_key_settable_as_section_key_variable() {
+        let c = Config::load_with_env(
+            None,
+            env(&[
+                ("SLUICE_PROCESSOR__BATCH_MAX_RECORDS", "123"),
+                ("SLUICE_KAFKA__INSTANCE_ID", "pod-0"),
+                ("SLUICE_KAFKA__FRAMING", "confluent"),
+                ("SLUICE_LIMITS__MAX_EMBEDDING_DIM", "7"),
+                ("SLUICE_METRICS__PER_COLLECTION", "true"),
+                ("SLUICE_HTTP__ADMIN_TOKEN", "tok"),
+                ("SLUICE_LIBRDKAFKA__CLIENT_ID", "me"),
+                ("SLUICE_BROKERS", "ignored-here"),
+                ("OTHER__X", "1"),
+            ]),
+            Overrides::default(),
+        )
+        .unwrap();
+        assert_eq!(c.processor.batch_max_records, 123);
+        assert_eq!(c.kafka.instance_id.as_deref(), Some("pod-0"));
+        assert_eq!(c.kafka.framing, Framing::Confluent);
+        assert_eq!(c.limits.max_embedding_dim, 7);
+        assert!(c.metrics.per_collection);
+        assert_eq!(c.http.admin_token(), Some("tok"));
+        assert_eq!(c.librdkafka["client.id"], "me");
+        // The named variables still apply, after (and over) the generic ones.
+        let c = Config::load_with_env(
+            None,
+            env(&[("SLUICE_KAFKA__BROKERS", "generic:1")]),
+            Overrides { brokers: Some("named:1".into()), ..Default::default() },
+        )
+        .unwrap();
+        assert_eq!(c.kafka.brokers, "named:1");
+        for bad in
+            [("SLUICE_KAFKA__BROKERZ", "x"), ("SLUICE_NOPE__X", "1"), ("SLUICE_PROCESSOR__BATCH_MAX_RECORDS", "many")]
+        {
+            let err = Config::load_with_env(None, env(&[bad]), Overrides::default()).unwrap_err().to_string();
+            assert!(err.contains(bad.0) || err.contains("brokerz"), "{err}");
+        }
+    }
+
+    #[test]
+    fn config_show_lists_every_key_and_no_secret() {
+        let mut c = Config::from_toml(
+            "[kafka]\ninstance_id = \"i-1\"\n[http]\nadmin_token = \"tok-secret\"\n\
+             [sysdb]\nurl = \"postgres://u:pw-secret@h/db?password=q-secret&sslmode=disable\"\n\
+             [librdkafka]\n\"sasl.password\" = \"sasl-secret\"\n\"ssl.key.pem\" = \"pem-secret\"\n\"client.id\" = \"cid\"\n",
+            "t",
+        )
+        .unwrap();
+        c.validate().unwrap();
+        let toml_text = c.to_toml_redacted().unwrap();
+        let json = serde_json::to_string(&c.redacted()).unwrap();
+        for text in [&toml_text, &json] {
+            for secret in ["tok-secret", "pw-secret", "q-secret", "sasl-secret", "pem-secret"] {
+                assert!(!text.contains(secret), "{secret} leaks: {text}");
+            }
+            for key in [
+                "session_timeout_ms",
+                "instance_id",
+                "max_poll_interval_ms",
+                "request_timeout_ms",
+                "confluent_schema_id",
+                "shutdown_timeout_ms",
+                "max_id_bytes",
+                "max_embedding_dim",
+                "admin_token",
+                "cid",
+                "sslmode",
+            ] {
+                assert!(text.contains(key), "{key} missing: {text}");
+            }
+        }
+        // The TOML form is a valid config file again (secrets aside) and names unset keys.
+        let back: toml::Table = toml::from_str(&toml_text).unwrap();
+        assert_eq!(back["kafka"]["instance_id"].as_str(), Some("i-1"));
+        c.kafka.instance_id = None;
+        assert!(c.to_toml_redacted().unwrap().contains("# instance_id is unset"));
+    }
+
+    #[test]
+    fn librdkafka_typos_are_refused_without_echoing_the_value() {
+        let c = Config::from_toml("[librdkafka]\n\"sasl.pasword\" = \"hunter2\"\n", "t").unwrap();
+        let err = c.validate().unwrap_err().to_string();
+        assert!(err.contains("invalid [librdkafka] key \"sasl.pasword\""), "{err}");
+        assert!(!err.contains("hunter2"), "{err}");
+        let c = Config::from_toml("[librdkafka]\n\"security.protocol\" = \"hunter2-proto\"\n", "t").unwrap();
+        let err = c.validate().unwrap_err().to_string();
+        assert!(err.contains("security.protocol") && !err.contains("hunter2"), "{err}");
     }
 }

@@ -1,5 +1,9 @@
 //! The `sluice` binary: parses the command line, loads the configuration, sets up logs,
-//! and dispatches. Errors are printed with their context chain and exit code 1.
+//! and dispatches. Exit codes: 0 success (a closed stdout pipe included), 1 failure (the
+//! error is printed with its context chain), 2 usage (clap's own code for an invalid
+//! command line; also an invalid configuration).
+
+use std::io::Write;
 
 use clap::Parser;
 use sluice::cli::{commands, Cli, Cmd, ConfigCmd, LogFormat};
@@ -42,21 +46,24 @@ fn main() -> std::process::ExitCode {
     };
     let result = rt.block_on(async move {
         match cli.command {
-            Cmd::Init { partitions, replication_factor } => {
-                commands::init(&config, partitions, replication_factor).await
+            Cmd::Init { partitions, replication_factor, format } => {
+                commands::init(&config, partitions, replication_factor, format.format).await
             }
             Cmd::Process { roles } => match sluice::replica::Roles::parse(&roles) {
                 Ok(roles) => sluice::replica::run(config, roles).await,
                 Err(e) => Err(e),
             },
-            Cmd::Checksum => commands::checksum(&config).await,
+            Cmd::Checksum { format } => commands::checksum(&config, format.format).await,
             Cmd::Functions { command } => commands::functions(&config, command).await,
-            Cmd::Produce { input } => commands::produce(&config, &input).await,
-            Cmd::Records { collection, format } => commands::records(&config, &collection, format).await,
+            Cmd::Produce { input, dry_run, rejects, format } => {
+                commands::produce(&config, &input, dry_run, rejects.as_deref(), format.format).await
+            }
+            Cmd::Records { collection, format } => commands::records(&config, &collection, format.format).await,
             Cmd::Collections { command } => commands::collections(&config, command).await,
             Cmd::Offsets { command } => commands::offsets(&config, command).await,
             Cmd::Dlq { command } => sluice::cli::dlq::run(&config, command).await,
-            Cmd::Config { command: ConfigCmd::Show } => commands::config_show(&config),
+            Cmd::Config { command: ConfigCmd::Show { format } } => commands::config_show(&config, format),
+            Cmd::Config { command: ConfigCmd::Docs } => commands::config_docs(),
             Cmd::Workload { records, collections, dim, ids_per_collection, seed, collection_prefix } => {
                 commands::workload(&sluice::workload::WorkloadSpec {
                     records,
@@ -73,16 +80,12 @@ fn main() -> std::process::ExitCode {
     rt.shutdown_timeout(std::time::Duration::from_secs(2));
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
-        // `sluice records ... | head` closes the pipe early: that is not an error.
-        Err(e)
-            if e.chain().any(|c| {
-                c.downcast_ref::<std::io::Error>().is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
-            }) =>
-        {
-            std::process::ExitCode::SUCCESS
-        }
+        // `sluice records ... | head` closes the pipe early: the reader has what it wanted,
+        // which is not an error (exit 0, nothing on stderr).
+        Err(e) if sluice::cli::output::is_broken_pipe(&e) => std::process::ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("sluice: {e:#}");
+            // stderr closed too: nothing left to tell.
+            let _ = writeln!(std::io::stderr(), "sluice: {e:#}");
             std::process::ExitCode::FAILURE
         }
     }

@@ -65,7 +65,8 @@ pub fn expect_abort_at(r: &mut Replica, name: &str, timeout: Duration) {
 /// `sluice functions attach` (JSON answer).
 pub fn attach(env: &Env, collection: &str, function: &str, output: &str) -> Value {
     serde_json::from_str(
-        env.run(&["functions", "attach", collection, "--function", function, "--output", output]).trim(),
+        env.run(&["functions", "attach", collection, "--function", function, "--output", output, "--format", "json"])
+            .trim(),
     )
     .expect("attach JSON")
 }

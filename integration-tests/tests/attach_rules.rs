@@ -16,7 +16,8 @@ const WAIT: Duration = Duration::from_secs(120);
 
 fn attach(env: &Env, collection: &str, function: &str, output: &str) -> Value {
     serde_json::from_str(
-        env.run(&["functions", "attach", collection, "--function", function, "--output", output]).trim(),
+        env.run(&["functions", "attach", collection, "--function", function, "--output", output, "--format", "json"])
+            .trim(),
     )
     .unwrap()
 }

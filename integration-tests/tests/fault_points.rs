@@ -71,7 +71,7 @@ fn after_relay(env: Env) {
     // The attach command cannot reach any broker: the marker stays in the outbox.
     let out = env
         .cmd()
-        .args(["functions", "attach", &c, "--function", "record_counter", "--output", "count"])
+        .args(["functions", "attach", &c, "--function", "record_counter", "--output", "count", "--format", "json"])
         .env("SLUICE_BROKERS", "127.0.0.1:1")
         .output()
         .unwrap();

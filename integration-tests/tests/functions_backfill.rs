@@ -18,7 +18,8 @@ const FUNCTIONS: [&str; 3] = ["record_counter", "statistics", "normalize"];
 
 fn attach(env: &Env, collection: &str, function: &str, output: &str) -> Value {
     serde_json::from_str(
-        env.run(&["functions", "attach", collection, "--function", function, "--output", output]).trim(),
+        env.run(&["functions", "attach", collection, "--function", function, "--output", output, "--format", "json"])
+            .trim(),
     )
     .unwrap()
 }
@@ -292,7 +293,7 @@ fn relayed_marker(env: Env) {
     // The attach command cannot reach any broker.
     let out = env
         .cmd()
-        .args(["functions", "attach", &c, "--function", "normalize", "--output", "norm"])
+        .args(["functions", "attach", &c, "--function", "normalize", "--output", "norm", "--format", "json"])
         .env("SLUICE_BROKERS", "127.0.0.1:1")
         .output()
         .unwrap();

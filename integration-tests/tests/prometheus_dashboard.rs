@@ -487,6 +487,8 @@ fn every_dashboard_and_alert_expression_works_against_two_real_replicas() {
                 "record_counter",
                 "--output",
                 &format!("{fn_collection}-count"),
+                "--format",
+                "json",
             ])
             .output()
             .unwrap();

@@ -65,7 +65,18 @@ fn incompressible(len: usize, seed: u64) -> String {
 
 fn attach(env: &Env, collection: &str, output: &str) -> String {
     let v: Value = serde_json::from_str(
-        env.run(&["functions", "attach", collection, "--function", "statistics", "--output", output]).trim(),
+        env.run(&[
+            "functions",
+            "attach",
+            collection,
+            "--function",
+            "statistics",
+            "--output",
+            output,
+            "--format",
+            "json",
+        ])
+        .trim(),
     )
     .unwrap();
     v["function_id"].as_str().expect("function_id").to_string()

@@ -297,6 +297,8 @@ fn soak_two_replicas_with_kills_and_a_function_attached_midway() {
                     "statistics",
                     "--output",
                     "soak-stats",
+                    "--format",
+                    "json",
                 ])
                 .trim(),
             )

@@ -155,7 +155,8 @@ fn postgres_restart_during_processing_and_backfill(env: Env) {
     env.wait_caught_up(WAIT);
     let c = base[0].collection_id.clone();
     let attached: Value = serde_json::from_str(
-        env.run(&["functions", "attach", &c, "--function", "statistics", "--output", "stats"]).trim(),
+        env.run(&["functions", "attach", &c, "--function", "statistics", "--output", "stats", "--format", "json"])
+            .trim(),
     )
     .unwrap();
     let id = attached["function_id"].as_str().unwrap().to_string();

@@ -401,7 +401,7 @@ class Run:
         # The first attaches go through every function, so that even a short run has each.
         fn = FUNCTIONS[len(self.functions)] if len(self.functions) < len(FUNCTIONS) else rng.choice(FUNCTIONS)
         output = f"{self.args.prefix}-out{len(self.functions)}-{fn}"
-        out = self.sluice("functions", "attach", c, "--function", fn, "--output", output)
+        out = self.sluice("functions", "attach", c, "--function", fn, "--output", output, "--format", "json")
         if out.returncode != 0:
             self.errors.append(f"functions attach {c} {fn} failed: {out.stderr.strip()[-400:]}")
             self.fig.add("attach_failures")

@@ -1,13 +1,16 @@
-//! Implementations of the subcommands.
+//! Implementations of the subcommands. Everything printed goes through [`super::output`]
+//! (the `--format` contract; a closed pipe is an error `main` ends quietly on).
 
 use std::io::{BufRead, Write};
 
 use anyhow::{bail, Context, Result};
+use serde::Serialize;
 use serde_json::json;
 
 use super::jsonl;
-use super::{CollectionsCmd, Format, OffsetsCmd};
-use crate::config::{redacted_librdkafka, Config};
+use super::output::{self, Format, Out};
+use super::{CollectionsCmd, OffsetsCmd};
+use crate::config::Config;
 use crate::kafka::admin::{ensure_topic, MetadataClient, TopicOutcome};
 use crate::kafka::producer::{Outgoing, Producer};
 use crate::record::framing::encode_framed;
@@ -15,8 +18,18 @@ use crate::record::partitioner::partition_for;
 use crate::record::validate::validate;
 use crate::sysdb::{redact_url, Sysdb};
 
+/// Open the sysdb for a command that writes (init, attach, detach, reset): creates and
+/// migrates it as needed.
 pub async fn open_sysdb(config: &Config) -> Result<Sysdb> {
     Sysdb::open(&config.sysdb.url)
+        .await
+        .with_context(|| format!("cannot open the sysdb at {}", redact_url(&config.sysdb.url)))
+}
+
+/// Open the sysdb for a command that only reads: never creates or migrates it. A missing
+/// or older sysdb is an error that says to run `sluice init`.
+pub async fn open_sysdb_read(config: &Config) -> Result<Sysdb> {
+    Sysdb::open_existing(&config.sysdb.url)
         .await
         .with_context(|| format!("cannot open the sysdb at {}", redact_url(&config.sysdb.url)))
 }
@@ -30,7 +43,21 @@ pub async fn preflight(config: &Config) -> Result<()> {
     Ok(())
 }
 
-pub async fn init(config: &Config, partitions: Option<i32>, rf: Option<i32>) -> Result<()> {
+#[derive(Serialize)]
+struct InitTopic {
+    topic: String,
+    created: bool,
+    partitions: i32,
+}
+
+#[derive(Serialize)]
+struct InitReport {
+    topics: Vec<InitTopic>,
+    sysdb: &'static str,
+    log_partitions: i32,
+}
+
+pub async fn init(config: &Config, partitions: Option<i32>, rf: Option<i32>, format: Format) -> Result<()> {
     preflight(config).await?;
     let settings = crate::kafka::ClientSettings::from_config(config);
     let partitions = partitions.unwrap_or(config.kafka.partitions);
@@ -38,16 +65,17 @@ pub async fn init(config: &Config, partitions: Option<i32>, rf: Option<i32>) -> 
     let log = config.kafka.log_topic();
     let sysdb = open_sysdb(config).await?;
     let mut actual = partitions;
+    let mut topics = Vec::new();
     for (topic, n) in
         [(log.clone(), partitions), (config.kafka.backfill_topic(), partitions), (config.kafka.dlq_topic(), partitions)]
     {
         match ensure_topic(&settings, &topic, n, rf, &[]).await? {
-            TopicOutcome::Created => println!("created topic {topic} ({n} partitions, replication factor {rf})"),
+            TopicOutcome::Created => topics.push(InitTopic { topic, created: true, partitions: n }),
             TopicOutcome::AlreadyExists { partitions: have } => {
-                println!("topic {topic} exists ({have} partitions)");
                 if topic == log {
                     actual = have;
                 }
+                topics.push(InitTopic { topic, created: false, partitions: have });
             }
         }
     }
@@ -57,68 +85,215 @@ pub async fn init(config: &Config, partitions: Option<i32>, rf: Option<i32>) -> 
         }
     }
     sysdb.set_topic_partitions(&log, actual).await?;
-    println!("sysdb {} migrated; {log} has {actual} partitions", sysdb.backend());
-    Ok(())
+    let report = InitReport { topics, sysdb: sysdb.backend(), log_partitions: actual };
+    output::one(format, &report, || {
+        let mut lines: Vec<String> = report
+            .topics
+            .iter()
+            .map(|t| {
+                if t.created {
+                    format!("created topic {} ({} partitions, replication factor {rf})", t.topic, t.partitions)
+                } else {
+                    format!("topic {} exists ({} partitions)", t.topic, t.partitions)
+                }
+            })
+            .collect();
+        lines.push(format!("sysdb {} migrated; {log} has {actual} partitions", report.sysdb));
+        lines.join("\n")
+    })
 }
 
-pub async fn produce(config: &Config, input: &str) -> Result<()> {
-    preflight(config).await?;
-    let settings = crate::kafka::ClientSettings::from_config(config);
-    let producer = Producer::new(&settings, &[])?;
-    let topic = config.kafka.log_topic();
-    let reader: Box<dyn BufRead> = if input == "-" {
-        Box::new(std::io::BufReader::new(std::io::stdin()))
+/// How often `produce` reports progress on stderr when stderr is not a terminal.
+const PROGRESS_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
+/// Records handed to the producer at once.
+const PRODUCE_CHUNK: usize = 20_000;
+
+#[derive(Serialize, Default)]
+struct ProduceReport {
+    topic: String,
+    dry_run: bool,
+    /// Non-empty lines read.
+    lines: usize,
+    /// Valid records (produced unless a dry run).
+    valid: usize,
+    delivered: usize,
+    rejected: usize,
+}
+
+/// Progress on stderr: a bar on a terminal, a plain line every few seconds otherwise.
+struct Progress {
+    bar: Option<indicatif::ProgressBar>,
+    last: std::time::Instant,
+}
+
+impl Progress {
+    fn new(total_bytes: Option<u64>) -> Progress {
+        let bar = std::io::IsTerminal::is_terminal(&std::io::stderr()).then(|| {
+            let bar = match total_bytes {
+                Some(n) => indicatif::ProgressBar::new(n).with_style(
+                    indicatif::ProgressStyle::with_template("{bar:30} {bytes}/{total_bytes} {msg} ({eta})")
+                        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+                ),
+                None => indicatif::ProgressBar::new_spinner(),
+            };
+            bar.set_draw_target(indicatif::ProgressDrawTarget::stderr());
+            bar
+        });
+        Progress { bar, last: std::time::Instant::now() }
+    }
+
+    fn update(&mut self, bytes: u64, r: &ProduceReport) {
+        let msg = format!("{} lines, {} delivered, {} rejected", r.lines, r.delivered, r.rejected);
+        match &self.bar {
+            Some(bar) => {
+                bar.set_position(bytes);
+                bar.set_message(msg);
+            }
+            None if self.last.elapsed() >= PROGRESS_EVERY => {
+                self.last = std::time::Instant::now();
+                eprintln!("produce: {msg}");
+            }
+            None => {}
+        }
+    }
+
+    fn finish(&self) {
+        if let Some(bar) = &self.bar {
+            bar.finish_and_clear();
+        }
+    }
+}
+
+/// `sluice produce`: the input is opened and checked before any broker contact; then the
+/// broker and the log topic; then each line is validated (stop at the first invalid line,
+/// or write it to `rejects` and go on) and produced in chunks.
+pub async fn produce(
+    config: &Config,
+    input: &str,
+    dry_run: bool,
+    rejects: Option<&std::path::Path>,
+    format: Format,
+) -> Result<()> {
+    let (reader, total_bytes): (Box<dyn BufRead>, Option<u64>) = if input == "-" {
+        (Box::new(std::io::BufReader::new(std::io::stdin())), None)
     } else {
-        Box::new(std::io::BufReader::new(std::fs::File::open(input).with_context(|| format!("cannot open {input}"))?))
+        let file = std::fs::File::open(input).with_context(|| format!("cannot open the input file {input}"))?;
+        let meta = file.metadata().with_context(|| format!("cannot read the input file {input}"))?;
+        if meta.is_dir() {
+            bail!("the input {input} is a directory, not a file of JSON lines");
+        }
+        (Box::new(std::io::BufReader::new(file)), Some(meta.len()))
     };
-    let mut invalid: Vec<(usize, String)> = Vec::new();
-    let mut undelivered: Vec<(usize, String)> = Vec::new();
-    let mut delivered = 0usize;
+    let mut rejects_out = match rejects {
+        Some(p) => Some(std::io::BufWriter::new(
+            std::fs::File::create(p).with_context(|| format!("cannot create the rejects file {}", p.display()))?,
+        )),
+        None => None,
+    };
+    let topic = config.kafka.log_topic();
+    let producer = if dry_run {
+        None
+    } else {
+        preflight(config).await?;
+        let settings = crate::kafka::ClientSettings::from_config(config);
+        let t = topic.clone();
+        let s = settings.clone();
+        tokio::task::spawn_blocking(move || crate::kafka::admin::partition_count(&s, &t))
+            .await?
+            .with_context(|| format!("the log topic {topic} is not usable (create it with `sluice init`)"))?;
+        Some(Producer::new(&settings, &[])?)
+    };
+    let mut report = ProduceReport { topic: topic.clone(), dry_run, ..ProduceReport::default() };
+    let mut progress = Progress::new(total_bytes);
+    let mut bytes = 0u64;
     let mut pending: Vec<(usize, String, Vec<u8>)> = Vec::new();
-    for (i, line) in reader.lines().enumerate() {
+    let mut undelivered: Vec<(usize, String)> = Vec::new();
+    let mut first_invalid: Option<(usize, String)> = None;
+    for (i, raw) in reader.split(b'\n').enumerate() {
         let n = i + 1;
-        let line = line.with_context(|| format!("cannot read line {n}"))?;
+        let mut raw = raw.with_context(|| format!("cannot read line {n} of {input}"))?;
+        bytes += raw.len() as u64 + 1;
+        if raw.last() == Some(&b'\r') {
+            raw.pop();
+        }
+        // A line that is not UTF-8 is an invalid line like any other (set aside with --rejects).
+        let (line, utf8) = match String::from_utf8(raw) {
+            Ok(l) => (l, true),
+            Err(e) => (String::from_utf8_lossy(e.as_bytes()).into_owned(), false),
+        };
         if line.trim().is_empty() {
             continue;
         }
-        let rec = match jsonl::parse_line(&line)
-            .and_then(|r| validate(&r, &config.limits).map(|_| r).map_err(|e| e.to_string()))
-        {
+        report.lines += 1;
+        let parsed = if utf8 { jsonl::parse_line(&line) } else { Err("the line is not valid UTF-8".to_string()) };
+        let rec = match parsed.and_then(|r| validate(&r, &config.limits).map(|_| r).map_err(|e| e.to_string())) {
             Ok(r) => r,
-            Err(e) => {
-                invalid.push((n, e));
-                continue;
+            Err(reason) => {
+                report.rejected += 1;
+                match rejects_out.as_mut() {
+                    Some(w) => {
+                        serde_json::to_writer(&mut *w, &json!({"line": n, "reason": reason, "text": line}))?;
+                        w.write_all(b"\n").context("cannot write the rejects file")?;
+                        continue;
+                    }
+                    None => {
+                        first_invalid = Some((n, reason));
+                        break;
+                    }
+                }
             }
         };
-        let payload = encode_framed(config.kafka.framing, config.kafka.confluent_schema_id, &rec);
-        pending.push((n, rec.collection_id, payload));
-        if pending.len() >= 20_000 {
-            let (bad, ok) = deliver(&producer, &topic, std::mem::take(&mut pending)).await;
-            undelivered.extend(bad);
-            delivered += ok;
+        report.valid += 1;
+        if producer.is_some() {
+            let payload = encode_framed(config.kafka.framing, config.kafka.confluent_schema_id, &rec);
+            pending.push((n, rec.collection_id, payload));
         }
+        if let (Some(p), true) = (&producer, pending.len() >= PRODUCE_CHUNK) {
+            let (bad, ok) = deliver(p, &topic, std::mem::take(&mut pending)).await;
+            undelivered.extend(bad);
+            report.delivered += ok;
+        }
+        progress.update(bytes, &report);
     }
-    let (bad, ok) = deliver(&producer, &topic, pending).await;
-    undelivered.extend(bad);
-    delivered += ok;
-    eprintln!("delivered {delivered} records to {topic}");
-    for (n, e) in invalid.iter().take(20) {
-        eprintln!("line {n}: invalid: {e}");
+    if let Some(p) = &producer {
+        let (bad, ok) = deliver(p, &topic, pending).await;
+        undelivered.extend(bad);
+        report.delivered += ok;
+    }
+    progress.finish();
+    if let Some(mut w) = rejects_out {
+        w.flush().context("cannot write the rejects file")?;
     }
     for (n, e) in undelivered.iter().take(20) {
         eprintln!("line {n}: not delivered: {e}");
     }
-    if !invalid.is_empty() || !undelivered.is_empty() {
-        let lines: Vec<String> = invalid.iter().chain(&undelivered).map(|(n, _)| n.to_string()).take(100).collect();
+    if let Some((n, reason)) = first_invalid {
         bail!(
-            "{} invalid and {} undelivered lines (line numbers: {}{})",
-            invalid.len(),
-            undelivered.len(),
-            lines.join(","),
-            if invalid.len() + undelivered.len() > 100 { ",..." } else { "" }
+            "line {n} of {input} is invalid: {reason}; stopped there ({} records before it delivered; \
+             use --rejects FILE to set invalid lines aside and go on)",
+            report.delivered
         );
     }
-    Ok(())
+    if !undelivered.is_empty() {
+        let lines: Vec<String> = undelivered.iter().map(|(n, _)| n.to_string()).take(100).collect();
+        bail!(
+            "{} lines not delivered to {topic} (line numbers: {}{})",
+            undelivered.len(),
+            lines.join(","),
+            if undelivered.len() > 100 { ",..." } else { "" }
+        );
+    }
+    output::one(format, &report, || {
+        let rejected = match rejects {
+            Some(p) if report.rejected > 0 => format!("; {} invalid lines written to {}", report.rejected, p.display()),
+            _ => String::new(),
+        };
+        if dry_run {
+            format!("dry run: {} valid records of {} lines, nothing produced{rejected}", report.valid, report.lines)
+        } else {
+            format!("delivered {} records to {topic}{rejected}", report.delivered)
+        }
+    })
 }
 
 /// Produce `(line number, key, payload)` items; returns the failed lines and the count delivered.
@@ -143,100 +318,147 @@ async fn deliver(
     (bad, ok)
 }
 
+/// Records stream page by page in json (one array) and jsonl; the table is built whole.
 pub async fn records(config: &Config, collection: &str, format: Format) -> Result<()> {
-    let sysdb = open_sysdb(config).await?;
+    let sysdb = open_sysdb_read(config).await?;
     if sysdb.collection(collection).await?.is_none() {
         bail!("collection {collection:?} is not known to the sysdb (see `sluice collections list`)");
     }
-    let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+    let mut out = Out::new();
+    let mut table = output::table(&["ID", "EMBEDDING", "METADATA", "DOCUMENT"]);
     let mut after: Option<String> = None;
+    let mut first = true;
+    if format == Format::Json {
+        out.line("[")?;
+    }
     loop {
         let page = sysdb.list_records(collection, after.as_deref(), 1000).await?;
         for r in &page {
+            let v = jsonl::record_to_json(r);
             match format {
-                Format::Human => writeln!(out, "{}\t{}", r.id, jsonl::record_to_json(r))?,
-                _ => writeln!(out, "{}", jsonl::record_to_json(r))?,
+                Format::Jsonl => out.json_line(&v)?,
+                Format::Json => {
+                    if !first {
+                        out.line(",")?;
+                    }
+                    serde_json::to_writer(out.writer(), &v)?;
+                }
+                Format::Table => {
+                    let emb =
+                        r.embedding.as_ref().map(|e| format!("[{} floats]", e.len())).unwrap_or_else(|| "-".into());
+                    let md = if r.metadata.is_empty() { "-".to_string() } else { v["metadata"].to_string() };
+                    let doc = r.document.clone().unwrap_or_else(|| "-".into()).replace(['\n', '\r', '\t'], " ");
+                    table.add_row(vec![r.id.clone(), emb, md, doc]);
+                }
             }
+            first = false;
         }
         match page.last() {
             Some(l) if page.len() == 1000 => after = Some(l.id.clone()),
             _ => break,
         }
     }
+    match format {
+        Format::Json => out.line(if first { "]" } else { "\n]" })?,
+        Format::Table => out.line(table.trim_fmt())?,
+        Format::Jsonl => {}
+    }
+    out.flush()?;
     Ok(())
+}
+
+#[derive(Serialize)]
+struct CollectionView<'a> {
+    id: &'a str,
+    partition: i32,
+    log_position: i64,
+    records: i64,
+    dimension: Option<u32>,
 }
 
 pub async fn collections(config: &Config, cmd: CollectionsCmd) -> Result<()> {
     let CollectionsCmd::List { format } = cmd;
-    let sysdb = open_sysdb(config).await?;
+    let sysdb = open_sysdb_read(config).await?;
     let rows = sysdb.collections().await?;
-    if format == Format::Human {
-        println!("{:<40} {:>9} {:>12} {:>9} {:>9}", "COLLECTION", "PARTITION", "LOG_POSITION", "RECORDS", "DIMENSION");
-        for r in &rows {
-            println!(
-                "{:<40} {:>9} {:>12} {:>9} {:>9}",
-                r.id,
-                r.partition,
-                r.log_position,
-                r.record_count,
-                r.dimension.map(|d| d.to_string()).unwrap_or_else(|| "-".into())
-            );
+    let views: Vec<CollectionView<'_>> = rows
+        .iter()
+        .map(|r| CollectionView {
+            id: &r.id,
+            partition: r.partition,
+            log_position: r.log_position,
+            records: r.record_count,
+            dimension: r.dimension,
+        })
+        .collect();
+    output::rows(format.format, &views, |views| {
+        let mut t = output::table(&["COLLECTION", "PARTITION", "LOG_POSITION", "RECORDS", "DIMENSION"]);
+        for v in views {
+            t.add_row(vec![
+                v.id.to_string(),
+                v.partition.to_string(),
+                v.log_position.to_string(),
+                v.records.to_string(),
+                v.dimension.map(|d| d.to_string()).unwrap_or_else(|| "-".into()),
+            ]);
         }
-    } else {
-        let v: Vec<_> = rows
-            .iter()
-            .map(|r| json!({"id": r.id, "partition": r.partition, "log_position": r.log_position, "records": r.record_count, "dimension": r.dimension}))
-            .collect();
-        println!("{}", serde_json::to_string_pretty(&v)?);
-    }
-    Ok(())
+        t
+    })
 }
 
 pub use crate::offsets::{offset_rows, partition_status, OffsetRow};
 
 pub async fn offsets(config: &Config, cmd: OffsetsCmd) -> Result<()> {
-    let sysdb = open_sysdb(config).await?;
     let topic = config.kafka.log_topic();
     match cmd {
         OffsetsCmd::Show { format } => {
+            let sysdb = open_sysdb_read(config).await?;
             let rows = offset_rows(config, &sysdb).await?;
-            if format == Format::Human {
-                println!(
-                    "{:<24} {:>9} {:>12} {:>12} {:>14} {:>8}  STATUS",
-                    "TOPIC", "PARTITION", "SYSDB_NEXT", "GROUP", "HIGH_WATERMARK", "LAG"
-                );
+            output::rows(format.format, &rows, |rows| {
+                let mut t =
+                    output::table(&["TOPIC", "PARTITION", "SYSDB_NEXT", "GROUP", "HIGH_WATERMARK", "LAG", "STATUS"]);
                 let o = |v: Option<i64>| v.map(|v| v.to_string()).unwrap_or_else(|| "-".into());
-                for r in &rows {
+                for r in rows {
                     // A reason is one line in the table (the JSON keeps it whole).
-                    let status = r.status.replace(['\n', '\r'], " ");
-                    println!(
-                        "{:<24} {:>9} {:>12} {:>12} {:>14} {:>8}  {}",
-                        r.topic,
-                        r.partition,
+                    t.add_row(vec![
+                        r.topic.clone(),
+                        r.partition.to_string(),
                         o(r.sysdb_next_offset),
                         o(r.group_offset),
-                        r.high_watermark,
-                        r.lag,
-                        status
-                    );
+                        r.high_watermark.to_string(),
+                        r.lag.to_string(),
+                        r.status.replace(['\n', '\r'], " "),
+                    ]);
                 }
-            } else {
-                println!("{}", serde_json::to_string_pretty(&rows)?);
-            }
+                t
+            })?;
         }
-        OffsetsCmd::Reconcile => {
+        OffsetsCmd::Reconcile { format } => {
+            let sysdb = open_sysdb_read(config).await?;
             let positions: Vec<(i32, i64)> = sysdb.positions(&topic).await?.into_iter().collect();
             let settings = crate::kafka::ClientSettings::from_config(config);
             let group = config.kafka.group.clone();
             let t = topic.clone();
             let n = positions.len();
+            let pushed = positions.clone();
             tokio::task::spawn_blocking(move || {
                 MetadataClient::new(&settings, Some(&group))?.commit_group_offsets(&t, &positions)
             })
             .await??;
-            println!("pushed {n} sysdb positions into group {}", config.kafka.group);
+            let v = json!({
+                "group": config.kafka.group,
+                "topic": topic,
+                "positions": pushed.iter().map(|(p, o)| json!({"partition": p, "next_offset": o})).collect::<Vec<_>>(),
+            });
+            output::one(format.format, &v, || format!("pushed {n} sysdb positions into group {}", config.kafka.group))?;
         }
-        other => return super::offsets_cmd::run(config, &sysdb, other).await,
+        other => {
+            // A reset writes (and may migrate); history and wait only read.
+            let sysdb = match &other {
+                OffsetsCmd::Reset(_) => open_sysdb(config).await?,
+                _ => open_sysdb_read(config).await?,
+            };
+            return super::offsets_cmd::run(config, &sysdb, other).await;
+        }
     }
     Ok(())
 }
@@ -282,9 +504,9 @@ pub fn canonical_line(collection: &str, r: &crate::record::Record) -> String {
     line
 }
 
-pub async fn checksum(config: &Config) -> Result<()> {
+pub async fn checksum(config: &Config, format: Format) -> Result<()> {
     use sha2::{Digest, Sha256};
-    let sysdb = open_sysdb(config).await?;
+    let sysdb = open_sysdb_read(config).await?;
     let outputs: std::collections::HashSet<String> =
         sysdb.functions(None).await?.into_iter().map(|f| f.output_collection).collect();
     let mut ids: Vec<String> =
@@ -308,52 +530,44 @@ pub async fn checksum(config: &Config) -> Result<()> {
     }
     let digest = hasher.finalize();
     let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
-    println!("records={n} sha256={hex}");
+    // The table form is the fixed line scripts compare.
+    output::one(format, &json!({"records": n, "sha256": hex}), || format!("records={n} sha256={hex}"))
+}
+
+/// `sluice config show`: every key of the effective configuration, from the config types
+/// themselves (secrets print as `***`, URLs with their password redacted).
+pub fn config_show(config: &Config, format: super::ConfigFormat) -> Result<()> {
+    let mut out = Out::new();
+    match format {
+        super::ConfigFormat::Toml => out.line(config.to_toml_redacted()?.trim_end())?,
+        super::ConfigFormat::Json => out.json_doc(&config.redacted())?,
+    }
+    out.flush()?;
     Ok(())
 }
 
-pub fn config_show(config: &Config) -> Result<()> {
-    let c = config;
-    let v = json!({
-        "kafka": {
-            "brokers": c.kafka.brokers, "group": c.kafka.group, "topic_prefix": c.kafka.topic_prefix,
-            "framing": format!("{:?}", c.kafka.framing).to_lowercase(), "partitions": c.kafka.partitions,
-            "replication_factor": c.kafka.replication_factor,
-            "rebalance_protocol": format!("{:?}", c.kafka.rebalance_protocol).to_lowercase(),
-            "auto_offset_reset": format!("{:?}", c.kafka.auto_offset_reset).to_lowercase(),
-        },
-        "sysdb": { "url": redact_url(&c.sysdb.url) },
-        "processor": {
-            "batch_max_records": c.processor.batch_max_records, "batch_max_bytes": c.processor.batch_max_bytes,
-            "batch_linger_ms": c.processor.batch_linger_ms,
-            "unknown_collections": format!("{:?}", c.processor.unknown_collections).to_lowercase(),
-            "on_data_loss": format!("{:?}", c.processor.on_data_loss).to_lowercase(),
-        },
-        "backfill": {
-            "chunk_size": c.backfill.chunk_size, "concurrency": c.backfill.concurrency, "pause_ms": c.backfill.pause_ms,
-            "scan_interval_ms": c.backfill.scan_interval_ms, "relay_interval_ms": c.backfill.relay_interval_ms,
-        },
-        "metrics": { "per_collection": c.metrics.per_collection },
-        "http": { "listen": c.http.listen, "admin_token": c.http.admin_token().map(|_| "***") },
-        "librdkafka": redacted_librdkafka(&c.librdkafka),
-    });
-    println!("{}", serde_json::to_string_pretty(&v)?);
+/// `sluice config docs`: the configuration reference (docs/configuration.md).
+pub fn config_docs() -> Result<()> {
+    let mut out = Out::new();
+    write!(out.writer(), "{}", crate::config::docs::render())?;
+    out.flush()?;
     Ok(())
 }
 
 pub fn workload(spec: &crate::workload::WorkloadSpec) -> Result<()> {
-    let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+    let mut out = Out::new();
     for r in crate::workload::generate(spec) {
-        writeln!(out, "{}", jsonl::log_record_to_json(&r))?;
+        out.json_line(&jsonl::log_record_to_json(&r))?;
     }
+    out.flush()?;
     Ok(())
 }
 
 pub async fn functions(config: &Config, cmd: super::FunctionsCmd) -> Result<()> {
     use super::FunctionsCmd;
-    let sysdb = open_sysdb(config).await?;
     match cmd {
-        FunctionsCmd::Attach { collection, function, output, param } => {
+        FunctionsCmd::Attach { collection, function, output: out_collection, param, format } => {
+            let sysdb = open_sysdb(config).await?;
             let mut params = std::collections::BTreeMap::new();
             for p in param {
                 let (k, v) = p.split_once('=').with_context(|| format!("--param {p:?} must be KEY=VALUE"))?;
@@ -362,49 +576,69 @@ pub async fn functions(config: &Config, cmd: super::FunctionsCmd) -> Result<()> 
             // Publishing fails fast when the broker is down (the relay retries later).
             let producer =
                 Producer::new(&crate::kafka::ClientSettings::from_config(config), &[("message.timeout.ms", "10000")])?;
-            let attached =
-                crate::backfill::attach::attach(config, &sysdb, &producer, &collection, &function, &output, params)
-                    .await?;
-            println!("{}", serde_json::to_string(&attached)?);
+            let attached = crate::backfill::attach::attach(
+                config,
+                &sysdb,
+                &producer,
+                &collection,
+                &function,
+                &out_collection,
+                params,
+            )
+            .await?;
+            output::one(format.format, &attached, || {
+                format!(
+                    "attached function {} ({function} on {collection} -> {out_collection}): status {}, marker {}",
+                    attached.function_id, attached.status, attached.marker
+                )
+            })?;
         }
         FunctionsCmd::List { collection, format } => {
+            let sysdb = open_sysdb_read(config).await?;
             let rows = sysdb.functions(collection.as_deref()).await?;
             let views: Vec<crate::backfill::attach::FunctionView> = rows.iter().map(Into::into).collect();
-            if format == Format::Human {
-                println!(
-                    "{:<36} {:<24} {:<14} {:<24} {:<16} {:>8} {:>15}",
-                    "ID", "COLLECTION", "FUNCTION", "OUTPUT", "STATUS", "MARKER", "BACKFILL"
-                );
-                for v in &views {
-                    println!(
-                        "{:<36} {:<24} {:<14} {:<24} {:<16} {:>8} {:>15}",
-                        v.id,
-                        v.collection,
-                        v.function,
-                        v.output,
-                        v.status,
+            output::rows(format.format, &views, |views| {
+                let mut t = output::table(&["ID", "COLLECTION", "FUNCTION", "OUTPUT", "STATUS", "MARKER", "BACKFILL"]);
+                for v in views {
+                    t.add_row(vec![
+                        v.id.clone(),
+                        v.collection.clone(),
+                        v.function.clone(),
+                        v.output.clone(),
+                        v.status.clone(),
                         v.marker_offset.map(|o| o.to_string()).unwrap_or_else(|| "-".into()),
                         format!(
                             "{}/{}",
                             v.backfill_done,
                             v.backfill_total.map(|t| t.to_string()).unwrap_or_else(|| "?".into())
-                        )
-                    );
+                        ),
+                    ]);
                 }
-            } else {
-                println!("{}", serde_json::to_string_pretty(&views)?);
-            }
+                t
+            })?;
         }
-        FunctionsCmd::Detach { function_id, drop_output } => {
+        FunctionsCmd::Detach { function_id, drop_output, format } => {
+            let sysdb = open_sysdb(config).await?;
             match sysdb.detach_function(&function_id, drop_output).await? {
-                Some(row) => println!(
-                    "detached function {} ({} on {} -> {}){}",
-                    row.id,
-                    row.function,
-                    row.collection_id,
-                    row.output_collection,
-                    if drop_output { "; output collection dropped" } else { "" }
-                ),
+                Some(row) => {
+                    let v = json!({
+                        "function_id": row.id,
+                        "function": row.function,
+                        "collection": row.collection_id,
+                        "output": row.output_collection,
+                        "output_dropped": drop_output,
+                    });
+                    output::one(format.format, &v, || {
+                        format!(
+                            "detached function {} ({} on {} -> {}){}",
+                            row.id,
+                            row.function,
+                            row.collection_id,
+                            row.output_collection,
+                            if drop_output { "; output collection dropped" } else { "" }
+                        )
+                    })?;
+                }
                 None => bail!("no function with id {function_id:?} (see `sluice functions list`)"),
             }
         }

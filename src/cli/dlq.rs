@@ -2,7 +2,8 @@
 
 use anyhow::{Context, Result};
 
-use super::{DlqCmd, DlqFilterArgs, Format};
+use super::output;
+use super::{DlqCmd, DlqFilterArgs};
 use crate::config::Config;
 use crate::dlq::{list, replay, DlqEntryView, DlqFilter, ReplayReport};
 use crate::kafka::producer::Producer;
@@ -14,24 +15,13 @@ pub async fn run(config: &Config, cmd: DlqCmd) -> Result<()> {
     match cmd {
         DlqCmd::List { filter, format } => {
             let entries = list(config, &sysdb, &filter_of(&filter)?).await?;
-            match format {
-                Format::Human => print!("{}", entries_text(&entries)),
-                Format::Json => println!("{}", serde_json::to_string_pretty(&entries)?),
-                Format::Jsonl => {
-                    for e in &entries {
-                        println!("{}", serde_json::to_string(e)?);
-                    }
-                }
-            }
+            output::listing(format.format, &entries, entries_text)?;
         }
         DlqCmd::Replay { filter, execute, format } => {
             let producer = Producer::new(&crate::kafka::ClientSettings::from_config(config), &[])
                 .context("cannot create the producer")?;
             let report = replay(config, &sysdb, &producer, &filter_of(&filter)?, execute).await?;
-            match format {
-                Format::Human => print!("{}", replay_text(&report)),
-                _ => println!("{}", serde_json::to_string_pretty(&report)?),
-            }
+            output::one(format.format, &report, || replay_text(&report).trim_end().to_string())?;
         }
     }
     Ok(())

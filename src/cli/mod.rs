@@ -1,18 +1,33 @@
 //! The `sluice` command line. The shapes of these commands and of their JSON output are
-//! a contract other tools and the tests depend on.
+//! a contract other tools and the tests depend on (see [`output`] for `--format`).
 
 pub mod commands;
 pub mod dlq;
 pub mod offsets_cmd;
+pub mod output;
 /// JSON lines live with the record types; re-exported for the commands and tests.
 pub use crate::record::jsonl;
+pub use output::{Format, FormatArg};
 
 use std::path::PathBuf;
 
 use clap::{ArgGroup, Args, Parser, Subcommand, ValueEnum};
 
+/// Printed at the end of `sluice --help`.
+const AFTER_HELP: &str = "\
+Exit codes:
+  0  success (also when the reader of stdout closes the pipe early, e.g. `| head -1`)
+  1  failure (the command ran and failed: broker or sysdb unreachable, invalid input, ...)
+  2  usage (unknown flag or subcommand, invalid argument, invalid configuration)
+
+Every printing command takes --format table|json|jsonl (default table): json is one
+JSON document, jsonl one JSON object per line.
+Configuration: file (--config), then SLUICE_SECTION__KEY environment variables (any key,
+e.g. SLUICE_PROCESSOR__BATCH_MAX_RECORDS=1000), then the named variables and flags below.
+`sluice config docs` lists every key.";
+
 #[derive(Debug, Parser)]
-#[command(name = "sluice", version, about = "Kafka-backed stream processor for collection logs")]
+#[command(name = "sluice", version, about = "Kafka-backed stream processor for collection logs", after_help = AFTER_HELP)]
 pub struct Cli {
     #[command(flatten)]
     pub global: Global,
@@ -25,23 +40,23 @@ pub struct Global {
     /// TOML configuration file.
     #[arg(long, global = true, env = "SLUICE_CONFIG")]
     pub config: Option<PathBuf>,
-    /// Bootstrap servers (overrides config and SLUICE_BROKERS).
-    #[arg(long, global = true)]
+    /// Bootstrap servers (overrides [kafka] brokers).
+    #[arg(long, global = true, env = "SLUICE_BROKERS")]
     pub brokers: Option<String>,
-    /// sysdb URL, sqlite://PATH or postgres://... (overrides config and SLUICE_SYSDB).
-    #[arg(long, global = true)]
+    /// sysdb URL, sqlite://PATH or postgres://... (overrides [sysdb] url).
+    #[arg(long, global = true, env = "SLUICE_SYSDB", hide_env_values = true)]
     pub sysdb: Option<String>,
-    /// Consumer group (overrides config and SLUICE_GROUP).
-    #[arg(long, global = true)]
+    /// Consumer group (overrides [kafka] group).
+    #[arg(long, global = true, env = "SLUICE_GROUP")]
     pub group: Option<String>,
-    /// Topic prefix (overrides config and SLUICE_TOPIC_PREFIX).
-    #[arg(long, global = true)]
+    /// Topic prefix (overrides [kafka] topic_prefix).
+    #[arg(long, global = true, env = "SLUICE_TOPIC_PREFIX")]
     pub topic_prefix: Option<String>,
-    /// HTTP listen address (overrides config and SLUICE_HTTP).
-    #[arg(long, global = true)]
+    /// HTTP listen address, empty to disable (overrides [http] listen).
+    #[arg(long, global = true, env = "SLUICE_HTTP")]
     pub http: Option<String>,
-    /// Log format.
-    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Human)]
+    /// Log format (logs go to stderr; filter with SLUICE_LOG, e.g. `debug`).
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Human, env = "SLUICE_LOG_FORMAT")]
     pub log_format: LogFormat,
 }
 
@@ -51,28 +66,24 @@ pub enum LogFormat {
     Json,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Default)]
-pub enum Format {
-    #[default]
-    Human,
-    Json,
-    Jsonl,
-}
-
 #[derive(Debug, Subcommand)]
 pub enum Cmd {
-    /// Create the log, backfill and DLQ topics (idempotent) and migrate the sysdb.
+    /// Create the log, backfill and DLQ topics (idempotent) and create or migrate the sysdb.
     Init {
-        #[arg(long)]
+        /// Partition count of new topics (overrides [kafka] partitions).
+        #[arg(long, env = "SLUICE_KAFKA__PARTITIONS")]
         partitions: Option<i32>,
-        #[arg(long)]
+        /// Replication factor of new topics (overrides [kafka] replication_factor).
+        #[arg(long, env = "SLUICE_KAFKA__REPLICATION_FACTOR")]
         replication_factor: Option<i32>,
+        #[command(flatten)]
+        format: FormatArg,
     },
     /// Run a replica: consume the log topic and materialize it into the sysdb; run the
     /// backfill worker and the outbox relay.
     Process {
         /// Roles to run, comma separated: processor, backfill, relay.
-        #[arg(long, default_value = "processor,backfill,relay")]
+        #[arg(long, default_value = "processor,backfill,relay", env = "SLUICE_ROLES")]
         roles: String,
     },
     /// Attached functions: attach, list, detach.
@@ -80,16 +91,28 @@ pub enum Cmd {
         #[command(subcommand)]
         command: FunctionsCmd,
     },
-    /// Produce JSON lines (a file or - for stdin) as log records.
+    /// Produce JSON lines (a file or - for stdin) as log records. The input is validated
+    /// line by line; by default the first invalid line stops the run.
     Produce {
+        /// Input file of JSON lines, or - for stdin.
         #[arg(default_value = "-")]
         input: String,
+        /// Validate and count the input; produce nothing (no broker needed).
+        #[arg(long)]
+        dry_run: bool,
+        /// Continue past invalid lines, writing each (line number, reason, line) to FILE
+        /// as JSON lines.
+        #[arg(long, value_name = "FILE", env = "SLUICE_PRODUCE_REJECTS")]
+        rejects: Option<PathBuf>,
+        #[command(flatten)]
+        format: FormatArg,
     },
     /// Print a collection's materialized records, sorted by id.
     Records {
+        /// The collection id.
         collection: String,
-        #[arg(long, value_enum, default_value_t = Format::Jsonl)]
-        format: Format,
+        #[command(flatten)]
+        format: FormatArg,
     },
     /// Collections.
     Collections {
@@ -113,19 +136,28 @@ pub enum Cmd {
     },
     /// Print `records=N sha256=HEX`: a canonical checksum of every materialized record
     /// (function outputs excluded), comparable across implementations (benchmarks).
-    Checksum,
+    Checksum {
+        #[command(flatten)]
+        format: FormatArg,
+    },
     /// Print a deterministic synthetic workload as JSON lines (demo and benchmarks).
     Workload {
+        /// Log records to generate.
         #[arg(long, default_value_t = 10_000)]
         records: usize,
+        /// Collections to spread them over.
         #[arg(long, default_value_t = 64)]
         collections: usize,
+        /// Embedding dimension.
         #[arg(long, default_value_t = 384)]
         dim: usize,
+        /// Distinct record ids per collection.
         #[arg(long, default_value_t = 1_000)]
         ids_per_collection: usize,
+        /// Random seed (the same seed gives the same workload).
         #[arg(long, default_value_t = 42)]
         seed: u64,
+        /// Collection ids are this prefix followed by a number.
         #[arg(long, default_value = "collection-")]
         collection_prefix: String,
     },
@@ -133,33 +165,40 @@ pub enum Cmd {
 
 #[derive(Debug, Subcommand)]
 pub enum CollectionsCmd {
+    /// List the collections the sysdb knows.
     List {
-        #[arg(long, value_enum, default_value_t = Format::Human)]
-        format: Format,
+        #[command(flatten)]
+        format: FormatArg,
     },
 }
 
 #[derive(Debug, Subcommand)]
 pub enum OffsetsCmd {
+    /// Show each partition's positions and lag.
     Show {
-        #[arg(long, value_enum, default_value_t = Format::Human)]
-        format: Format,
+        #[command(flatten)]
+        format: FormatArg,
     },
     /// Push the sysdb positions into the consumer group (stop the replicas first).
-    Reconcile,
+    Reconcile {
+        #[command(flatten)]
+        format: FormatArg,
+    },
     /// Move partitions' positions, the sysdb's (audited) and the group's: prints the plan
     /// and changes nothing unless --execute.
     Reset(ResetArgs),
     /// Operator resets and recorded data-loss gaps, oldest first.
     History {
-        #[arg(long, value_enum, default_value_t = Format::Human)]
-        format: Format,
+        #[command(flatten)]
+        format: FormatArg,
     },
     /// Wait until no partition lags (exit 0), or exit 1 at the timeout naming those that do.
     Wait {
         /// How long to wait: 30s, 5m, 1h, 250ms (a bare number is seconds).
         #[arg(long, default_value = "5m")]
         timeout: String,
+        #[command(flatten)]
+        format: FormatArg,
     },
 }
 
@@ -202,8 +241,8 @@ pub struct ResetArgs {
     /// Why (audited; required with --execute).
     #[arg(long)]
     pub reason: Option<String>,
-    #[arg(long, value_enum, default_value_t = Format::Human)]
-    pub format: Format,
+    #[command(flatten)]
+    pub format: FormatArg,
 }
 
 /// `sluice dlq`: entries with their source, kind and message.
@@ -213,8 +252,8 @@ pub enum DlqCmd {
     List {
         #[command(flatten)]
         filter: DlqFilterArgs,
-        #[arg(long, value_enum, default_value_t = Format::Human)]
-        format: Format,
+        #[command(flatten)]
+        format: FormatArg,
     },
     /// Re-produce the chosen entries' original bytes into the log (same key), once each:
     /// a dry run listing them unless --execute.
@@ -223,8 +262,8 @@ pub enum DlqCmd {
         filter: DlqFilterArgs,
         #[arg(long)]
         execute: bool,
-        #[arg(long, value_enum, default_value_t = Format::Human)]
-        format: Format,
+        #[command(flatten)]
+        format: FormatArg,
     },
 }
 
@@ -247,8 +286,9 @@ pub struct DlqFilterArgs {
 
 #[derive(Debug, Subcommand)]
 pub enum FunctionsCmd {
-    /// Attach a function; prints {"function_id", "status", "marker"} as JSON.
+    /// Attach a function; prints its id, status and marker offset.
     Attach {
+        /// The input collection.
         collection: String,
         /// record_counter, statistics or normalize.
         #[arg(long)]
@@ -259,24 +299,101 @@ pub enum FunctionsCmd {
         /// Function parameter KEY=VALUE (repeatable).
         #[arg(long)]
         param: Vec<String>,
+        #[command(flatten)]
+        format: FormatArg,
     },
     /// List functions (all, or of one input collection).
     List {
+        /// Only the functions of this input collection.
         collection: Option<String>,
-        #[arg(long, value_enum, default_value_t = Format::Human)]
-        format: Format,
+        #[command(flatten)]
+        format: FormatArg,
     },
     /// Detach a function; both the live path and the backfill stop.
     Detach {
+        /// The function id (see `sluice functions list`).
         function_id: String,
         /// Also delete the output collection.
         #[arg(long)]
         drop_output: bool,
+        #[command(flatten)]
+        format: FormatArg,
     },
+}
+
+/// `config show` formats.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Default)]
+pub enum ConfigFormat {
+    #[default]
+    Toml,
+    Json,
 }
 
 #[derive(Debug, Subcommand)]
 pub enum ConfigCmd {
-    /// Print the effective configuration, secrets redacted.
-    Show,
+    /// Print the effective configuration: every key, secrets as `***`.
+    Show {
+        /// toml (a valid config file) or json (one document).
+        #[arg(long, value_enum, default_value_t = ConfigFormat::Toml)]
+        format: ConfigFormat,
+    },
+    /// Print the reference of every configuration key (Markdown; docs/configuration.md).
+    Docs,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    fn walk(cmd: &clap::Command, path: &str, missing: &mut Vec<String>) {
+        for arg in cmd.get_arguments() {
+            let id = arg.get_id().as_str();
+            if id == "help" || id == "version" {
+                continue;
+            }
+            if arg.get_help().is_none() && arg.get_long_help().is_none() {
+                missing.push(format!("{path} {id}: no help text"));
+            }
+        }
+        for sub in cmd.get_subcommands() {
+            if sub.get_about().is_none() && sub.get_name() != "help" {
+                missing.push(format!("{path} {}: no description", sub.get_name()));
+            }
+            walk(sub, &format!("{path} {}", sub.get_name()), missing);
+        }
+    }
+
+    #[test]
+    fn every_flag_and_command_has_help_and_global_flags_name_their_variable() {
+        let cmd = Cli::command();
+        cmd.clone().debug_assert();
+        let mut missing = Vec::new();
+        walk(&cmd, "sluice", &mut missing);
+        assert!(missing.is_empty(), "{missing:#?}");
+        for arg in cmd.get_arguments().filter(|a| a.is_global_set()) {
+            assert!(arg.get_env().is_some(), "--{} has no environment variable", arg.get_id());
+        }
+        // Every printing command takes --format with the same default.
+        for path in [
+            &["init"][..],
+            &["produce"],
+            &["records"],
+            &["checksum"],
+            &["collections", "list"],
+            &["offsets", "show"],
+            &["offsets", "reconcile"],
+            &["offsets", "reset"],
+            &["functions", "attach"],
+            &["functions", "list"],
+            &["functions", "detach"],
+        ] {
+            let mut c = &cmd;
+            for p in path {
+                c = c.find_subcommand(p).unwrap_or_else(|| panic!("{path:?}"));
+            }
+            let f = c.get_arguments().find(|a| a.get_id() == "format").unwrap_or_else(|| panic!("{path:?} --format"));
+            assert_eq!(f.get_default_values(), ["table"], "{path:?}");
+        }
+    }
 }

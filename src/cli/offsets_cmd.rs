@@ -3,7 +3,8 @@
 use anyhow::{bail, Result};
 use tracing::info;
 
-use super::{Format, OffsetsCmd, ResetArgs};
+use super::output;
+use super::{FormatArg, OffsetsCmd, ResetArgs};
 use crate::config::Config;
 use crate::offsets::{
     format_rfc3339_ms, history, lagging, parse_duration, parse_rfc3339_ms, reset, wait_caught_up, HistoryEntry,
@@ -15,8 +16,8 @@ pub async fn run(config: &Config, sysdb: &Sysdb, cmd: OffsetsCmd) -> Result<()> 
     match cmd {
         OffsetsCmd::Reset(args) => reset_cmd(config, sysdb, args).await,
         OffsetsCmd::History { format } => history_cmd(config, sysdb, format).await,
-        OffsetsCmd::Wait { timeout } => wait_cmd(config, sysdb, &timeout).await,
-        OffsetsCmd::Show { .. } | OffsetsCmd::Reconcile => bail!("offsets show/reconcile are not handled here"),
+        OffsetsCmd::Wait { timeout, format } => wait_cmd(config, sysdb, &timeout, format).await,
+        OffsetsCmd::Show { .. } | OffsetsCmd::Reconcile { .. } => bail!("offsets show/reconcile are not handled here"),
     }
 }
 
@@ -56,10 +57,7 @@ async fn reset_cmd(config: &Config, sysdb: &Sysdb, args: ResetArgs) -> Result<()
             info!(partition = r.partition, from = ?r.sysdb_next_offset, to = r.target, "sysdb position reset");
         }
     }
-    match args.format {
-        Format::Human => print!("{}", reset_text(&report)),
-        _ => println!("{}", serde_json::to_string_pretty(&report)?),
-    }
+    output::one(args.format.format, &report, || reset_text(&report).trim_end().to_string())?;
     if report.group_committed == Some(false) {
         eprintln!(
             "warning: the sysdb positions moved but the group offsets were not committed ({}); \
@@ -140,18 +138,9 @@ pub fn reset_text(r: &ResetReport) -> String {
     s
 }
 
-async fn history_cmd(config: &Config, sysdb: &Sysdb, format: Format) -> Result<()> {
+async fn history_cmd(config: &Config, sysdb: &Sysdb, format: FormatArg) -> Result<()> {
     let entries = history(config, sysdb).await?;
-    match format {
-        Format::Human => print!("{}", history_text(&entries)),
-        Format::Json => println!("{}", serde_json::to_string_pretty(&entries)?),
-        Format::Jsonl => {
-            for e in &entries {
-                println!("{}", serde_json::to_string(e)?);
-            }
-        }
-    }
-    Ok(())
+    output::listing(format.format, &entries, history_text)
 }
 
 pub fn history_text(entries: &[HistoryEntry]) -> String {
@@ -186,26 +175,29 @@ pub fn history_text(entries: &[HistoryEntry]) -> String {
     s
 }
 
-async fn wait_cmd(config: &Config, sysdb: &Sysdb, timeout: &str) -> Result<()> {
+async fn wait_cmd(config: &Config, sysdb: &Sysdb, timeout: &str, format: FormatArg) -> Result<()> {
     let timeout = parse_duration(timeout).map_err(anyhow::Error::msg)?;
     let every = std::time::Duration::from_millis(500).min(timeout.max(std::time::Duration::from_millis(50)));
     match wait_caught_up(config, sysdb, timeout, every).await? {
         Ok(rows) => {
-            println!("caught up: {} partitions, lag 0", rows.len());
-            Ok(())
+            output::listing(format.format, &rows, |rows| format!("caught up: {} partitions, lag 0", rows.len()))
         }
         Err(rows) => {
             let lag: Vec<&OffsetRow> = lagging(&rows);
-            for r in &lag {
-                println!(
-                    "partition {}: lag {} (sysdb next {}, high watermark {}, {})",
-                    r.partition,
-                    r.lag,
-                    opt(r.sysdb_next_offset),
-                    r.high_watermark,
-                    r.status
-                );
-            }
+            output::listing(format.format, &lag, |lag| {
+                lag.iter()
+                    .map(|r| {
+                        format!(
+                            "partition {}: lag {} (sysdb next {}, high watermark {}, {})\n",
+                            r.partition,
+                            r.lag,
+                            opt(r.sysdb_next_offset),
+                            r.high_watermark,
+                            r.status
+                        )
+                    })
+                    .collect()
+            })?;
             bail!(
                 "{} of {} partitions still lag after {timeout:?}: {}",
                 lag.len(),

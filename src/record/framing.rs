@@ -15,7 +15,7 @@ pub const CONFLUENT_MAGIC: u8 = 0x00;
 pub const CONFLUENT_HEADER_LEN: usize = 5;
 
 /// Message framing, as configured (`framing = "plain"` or `"confluent"`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize, serde::Serialize, schemars::JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum Framing {
     /// The message value is the bare Avro datum.

@@ -31,7 +31,7 @@ use serde::{Deserialize, Deserializer};
 use super::{LogRecord, MetaValue, Operation};
 
 /// Size limits on log records (config section `[limits]`). Every field is optional.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Limits {
     /// Maximum length in bytes (UTF-8) of `collection_id`, `id` and each metadata key.

@@ -341,6 +341,16 @@ impl PostgresSysdb {
     /// Connect (lazily, through the pool) and migrate. The password never appears in
     /// errors: they name the target with [`redact_url`].
     pub async fn open(url: &str) -> Result<PostgresSysdb> {
+        Self::open_with(url, true).await
+    }
+
+    /// Connect without creating or migrating anything: a database without Sluice's schema
+    /// or at an older version is a `Config` error naming `sluice init`.
+    pub async fn open_existing(url: &str) -> Result<PostgresSysdb> {
+        Self::open_with(url, false).await
+    }
+
+    async fn open_with(url: &str, migrate_schema: bool) -> Result<PostgresSysdb> {
         let target = redact_url(url);
         let mut config: tokio_postgres::Config = url.parse().map_err(|e: tokio_postgres::Error| {
             SysdbError::Config(format!("invalid PostgreSQL URL {target}: {}", describe(&e)))
@@ -368,7 +378,8 @@ impl PostgresSysdb {
             .build()
             .map_err(|e| SysdbError::Config(format!("PostgreSQL pool for {target}: {e}")))?;
         let db = PostgresSysdb { pool };
-        db.migrate().await.map_err(|e| match e {
+        let prepared = if migrate_schema { db.migrate().await } else { db.check_current().await };
+        prepared.map_err(|e| match e {
             SysdbError::Unavailable { backend, message } => {
                 SysdbError::Unavailable { backend, message: format!("{target}: {message}") }
             }
@@ -383,6 +394,19 @@ impl PostgresSysdb {
 
     async fn client(&self) -> Result<Object> {
         Ok(self.pool.get().await?)
+    }
+
+    /// The read-only counterpart of `migrate`: the schema must be there and current.
+    async fn check_current(&self) -> Result<()> {
+        let client = self.client().await?;
+        let has_table: bool =
+            client.query_one("SELECT to_regclass('schema_migrations') IS NOT NULL", &[]).await?.get(0);
+        let current = if has_table {
+            Some(client.query_one("SELECT COALESCE(MAX(version), 0)::int8 FROM schema_migrations", &[]).await?.get(0))
+        } else {
+            None
+        };
+        schema::require_current(schema::POSTGRES, current, BACKEND)
     }
 
     /// Apply the missing migration steps in one transaction. Replicas starting together

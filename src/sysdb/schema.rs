@@ -425,6 +425,26 @@ pub(crate) fn pending(
     Ok(&steps[first..])
 }
 
+/// For commands that only read: the database must be at exactly this binary's latest
+/// version. `current` is `None` when it has no `schema_migrations` table at all.
+pub(crate) fn require_current(
+    steps: &'static [Migration],
+    current: Option<i64>,
+    backend: &str,
+) -> Result<(), SysdbError> {
+    let known = latest(steps);
+    match current {
+        None | Some(0) => {
+            Err(SysdbError::Config(format!("the {backend} sysdb has no Sluice schema: run `sluice init` to create it")))
+        }
+        Some(v) if v < known => Err(SysdbError::Config(format!(
+            "the {backend} sysdb is at schema version {v}, older than this binary's {known}: \
+             `sluice init` migrates it (read commands never do)"
+        ))),
+        Some(v) => pending(steps, v, backend).map(|_| ()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -385,11 +385,49 @@ impl SqliteSysdb {
     /// Open (creating if needed) and migrate the database at `path` (`:memory:` for a
     /// private in-memory database).
     pub async fn open(path: &str) -> Result<SqliteSysdb> {
+        Self::open_with(path, true).await
+    }
+
+    /// Open the database `sluice init` created at `path`, creating and migrating nothing:
+    /// a missing file, a file without Sluice's schema or one at an older schema version
+    /// is a `Config` error naming `sluice init`. The check runs on a read-only connection.
+    pub async fn open_existing(path: &str) -> Result<SqliteSysdb> {
+        if !is_memory(path) {
+            let p = path.to_string();
+            tokio::task::spawn_blocking(move || -> Result<()> {
+                if !std::path::Path::new(&p).is_file() {
+                    return Err(SysdbError::Config(format!(
+                        "no sysdb at {p:?} (the file does not exist): run `sluice init` to create it"
+                    )));
+                }
+                let flags = rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX;
+                let conn = Connection::open_with_flags(&p, flags)?;
+                let has_table: bool = conn.query_row(
+                    "SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'schema_migrations')",
+                    [],
+                    |r| r.get(0),
+                )?;
+                let current = if has_table {
+                    Some(conn.query_row("SELECT COALESCE(MAX(version), 0) FROM schema_migrations", [], |r| r.get(0))?)
+                } else {
+                    None
+                };
+                schema::require_current(schema::SQLITE, current, BACKEND)
+            })
+            .await
+            .map_err(join_error)??;
+        }
+        Self::open_with(path, false).await
+    }
+
+    async fn open_with(path: &str, migrate_schema: bool) -> Result<SqliteSysdb> {
         let path = path.to_string();
         let inner = tokio::task::spawn_blocking(move || -> Result<Inner> {
             let mut writer = open_connection(&path)?;
             configure(&writer, &path)?;
-            migrate(&mut writer)?;
+            if migrate_schema || is_memory(&path) {
+                migrate(&mut writer)?;
+            }
             let stop_checkpointer = CancellationToken::new();
             let reader = if is_memory(&path) {
                 None
