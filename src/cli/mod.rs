@@ -260,6 +260,7 @@ pub enum DlqCmd {
     Replay {
         #[command(flatten)]
         filter: DlqFilterArgs,
+        /// Produce the entries (without it: a dry run listing what would be replayed).
         #[arg(long)]
         execute: bool,
         #[command(flatten)]
