@@ -91,7 +91,7 @@ pub async fn produce(config: &Config, input: &str) -> Result<()> {
                 continue;
             }
         };
-        let payload = encode_framed(config.kafka.framing, config.kafka.confluent_schema_id, &rec);
+        let payload = encode_framed(config.kafka.framing, config.writer_schema_id(), &rec);
         pending.push((n, rec.collection_id, payload));
         if pending.len() >= 20_000 {
             let (bad, ok) = deliver(&producer, &topic, std::mem::take(&mut pending)).await;
@@ -347,6 +347,7 @@ pub fn config_show(config: &Config) -> Result<()> {
         },
         "metrics": { "per_collection": c.metrics.per_collection },
         "http": { "listen": c.http.listen, "admin_token": c.http.admin_token().map(|_| "***") },
+        "schema_registry": c.schema_registry.redacted(),
         "librdkafka": redacted_librdkafka(&c.librdkafka),
     });
     println!("{}", serde_json::to_string_pretty(&v)?);

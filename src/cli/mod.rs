@@ -2,6 +2,7 @@
 //! a contract other tools and the tests depend on.
 
 pub mod commands;
+pub mod schema;
 /// JSON lines live with the record types; re-exported for the commands and tests.
 pub use crate::record::jsonl;
 
@@ -104,6 +105,11 @@ pub enum Cmd {
         #[command(subcommand)]
         command: ConfigCmd,
     },
+    /// The log record schema in the schema registry (`[schema_registry] url`).
+    Schema {
+        #[command(subcommand)]
+        command: SchemaCmd,
+    },
     /// Print `records=N sha256=HEX`: a canonical checksum of every materialized record
     /// (function outputs excluded), comparable across implementations (benchmarks).
     Checksum,
@@ -185,4 +191,22 @@ pub enum FunctionsCmd {
 pub enum ConfigCmd {
     /// Print the effective configuration, secrets redacted.
     Show,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum SchemaCmd {
+    /// Is FILE.avsc compatible (by the subject's rule, BACKWARD by default) with every
+    /// version of the subject `<topic_prefix>.log-value`? Exit 1 if not, with the
+    /// registry's reasons.
+    Check {
+        file: PathBuf,
+        /// Check against the latest version only.
+        #[arg(long)]
+        latest: bool,
+    },
+    /// The subject's versions and their schema ids.
+    Show {
+        #[arg(long, value_enum, default_value_t = Format::Human)]
+        format: Format,
+    },
 }
