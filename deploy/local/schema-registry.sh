@@ -136,15 +136,17 @@ cmd_start() {
     mkdir -p "$RUN_DIR"
     rm -f "$PIDFILE"
     # setsid: the registry survives the shell that started it; the child writes its own
-    # pid, then execs java, so the pid file is exact.
+    # pid, then execs java, so the pid file is exact. Started straight from this shell
+    # (no subshell left waiting on java and holding the caller's stdout open).
+    cd "$DIST"
     # shellcheck disable=SC2016 # expanded by the child shell
-    (cd "$DIST" && QUARKUS_HTTP_PORT="$PORT" QUARKUS_HTTP_HOST=127.0.0.1 \
+    QUARKUS_HTTP_PORT="$PORT" QUARKUS_HTTP_HOST=127.0.0.1 \
         QUARKUS_MANAGEMENT_PORT="$MGMT_PORT" QUARKUS_MANAGEMENT_HOST=127.0.0.1 \
         APICURIO_RULES_GLOBAL_COMPATIBILITY=BACKWARD \
         setsid bash -c 'echo $$ >"$1"; shift; exec "$@"' _ "$PIDFILE" \
         nohup "$java" "-Xmx${SLUICE_REGISTRY_HEAP:-512m}" -Djava.awt.headless=true \
         "-Dsluice.registry.port=$PORT" -jar quarkus-run.jar \
-        >"$LOGFILE" 2>&1 </dev/null &)
+        >"$LOGFILE" 2>&1 </dev/null &
     local k pid
     for ((k = 0; k < 50; k++)); do
         [[ -s "$PIDFILE" ]] && break
