@@ -1,6 +1,7 @@
 //! Configuration: a TOML file (`--config`), overridden by environment variables
 //! (`SLUICE_BROKERS`, `SLUICE_SYSDB`, `SLUICE_GROUP`, `SLUICE_INSTANCE_ID`, `SLUICE_TOPIC_PREFIX`, `SLUICE_HTTP`,
-//! `SLUICE_ADMIN_TOKEN`, `SLUICE_SASL_USERNAME`, `SLUICE_SASL_PASSWORD`), overridden by
+//! `SLUICE_ADMIN_TOKEN`, `SLUICE_SASL_USERNAME`, `SLUICE_SASL_PASSWORD`,
+//! `SLUICE_SCHEMA_REGISTRY_URL`, `_USERNAME`, `_PASSWORD`, `_CA_FILE`), overridden by
 //! command-line flags. Unknown keys are rejected.
 //! Every field's doc comment is the user's reference (`sluice config show` prints the effective values).
 

@@ -44,7 +44,12 @@ fn main() -> std::process::ExitCode {
         // Writers of log records frame them with the id the schema registry gives
         // `schemas/log_record.avsc` (registered once, here, when a registry is configured).
         let mut config = config;
-        if matches!(cli.command, Cmd::Produce { .. } | Cmd::Process { .. } | Cmd::Functions { .. }) {
+        if matches!(
+            cli.command,
+            Cmd::Produce { .. }
+                | Cmd::Process { .. }
+                | Cmd::Functions { command: sluice::cli::FunctionsCmd::Attach { .. } }
+        ) {
             sluice::schema_registry::prepare_writer(&mut config).await?;
         }
         match cli.command {

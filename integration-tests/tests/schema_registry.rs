@@ -43,10 +43,13 @@ fn venv_python() -> String {
     String::from_utf8(out.stdout).expect("utf8").trim().to_string()
 }
 
-/// The test environment: Confluent framing, the registry at `url`, one partition.
+/// The test environment: Confluent framing, the registry at `url`, one partition. The
+/// configured schema id is one the registry never gives, so a writer that did not ask the
+/// registry is caught.
 fn registry_env(env: Env, url: &str) -> Env {
-    let env =
-        env.with_kafka("framing = \"confluent\"\n").with_sections(&format!("[schema_registry]\nurl = \"{url}\"\n"));
+    let env = env
+        .with_kafka("framing = \"confluent\"\nconfluent_schema_id = 999999\n")
+        .with_sections(&format!("[schema_registry]\nurl = \"{url}\"\n"));
     env.run(&["init", "--partitions", "1"]);
     env
 }
@@ -218,15 +221,43 @@ fn evolution(env: Env) {
 
     let offsets = log_offsets(&env);
     assert_eq!(offsets.len(), records.len(), "every record is in the one partition");
-    let log: Vec<(i64, LogRecord)> = offsets.into_iter().zip(records.iter().cloned()).collect();
     // `sluice produce` framed its records with the registry's id for v1.
     let framed = consume_all(&env.log_topic(), 1, Duration::from_secs(60));
     let produced_ids: BTreeSet<u32> =
         framed[30..60].iter().map(|m| u32::from_be_bytes(m.payload[1..5].try_into().expect("4 bytes"))).collect();
     assert_eq!(produced_ids, BTreeSet::from([v1_id]), "sluice produce writes the registered v1 id");
 
-    let mut replica = env.spawn_replica("r1", &[]);
+    let port = free_port();
+    let mut replica = env.spawn_replica("r1", &[("SLUICE_HTTP", &format!("127.0.0.1:{port}"))]);
     env.wait_caught_up(Duration::from_secs(120));
+    // The HTTP ingest frames with the registered v1 id too.
+    let ingested = workload(&env, 12, 14);
+    let body = Value::Array(
+        sluice_integration_tests::jsonl_lines(&ingested).iter().map(|l| serde_json::from_str(l).unwrap()).collect(),
+    )
+    .to_string();
+    // One collection per request (the endpoint's path names it).
+    let mut all = records.clone();
+    for cid in ingested.iter().map(|r| r.collection_id.clone()).collect::<BTreeSet<_>>() {
+        let mine: Vec<Value> = serde_json::from_str::<Vec<Value>>(&body)
+            .unwrap()
+            .into_iter()
+            .filter(|v| v["collection"] == json!(cid))
+            .collect();
+        let (status, answer) =
+            http_post(port, &format!("/api/v1/collections/{cid}/records"), &Value::Array(mine).to_string());
+        assert_eq!(status, 202, "{answer}");
+        all.extend(ingested.iter().filter(|r| r.collection_id == cid).cloned());
+    }
+    env.wait_caught_up(Duration::from_secs(120));
+    let framed = consume_all(&env.log_topic(), 1, Duration::from_secs(60));
+    assert_eq!(framed.len(), all.len());
+    let ingest_ids: BTreeSet<u32> = framed[records.len()..]
+        .iter()
+        .map(|m| u32::from_be_bytes(m.payload[1..5].try_into().expect("4 bytes")))
+        .collect();
+    assert_eq!(ingest_ids, BTreeSet::from([v1_id]), "the HTTP ingest writes the registered v1 id");
+    let log: Vec<(i64, LogRecord)> = framed.iter().map(|m| m.offset).zip(all).collect();
     let text = replica.log_text();
     let fetched = |id: u32, decoder: &str| {
         text.lines().any(|l| {
@@ -347,6 +378,24 @@ fn private_registry_home() -> PathBuf {
     std::env::var("SLUICE_REGISTRY_HOME")
         .map(PathBuf::from)
         .unwrap_or_else(|_| repo_root().join(".local/schema-registry"))
+}
+
+/// `POST path` with a JSON body on 127.0.0.1:port: (status, JSON answer).
+fn http_post(port: u16, path: &str, body: &str) -> (u16, Value) {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(30))).expect("timeout");
+    write!(
+        s,
+        "POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .expect("write");
+    let mut raw = String::new();
+    s.read_to_string(&mut raw).expect("read");
+    let (head, body) = raw.split_once("\r\n\r\n").expect("HTTP head");
+    let status = head.split(' ').nth(1).and_then(|s| s.parse().ok()).expect("status");
+    (status, serde_json::from_str(body).unwrap_or(Value::Null))
 }
 
 fn register(url: &str, subject: &str, schema_file: &Path) -> u32 {

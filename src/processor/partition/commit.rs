@@ -192,10 +192,12 @@ impl Worker {
             }
         };
         let mut decoded = batch::decode_all(msgs, cfg.kafka.framing, &cfg.limits, schemas.as_ref());
-        if let Some((offset, Err(e))) =
-            decoded.iter().find(|(_, r)| matches!(r, Err(e) if e.kind == kinds::SCHEMA_NOT_FETCHED))
-        {
-            return Err(BatchError::Bug(format!("record at offset {offset}: {}", e.message)));
+        if schemas.is_some() {
+            if let Some((offset, Err(e))) =
+                decoded.iter().find(|(_, r)| matches!(r, Err(e) if e.kind == kinds::SCHEMA_NOT_FETCHED))
+            {
+                return Err(BatchError::Bug(format!("record at offset {offset}: {}", e.message)));
+            }
         }
         // A record a previous attempt sent to the DLQ (or the sysdb refused) stays there:
         // never both in the DLQ and applied.
