@@ -9,6 +9,10 @@ fastavro (schemaless, i.e. the bare datum) and framed the Confluent way: magic b
 schema id as 4 bytes big-endian, the datum. That is byte for byte what confluent-kafka's
 AvroSerializer writes; it needs no more than the stdlib and fastavro.
 
+With --serializer confluent, confluent-kafka's own SchemaRegistryClient and AvroSerializer
+(the `confluent-kafka[avro]` extra) register and frame instead, as docs/producing.md
+shows; the subject is still the one given (a subject.name.strategy returning it).
+
 Input (--input FILE, JSON lines): {"schema": NAME, "key": str, "record": {...}} where the
 record is the Avro record as a dict (bytes fields as lists of float32 values for
 "embedding", which is packed little-endian here).
@@ -47,12 +51,22 @@ def main() -> int:
     ap.add_argument("--registry", default="")
     ap.add_argument("--schema", action="append", default=[], help="NAME=SUBJECT=PATH or NAME=ID=PATH")
     ap.add_argument("--input", required=True)
+    ap.add_argument("--serializer", choices=["fastavro", "confluent"], default="fastavro")
     args = ap.parse_args()
 
     schemas = {}
+    serializers = {}
     for spec in args.schema:
         name, subject, path = spec.split("=", 2)
         text = open(path, encoding="utf-8").read()
+        if args.serializer == "confluent":
+            from confluent_kafka.schema_registry import SchemaRegistryClient
+            from confluent_kafka.schema_registry.avro import AvroSerializer
+
+            client = SchemaRegistryClient({"url": args.registry})
+            strategy = (lambda s: lambda ctx, record_name: s)(subject)
+            serializers[name] = AvroSerializer(client, text, conf={"subject.name.strategy": strategy})
+            continue
         parsed = fastavro.parse_schema(json.loads(text))
         # A number instead of a subject: an id registered before (no registry call).
         schema_id = int(subject) if subject.isdigit() else register(args.registry, subject, text)
@@ -82,14 +96,22 @@ def main() -> int:
     lines = [json.loads(line) for line in open(args.input, encoding="utf-8") if line.strip()]
     ids = []
     for i, line in enumerate(lines):
-        schema_id, parsed = schemas[line["schema"]]
         record = dict(line["record"])
         if isinstance(record.get("embedding"), list):
             record["embedding"] = struct.pack(f"<{len(record['embedding'])}f", *record["embedding"])
-        out = io.BytesIO()
-        out.write(b"\x00" + struct.pack(">I", schema_id))
-        fastavro.schemaless_writer(out, parsed, record)
-        producer.produce(args.topic, key=line["key"].encode(), value=out.getvalue(), on_delivery=report(i))
+        if serializers:
+            from confluent_kafka.serialization import MessageField, SerializationContext
+
+            value = serializers[line["schema"]](record, SerializationContext(args.topic, MessageField.VALUE))
+            assert value[0] == 0, "Confluent framing"
+            schema_id = struct.unpack(">I", value[1:5])[0]
+        else:
+            schema_id, parsed = schemas[line["schema"]]
+            out = io.BytesIO()
+            out.write(b"\x00" + struct.pack(">I", schema_id))
+            fastavro.schemaless_writer(out, parsed, record)
+            value = out.getvalue()
+        producer.produce(args.topic, key=line["key"].encode(), value=value, on_delivery=report(i))
         ids.append(schema_id)
         # One at a time: the records keep their input order in the partition.
         producer.flush(20)

@@ -2,8 +2,9 @@
 //! registry (Apicurio, Confluent API; `deploy/local/schema-registry.sh`), on both sysdbs.
 //!
 //! - `evolution`: v1 and v2 (`schemas/log_record.v2.avsc`, one optional field more)
-//!   records interleaved in one partition, written by Python (fastavro + Confluent
-//!   framing, ids from the registry) and by `sluice produce` (which registers v1 at start):
+//!   records interleaved in one partition, written by Python (confluent-kafka's
+//!   AvroSerializer, and fastavro with the framing by hand), by `sluice produce` (which
+//!   registers v1 at start) and through the HTTP ingest:
 //!   the sysdb equals the reference model of all of them, nothing in the DLQ, and the
 //!   replica read v2 through schema resolution and v1 through the hand-written codec.
 //! - `incompatible`: records whose writer schema the current schema cannot read (registered
@@ -81,14 +82,71 @@ fn avro_dict(r: &LogRecord, trace_id: Option<Option<&str>>) -> Value {
     d
 }
 
+/// Pinned like `deploy/local/python-env.sh` pins the client, plus its Avro extra
+/// (SchemaRegistryClient and AvroSerializer need httpx, authlib, attrs, cachetools, ...).
+const SERIALIZER_REQUIREMENT: &str = "confluent-kafka[avro]==2.16.1";
+
+/// A Python with confluent-kafka's AvroSerializer: a venv of its own,
+/// `.local/venv-avro-serializer` (created once, from PyPI; the test helpers' venv stays as
+/// `deploy/local/python-env.sh` makes it).
+fn serializer_python() -> String {
+    static PY: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    PY.get_or_init(|| {
+        let venv = repo_root().join(".local/venv-avro-serializer");
+        let py = venv.join("bin/python");
+        let stamp = venv.join(".sluice-requirements");
+        if std::fs::read_to_string(&stamp).ok().as_deref() == Some(SERIALIZER_REQUIREMENT) && py.exists() {
+            return py.display().to_string();
+        }
+        let _ = std::fs::remove_dir_all(&venv);
+        let python = std::env::var("SLUICE_PYTHON").unwrap_or_else(|_| "python3".into());
+        let ok = Command::new(&python).args(["-m", "venv"]).arg(&venv).status().expect("python3 -m venv");
+        assert!(ok.success(), "{python} -m venv {} failed", venv.display());
+        let out = Command::new(&py)
+            .args(["-m", "pip", "install", "--quiet", SERIALIZER_REQUIREMENT])
+            .output()
+            .expect("pip install");
+        assert!(
+            out.status.success(),
+            "pip install {SERIALIZER_REQUIREMENT} failed: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        std::fs::write(&stamp, SERIALIZER_REQUIREMENT).expect("stamp");
+        py.display().to_string()
+    })
+    .clone()
+}
+
+/// How the Python producer frames: by hand with fastavro, or with confluent-kafka's
+/// AvroSerializer.
+#[derive(Clone, Copy, PartialEq)]
+enum Serializer {
+    Fastavro,
+    Confluent,
+}
+
 /// Produce `lines` (`{"schema", "key", "record"}`) with the Python producer; returns the
 /// schema id of each record.
-fn python_produce(env: &Env, registry: &str, schemas: &[(&str, String, PathBuf)], lines: &[Value]) -> Vec<u32> {
+fn python_produce(
+    env: &Env,
+    registry: &str,
+    schemas: &[(&str, String, PathBuf)],
+    lines: &[Value],
+    serializer: Serializer,
+) -> Vec<u32> {
     let input = env.dir.join(format!("py-{}.jsonl", suffix()));
     std::fs::write(&input, lines.iter().map(Value::to_string).collect::<Vec<_>>().join("\n")).expect("input");
-    let mut c = Command::new(venv_python());
-    c.arg(repo_root().join("integration-tests/python/produce_with_registry.py"))
-        .args(["--brokers", &brokers(), "--topic", &env.log_topic(), "--registry", registry])
+    let python = match serializer {
+        Serializer::Fastavro => venv_python(),
+        Serializer::Confluent => serializer_python(),
+    };
+    let mut c = Command::new(python);
+    c.arg(repo_root().join("integration-tests/python/produce_with_registry.py"));
+    if serializer == Serializer::Confluent {
+        c.args(["--serializer", "confluent"]);
+    }
+    c.args(["--brokers", &brokers(), "--topic", &env.log_topic(), "--registry", registry])
         .args(["--input", input.to_str().expect("utf8")]);
     for (name, subject, path) in schemas {
         c.arg("--schema").arg(format!("{name}={subject}={}", path.display()));
@@ -210,10 +268,11 @@ fn evolution(env: Env) {
             })
             .collect()
     };
-    let ids_a = python_produce(&env, &url, &schemas, &lines(a, false));
+    // The first block through confluent-kafka's AvroSerializer, the last by hand.
+    let ids_a = python_produce(&env, &url, &schemas, &lines(a, false), Serializer::Confluent);
     // `sluice produce` registers v1 (the same schema: the same id) and frames with it.
     env.produce(&sluice_integration_tests::jsonl_lines(b));
-    let ids_c = python_produce(&env, &url, &schemas, &lines(c, true));
+    let ids_c = python_produce(&env, &url, &schemas, &lines(c, true), Serializer::Fastavro);
     let v1_id = ids_a[0];
     let v2_id = ids_a[1];
     assert_ne!(v1_id, v2_id);
@@ -304,7 +363,7 @@ fn incompatible(env: Env) {
             good.push(r.clone());
         }
     }
-    let ids = python_produce(&env, &url, &schemas, &lines);
+    let ids = python_produce(&env, &url, &schemas, &lines, Serializer::Confluent);
     let bad_id = ids[2];
     let offsets = log_offsets(&env);
     assert_eq!(offsets.len(), lines.len());
@@ -449,7 +508,7 @@ fn outage(env: Env) {
         })
         .collect();
     let schemas = [("v1", v1_id.to_string(), path(V1)), ("v2", v2_id.to_string(), path(V2))];
-    python_produce(&env, "", &schemas, &lines);
+    python_produce(&env, "", &schemas, &lines, Serializer::Fastavro);
     let offsets = log_offsets(&env);
     assert_eq!(offsets.len(), records.len());
     let first_v2 = offsets[before.len()];
