@@ -555,6 +555,18 @@ fn schema_cli_show_and_check() {
     let refused = check(&bad_schema_file(&env));
     assert_eq!(refused.status.code(), Some(1), "{}", String::from_utf8_lossy(&refused.stderr));
     assert!(String::from_utf8_lossy(&refused.stderr).contains("NOT compatible"));
+    // Without `operation`: the registry's BACKWARD rule accepts it (the new schema reads
+    // old data), but Sluice could not read data written with it.
+    let v1_text = std::fs::read_to_string(path(V1)).unwrap();
+    let mut no_op: Value = serde_json::from_str(&v1_text).unwrap();
+    no_op["fields"].as_array_mut().unwrap().retain(|f| f["name"] != "operation");
+    let no_op_file = env.dir.join("no-operation.avsc");
+    std::fs::write(&no_op_file, no_op.to_string()).unwrap();
+    let refused = check(&no_op_file);
+    let (stdout, stderr) = (String::from_utf8_lossy(&refused.stdout), String::from_utf8_lossy(&refused.stderr));
+    assert_eq!(refused.status.code(), Some(1), "{stdout}{stderr}");
+    assert!(stdout.contains("compatible with every version"), "the registry accepts it: {stdout}");
+    assert!(stderr.contains("Sluice CANNOT read"), "{stderr}");
     let v = show(&env);
     assert_eq!(v["versions"][0]["id"], json!(v1_id), "{v}");
     assert_eq!(v["versions"][0]["version"], json!(1), "{v}");

@@ -196,8 +196,8 @@ pub enum ConfigCmd {
 #[derive(Debug, Subcommand)]
 pub enum SchemaCmd {
     /// Is FILE.avsc compatible (by the subject's rule, BACKWARD by default) with every
-    /// version of the subject `<topic_prefix>.log-value`? Exit 1 if not, with the
-    /// registry's reasons.
+    /// version of the subject `<topic_prefix>.log-value`, and can Sluice read data written
+    /// with it? Exit 1 if not, with the reasons.
     Check {
         file: PathBuf,
         /// Check against the latest version only.
