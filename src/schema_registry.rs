@@ -421,6 +421,54 @@ mod tests {
         assert!(r.writer_schemas(&[]).await.unwrap().is_empty());
     }
 
+    /// A one-connection-at-a-time HTTP server answering every request with `answer`;
+    /// returns its URL and the requests it saw.
+    fn fake_registry(answer: &'static str) -> (String, Arc<std::sync::Mutex<Vec<String>>>) {
+        use std::io::{Read, Write};
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("http://127.0.0.1:{}/api", listener.local_addr().unwrap().port());
+        let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let log = seen.clone();
+        std::thread::spawn(move || {
+            for conn in listener.incoming() {
+                let Ok(mut conn) = conn else { break };
+                let mut buf = vec![0u8; 65536];
+                let n = conn.read(&mut buf).unwrap_or(0);
+                log.lock().unwrap().push(String::from_utf8_lossy(&buf[..n]).into_owned());
+                let _ = write!(
+                    conn,
+                    "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{answer}",
+                    answer.len()
+                );
+            }
+        });
+        (url, seen)
+    }
+
+    #[tokio::test]
+    async fn fetches_with_basic_auth_once_per_id_and_picks_the_decoder() {
+        let answer =
+            r#"{"schema": "{\"type\":\"record\",\"name\":\"X\",\"fields\":[{\"name\":\"n\",\"type\":\"int\"}]}"}"#;
+        let (url, seen) = fake_registry(answer);
+        let config =
+            SchemaRegistryConfig { username: Some("user".into()), password: Some(Secret::new("pa:ss")), ..cfg(&url) };
+        let r = SchemaRegistry::from_config(&config).unwrap().unwrap();
+        let d = r.writer_schema(5).await.unwrap();
+        assert!(matches!(*d, WriterDecoder::Incompatible(_)), "{d:?}");
+        let again = r.writer_schemas(&[5, 5]).await.unwrap();
+        assert!(Arc::ptr_eq(&again[&5], &d), "served from the cache");
+        let seen = seen.lock().unwrap().clone();
+        assert_eq!(seen.len(), 1, "one request for id 5: {seen:?}");
+        assert!(seen[0].starts_with("GET /api/schemas/ids/5 "), "{}", seen[0]);
+        // base64("user:pa:ss")
+        assert!(
+            seen[0].contains("authorization: Basic dXNlcjpwYTpzcw==")
+                || seen[0].contains("Authorization: Basic dXNlcjpwYTpzcw=="),
+            "{}",
+            seen[0]
+        );
+    }
+
     #[test]
     fn schema_ids_are_the_distinct_ids_of_framed_messages() {
         use crate::record::framing::frame;
