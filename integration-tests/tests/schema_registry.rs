@@ -654,7 +654,7 @@ fn java_producer_v1_and_v2() {
     let ops = [sluice::record::Operation::Add, sluice::record::Operation::Upsert, sluice::record::Operation::Update];
     let records: Vec<LogRecord> = (0..24)
         .map(|i| {
-            let mut r = LogRecord::data(&format!("{}-c{}", env.prefix, i % 2), &format!("r{}", i % 5), ops[i % 3]);
+            let mut r = LogRecord::data(format!("{}-c{}", env.prefix, i % 2), format!("r{}", i % 5), ops[i % 3]);
             if i % 7 == 6 {
                 r.operation = sluice::record::Operation::Delete;
                 return r;
