@@ -3,8 +3,8 @@
 //! `SLUICE_PROCESSOR__BATCH_MAX_RECORDS=1000`; `[librdkafka]` keys with `_` for `.`:
 //! `SLUICE_LIBRDKAFKA__SASL_MECHANISMS`); the named variables `SLUICE_BROKERS`,
 //! `SLUICE_SYSDB`, `SLUICE_GROUP`, `SLUICE_INSTANCE_ID`, `SLUICE_TOPIC_PREFIX`,
-//! `SLUICE_HTTP`, `SLUICE_ADMIN_TOKEN`, `SLUICE_SASL_USERNAME`, `SLUICE_SASL_PASSWORD`
-//! apply after those. Unknown keys are rejected.
+//! `SLUICE_HTTP`, `SLUICE_ADMIN_TOKEN`, `SLUICE_SASL_USERNAME`, `SLUICE_SASL_PASSWORD`,
+//! `SLUICE_SCHEMA_REGISTRY_URL` (and `_USERNAME`, `_PASSWORD`, `_CA_FILE`) apply after those. Unknown keys are rejected.
 //! Every field's doc comment is the user's reference: `sluice config docs` renders them
 //! (docs/configuration.md), `sluice config show` prints the effective values, secrets as
 //! `***`.
@@ -43,6 +43,7 @@ pub struct Config {
     pub http: HttpConfig,
     pub backfill: BackfillConfig,
     pub metrics: MetricsConfig,
+    pub schema_registry: SchemaRegistryConfig,
     /// librdkafka options passed through unchanged to every client (consumer, producer,
     /// admin): SASL/SSL settings, `client.id`, tuning. Values are strings. Sluice's own
     /// settings (`enable.auto.commit`, `enable.auto.offset.store`, `partitioner`, ...)
@@ -219,6 +220,41 @@ impl Default for ProcessorConfig {
     }
 }
 
+/// The schema registry (Confluent REST API) producers register their writer schemas in.
+/// With a `url`, the processor decodes each record with the writer schema its Confluent
+/// header names (schema evolution), and `sluice produce`, the HTTP ingest and attach
+/// markers write the id the registry gives `schemas/log_record.avsc` under the subject
+/// `<topic_prefix>.log-value`. Needs `kafka.framing = "confluent"`.
+#[derive(Debug, Clone, Default, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields, default)]
+pub struct SchemaRegistryConfig {
+    /// API base, e.g. `http://127.0.0.1:18081/apis/ccompat/v7` (Apicurio) or
+    /// `https://registry:8081` (Confluent). Unset: no registry. Env:
+    /// `SLUICE_SCHEMA_REGISTRY_URL`. Credentials in it are never shown.
+    #[serde(serialize_with = "serialize_opt_url")]
+    pub url: Option<String>,
+    /// Basic auth user. Env: `SLUICE_SCHEMA_REGISTRY_USERNAME`.
+    pub username: Option<String>,
+    /// Basic auth password. Env: `SLUICE_SCHEMA_REGISTRY_PASSWORD` (preferred). Never
+    /// logged; `sluice config show` prints `***`.
+    pub password: Option<Secret>,
+    /// PEM file of the CA(s) that signed the registry's TLS certificate (added to the
+    /// public roots). Env: `SLUICE_SCHEMA_REGISTRY_CA_FILE`.
+    pub ca_file: Option<std::path::PathBuf>,
+    /// The id the registry gave `schemas/log_record.avsc`, found at start-up (not a
+    /// setting).
+    #[serde(skip)]
+    #[schemars(skip)]
+    pub writer_schema_id: Option<u32>,
+}
+
+impl SchemaRegistryConfig {
+    /// Whether a registry is configured.
+    pub fn enabled(&self) -> bool {
+        self.url.as_deref().is_some_and(|u| !u.trim().is_empty())
+    }
+}
+
 /// What `/metrics` exports beyond the fixed families.
 #[derive(Debug, Clone, Default, Deserialize, Serialize, JsonSchema)]
 #[serde(deny_unknown_fields, default)]
@@ -342,6 +378,13 @@ fn serialize_url<S: Serializer>(url: &str, s: S) -> Result<S::Ok, S::Error> {
     s.serialize_str(&crate::sysdb::redact_url(url))
 }
 
+fn serialize_opt_url<S: Serializer>(url: &Option<String>, s: S) -> Result<S::Ok, S::Error> {
+    match url {
+        Some(u) => s.serialize_some(&crate::sysdb::redact_url(u)),
+        None => s.serialize_none(),
+    }
+}
+
 fn serialize_librdkafka<S: Serializer>(map: &BTreeMap<String, String>, s: S) -> Result<S::Ok, S::Error> {
     redacted_librdkafka(map).serialize(s)
 }
@@ -363,6 +406,12 @@ pub struct Overrides {
     pub sasl_password: Option<Secret>,
     /// `SLUICE_INSTANCE_ID` → `[kafka] instance_id`.
     pub instance_id: Option<String>,
+    /// `SLUICE_SCHEMA_REGISTRY_URL`, `_USERNAME`, `_PASSWORD`, `_CA_FILE` →
+    /// `[schema_registry]`.
+    pub schema_registry_url: Option<String>,
+    pub schema_registry_username: Option<String>,
+    pub schema_registry_password: Option<Secret>,
+    pub schema_registry_ca_file: Option<String>,
 }
 
 impl Overrides {
@@ -381,6 +430,10 @@ impl Overrides {
             admin_token: var("SLUICE_ADMIN_TOKEN"),
             sasl_username: var("SLUICE_SASL_USERNAME"),
             sasl_password: var("SLUICE_SASL_PASSWORD").map(Secret::new),
+            schema_registry_url: var("SLUICE_SCHEMA_REGISTRY_URL"),
+            schema_registry_username: var("SLUICE_SCHEMA_REGISTRY_USERNAME"),
+            schema_registry_password: var("SLUICE_SCHEMA_REGISTRY_PASSWORD").map(Secret::new),
+            schema_registry_ca_file: var("SLUICE_SCHEMA_REGISTRY_CA_FILE"),
         }
     }
 
@@ -395,6 +448,10 @@ impl Overrides {
         self.admin_token = other.admin_token.or(self.admin_token);
         self.sasl_username = other.sasl_username.or(self.sasl_username);
         self.sasl_password = other.sasl_password.or(self.sasl_password);
+        self.schema_registry_url = other.schema_registry_url.or(self.schema_registry_url);
+        self.schema_registry_username = other.schema_registry_username.or(self.schema_registry_username);
+        self.schema_registry_password = other.schema_registry_password.or(self.schema_registry_password);
+        self.schema_registry_ca_file = other.schema_registry_ca_file.or(self.schema_registry_ca_file);
         self
     }
 }
@@ -499,6 +556,25 @@ impl Config {
         if let Some(v) = o.sasl_password {
             self.librdkafka.insert("sasl.password".into(), v.expose().to_string());
         }
+        if let Some(v) = o.schema_registry_url {
+            self.schema_registry.url = Some(v);
+        }
+        if let Some(v) = o.schema_registry_username {
+            self.schema_registry.username = Some(v);
+        }
+        if let Some(v) = o.schema_registry_password {
+            self.schema_registry.password = Some(v);
+        }
+        if let Some(v) = o.schema_registry_ca_file {
+            self.schema_registry.ca_file = Some(v.into());
+        }
+    }
+
+    /// The writer schema id every writer of log records frames them with: the one the
+    /// schema registry gave `schemas/log_record.avsc` (found at start-up), else
+    /// `kafka.confluent_schema_id`.
+    pub fn writer_schema_id(&self) -> u32 {
+        self.schema_registry.writer_schema_id.unwrap_or(self.kafka.confluent_schema_id)
     }
 
     /// Cross-field checks at start-up.
@@ -524,6 +600,11 @@ impl Config {
         if p.shutdown_timeout_ms >= u64::from(self.kafka.session_timeout_ms) * 4 {
             return Err(ConfigError::Invalid(
                 "processor.shutdown_timeout_ms must be well below 4x kafka.session_timeout_ms".into(),
+            ));
+        }
+        if self.schema_registry.enabled() && self.kafka.framing == Framing::Plain {
+            return Err(ConfigError::Invalid(
+                "schema_registry.url is set but kafka.framing = \"plain\": records carry no schema id then; set kafka.framing = \"confluent\"".into(),
             ));
         }
         // `isolation.level` is pinned to read_committed: aborted transactions must never be
@@ -674,6 +755,37 @@ mod tests {
         let empty = Config::from_toml("[http]\nadmin_token = \"\"\n", "t").unwrap();
         assert_eq!(empty.http.admin_token(), None, "an empty token means no token");
         assert_eq!(Config::default().http.admin_token(), None);
+    }
+
+    #[test]
+    fn schema_registry_from_file_or_env_needs_confluent_framing_and_hides_its_password() {
+        let plain = Config::from_toml("[schema_registry]\nurl = \"http://r:1\"\n", "t").unwrap();
+        let err = plain.validate().unwrap_err().to_string();
+        assert!(err.contains("framing"), "{err}");
+        let mut c = Config::from_toml(
+            "[kafka]\nframing = \"confluent\"\nconfluent_schema_id = 4\n[schema_registry]\nurl = \"http://u:p1@r:1\"\npassword = \"file-pass\"\n",
+            "t",
+        )
+        .unwrap();
+        c.validate().unwrap();
+        assert_eq!(c.writer_schema_id(), 4, "without a registered id the configured one");
+        c.apply(Overrides {
+            schema_registry_username: Some("env-user".into()),
+            schema_registry_password: Some(Secret::new("env-pass")),
+            schema_registry_ca_file: Some("/ca.pem".into()),
+            ..Default::default()
+        });
+        assert_eq!(c.schema_registry.username.as_deref(), Some("env-user"));
+        assert_eq!(c.schema_registry.password.as_ref().map(Secret::expose), Some("env-pass"));
+        let shown = serde_json::to_string(&c.redacted()["schema_registry"]).unwrap();
+        assert!(!shown.contains("env-pass") && !shown.contains("p1"), "{shown}");
+        assert!(shown.contains("\"***\"") && shown.contains("***@r:1"), "{shown}");
+        assert!(!format!("{c:?}").contains("env-pass"));
+        c.schema_registry.writer_schema_id = Some(9);
+        assert_eq!(c.writer_schema_id(), 9);
+        // `writer_schema_id` is found, never configured.
+        assert!(Config::from_toml("[schema_registry]\nwriter_schema_id = 3\n", "t").is_err());
+        assert!(!Config::default().schema_registry.enabled());
     }
 
     #[test]

@@ -20,5 +20,6 @@ pub mod ratelimit;
 pub mod record;
 pub mod replica;
 pub mod retry;
+pub mod schema_registry;
 pub mod sysdb;
 pub mod workload;

@@ -45,6 +45,17 @@ fn main() -> std::process::ExitCode {
         }
     };
     let result = rt.block_on(async move {
+        // Writers of log records frame them with the id the schema registry gives
+        // `schemas/log_record.avsc` (registered once, here, when a registry is configured).
+        let mut config = config;
+        if matches!(
+            cli.command,
+            Cmd::Produce { .. }
+                | Cmd::Process { .. }
+                | Cmd::Functions { command: sluice::cli::FunctionsCmd::Attach { .. } }
+        ) {
+            sluice::schema_registry::prepare_writer(&mut config).await?;
+        }
         match cli.command {
             Cmd::Init { partitions, replication_factor, format } => {
                 commands::init(&config, partitions, replication_factor, format.format).await
@@ -53,6 +64,7 @@ fn main() -> std::process::ExitCode {
                 Ok(roles) => sluice::replica::run(config, roles).await,
                 Err(e) => Err(e),
             },
+            Cmd::Schema { command } => sluice::cli::schema::run(&config, command).await,
             Cmd::Checksum { format } => commands::checksum(&config, format.format).await,
             Cmd::Functions { command } => commands::functions(&config, command).await,
             Cmd::Produce { input, dry_run, rejects, format } => {

@@ -59,6 +59,37 @@ pub async fn require_postgres() -> bool {
     }
 }
 
+/// Confluent API base of the shared schema registry (`SLUICE_TEST_SCHEMA_REGISTRY_URL`,
+/// default `deploy/local/schema-registry.sh url`: http://127.0.0.1:18081/apis/ccompat/v7).
+pub fn schema_registry_url() -> String {
+    std::env::var("SLUICE_TEST_SCHEMA_REGISTRY_URL")
+        .ok()
+        .filter(|u| !u.is_empty())
+        .unwrap_or_else(|| "http://127.0.0.1:18081/apis/ccompat/v7".into())
+}
+
+/// The loopback port and path of an `http://127.0.0.1:PORT/PATH` registry URL.
+pub fn registry_port_and_path(url: &str) -> (u16, String) {
+    let rest =
+        url.strip_prefix("http://127.0.0.1:").unwrap_or_else(|| panic!("{url} is not http://127.0.0.1:PORT/..."));
+    let (port, path) = rest.split_once('/').unwrap_or((rest, ""));
+    (port.parse().unwrap_or_else(|_| panic!("port of {url}")), format!("/{path}"))
+}
+
+/// Check the schema registry answers; `false` means skip (only when allowed).
+pub fn require_schema_registry() -> bool {
+    let url = schema_registry_url();
+    let (port, path) = registry_port_and_path(&url);
+    match http_get(port, &format!("{path}/subjects")) {
+        Some((200, _, _)) => true,
+        other => !may_skip(
+            &format!("the schema registry at {url}"),
+            "deploy/local/schema-registry.sh start",
+            &format!("GET /subjects answered {other:?}"),
+        ),
+    }
+}
+
 fn fxhash(s: &str) -> u64 {
     s.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3))
 }

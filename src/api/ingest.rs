@@ -127,7 +127,7 @@ pub fn parse_body(body: &[u8]) -> Result<Vec<Value>, HttpError> {
 
 /// The log message value of a record, framed as the config says (as `sluice produce`).
 fn payload(config: &Config, record: &LogRecord) -> Vec<u8> {
-    encode_framed(config.kafka.framing, config.kafka.confluent_schema_id, record)
+    encode_framed(config.kafka.framing, config.writer_schema_id(), record)
 }
 
 pub async fn post_records(

@@ -127,7 +127,7 @@ pub fn marker_record(row: &OutboxRow) -> LogRecord {
 /// Publish one outbox row's marker to its collection's partition and wait for the ack.
 /// Returns the log offset the marker was written at.
 pub async fn publish_marker(config: &Config, producer: &Producer, row: &OutboxRow) -> Result<i64, KafkaError> {
-    let payload = encode_framed(config.kafka.framing, config.kafka.confluent_schema_id, &marker_record(row));
+    let payload = encode_framed(config.kafka.framing, config.writer_schema_id(), &marker_record(row));
     let topic = config.kafka.log_topic();
     let delivered = producer
         .send(Outgoing {

@@ -245,7 +245,7 @@ pub async fn produce(
         };
         report.valid += 1;
         if producer.is_some() {
-            let payload = encode_framed(config.kafka.framing, config.kafka.confluent_schema_id, &rec);
+            let payload = encode_framed(config.kafka.framing, config.writer_schema_id(), &rec);
             pending.push((n, rec.collection_id, payload));
         }
         if let (Some(p), true) = (&producer, pending.len() >= PRODUCE_CHUNK) {

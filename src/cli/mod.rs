@@ -5,6 +5,7 @@ pub mod commands;
 pub mod dlq;
 pub mod offsets_cmd;
 pub mod output;
+pub mod schema;
 /// JSON lines live with the record types; re-exported for the commands and tests.
 pub use crate::record::jsonl;
 pub use output::{Format, FormatArg};
@@ -133,6 +134,11 @@ pub enum Cmd {
     Config {
         #[command(subcommand)]
         command: ConfigCmd,
+    },
+    /// The log record schema in the schema registry (`[schema_registry] url`).
+    Schema {
+        #[command(subcommand)]
+        command: SchemaCmd,
     },
     /// Print `records=N sha256=HEX`: a canonical checksum of every materialized record
     /// (function outputs excluded), comparable across implementations (benchmarks).
@@ -397,4 +403,25 @@ mod tests {
             assert_eq!(f.get_default_values(), ["table"], "{path:?}");
         }
     }
+}
+
+#[derive(Debug, Subcommand)]
+pub enum SchemaCmd {
+    /// Is FILE.avsc compatible (by the subject's rule, BACKWARD by default) with every
+    /// version of the subject `<topic_prefix>.log-value`, and can Sluice read data written
+    /// with it? Exit 1 if not, with the reasons.
+    Check {
+        /// The candidate schema (an .avsc file).
+        file: PathBuf,
+        /// Check against the latest version only.
+        #[arg(long)]
+        latest: bool,
+        #[command(flatten)]
+        format: FormatArg,
+    },
+    /// The subject's versions and their schema ids.
+    Show {
+        #[command(flatten)]
+        format: FormatArg,
+    },
 }

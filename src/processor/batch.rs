@@ -7,6 +7,7 @@ use crate::config::UnknownCollections;
 use crate::kafka::Msg;
 use crate::materialize::{fold_batch, BatchOutcome, FoldError, IgnoreReason, RecordView};
 use crate::positions::{IncompatibleDelta, PositionDelta};
+use crate::record::avro::WriterSchemas;
 use crate::record::framing::{unframe, Framing};
 use crate::record::partitioner::partition_for;
 use crate::record::validate::{validate, Limits};
@@ -31,6 +32,11 @@ pub mod kinds {
     pub const DIMENSION_MISMATCH: &str = "dimension_mismatch";
     /// The sysdb refused to store the record (found by splitting the batch).
     pub const SYSDB_REJECTED: &str = "sysdb_rejected";
+    /// The writer schema cannot be resolved to the current schema (its id is in the
+    /// `sluice.schema.id` header).
+    pub const INCOMPATIBLE_SCHEMA: &str = crate::record::avro::INCOMPATIBLE_SCHEMA;
+    /// Never sent to the DLQ: the plan turns it into a batch error (see `decode_all`).
+    pub const SCHEMA_NOT_FETCHED: &str = "schema_not_fetched";
 }
 
 /// Why a batch did not commit, classified by what the worker does about it.
@@ -53,6 +59,11 @@ pub enum BatchError {
     /// flight: it must not commit.
     #[error("the partition was given up while the batch was in flight")]
     Fenced,
+    /// The schema registry is unreachable or does not know a writer schema id of the
+    /// batch (yet): the batch waits, nothing of it goes to the DLQ or is skipped; retried
+    /// with backoff, indefinitely.
+    #[error("writer schema unavailable: {0}")]
+    SchemaUnavailable(String),
     /// A bug in the processor (e.g. a fold over records in the wrong order): retrying
     /// cannot help; the partition halts at once.
     #[error("{0}")]
@@ -73,19 +84,40 @@ impl From<SysdbError> for BatchError {
     }
 }
 
-/// Decode and validate every message; bad ones become DLQ entries.
-pub fn decode_all(msgs: &[Msg], framing: Framing, limits: &Limits) -> Vec<(i64, Result<LogRecord, DlqEntry>)> {
-    msgs.iter().map(|m| (m.offset, decode_one(m, framing, limits))).collect()
+/// Decode and validate every message; bad ones become DLQ entries. With a schema
+/// registry, `schemas` holds the writer schema of every id the batch names (fetched
+/// before); without one (`None`) the header's id is ignored and the hand-written codec
+/// reads every datum.
+pub fn decode_all(
+    msgs: &[Msg],
+    framing: Framing,
+    limits: &Limits,
+    schemas: Option<&WriterSchemas>,
+) -> Vec<(i64, Result<LogRecord, DlqEntry>)> {
+    msgs.iter().map(|m| (m.offset, decode_one(m, framing, limits, schemas))).collect()
 }
 
-fn decode_one(m: &Msg, framing: Framing, limits: &Limits) -> Result<LogRecord, DlqEntry> {
+fn decode_one(
+    m: &Msg,
+    framing: Framing,
+    limits: &Limits,
+    schemas: Option<&WriterSchemas>,
+) -> Result<LogRecord, DlqEntry> {
     let bad = |kind: &'static str, message: String| DlqEntry { offset: m.offset, kind, message };
     let payload = m.payload.as_deref().unwrap_or_default();
     if payload.is_empty() {
         return Err(bad(kinds::EMPTY_PAYLOAD, "message has no value".into()));
     }
-    let (_, datum) = unframe(framing, payload).map_err(|e| bad(e.kind(), e.to_string()))?;
-    let rec = codec::decode(datum).map_err(|e| bad(e.kind(), e.to_string()))?;
+    let (schema_id, datum) = unframe(framing, payload).map_err(|e| bad(e.kind(), e.to_string()))?;
+    let rec = match (schemas, schema_id) {
+        (Some(schemas), Some(id)) => match schemas.get(&id) {
+            Some(writer) => writer.decode(datum).map_err(|e| bad(e.kind(), format!("schema id {id}: {e}")))?,
+            // The plan fetches every id first; a missing one here is a bug, and a DLQ
+            // entry would lose a record the registry may know: fail the batch instead.
+            None => return Err(bad(kinds::SCHEMA_NOT_FETCHED, format!("writer schema id {id} was not fetched"))),
+        },
+        _ => codec::decode(datum).map_err(|e| bad(e.kind(), e.to_string()))?,
+    };
     validate(&rec, limits).map_err(|e| bad(e.kind(), e.to_string()))?;
     if let Some(key) = &m.key {
         if key.as_slice() != rec.collection_id.as_bytes() {
@@ -314,6 +346,53 @@ mod tests {
     }
 
     #[test]
+    fn with_a_registry_each_record_is_read_with_the_writer_schema_its_header_names() {
+        use crate::record::avro::{WriterDecoder, WriterSchemas, LOG_RECORD_SCHEMA_JSON};
+        use crate::record::framing::frame;
+        use std::sync::Arc;
+        let v2_json = include_str!("../../schemas/log_record.v2.avsc");
+        let v2 = apache_avro::Schema::parse_str(v2_json).unwrap();
+        let r = rec("c", "a", Operation::Upsert);
+        let apache_avro::types::Value::Record(mut fields) = crate::record::avro::log_record_to_value(&r) else {
+            unreachable!()
+        };
+        fields.push(("trace_id".into(), apache_avro::types::Value::Union(1, Box::new("t".to_string().into()))));
+        let v2_datum = apache_avro::to_avro_datum(&v2, apache_avro::types::Value::Record(fields)).unwrap();
+        let v1_datum = encode(&r);
+        let schemas: WriterSchemas = [
+            (1, Arc::new(WriterDecoder::from_json(LOG_RECORD_SCHEMA_JSON))),
+            (2, Arc::new(WriterDecoder::from_json(v2_json))),
+            (
+                3,
+                Arc::new(WriterDecoder::from_json(
+                    r#"{"type":"record","name":"X","fields":[{"name":"n","type":"int"}]}"#,
+                )),
+            ),
+        ]
+        .into_iter()
+        .collect();
+        let msgs = vec![
+            msg(0, Some("c"), frame(Framing::Confluent, 1, &v1_datum)),
+            msg(1, Some("c"), frame(Framing::Confluent, 2, &v2_datum)),
+            msg(2, Some("c"), frame(Framing::Confluent, 3, &v1_datum)),
+            msg(3, Some("c"), frame(Framing::Confluent, 9, &v1_datum)),
+            // v2 data labelled with the v1 id: the codec finds the extra field.
+            msg(4, Some("c"), frame(Framing::Confluent, 1, &v2_datum)),
+        ];
+        let d = decode_all(&msgs, Framing::Confluent, &Limits::default(), Some(&schemas));
+        assert_eq!(d[0].1.as_ref().unwrap(), &r);
+        assert_eq!(d[1].1.as_ref().unwrap(), &r, "v2 resolves to the same record");
+        let e = d[2].1.as_ref().unwrap_err();
+        assert_eq!((e.kind, e.message.contains("schema id 3")), (kinds::INCOMPATIBLE_SCHEMA, true), "{e:?}");
+        assert_eq!(d[3].1.as_ref().unwrap_err().kind, kinds::SCHEMA_NOT_FETCHED);
+        assert_eq!(d[4].1.as_ref().unwrap_err().kind, "trailing_bytes");
+        // Without a registry the id is ignored: v2 data is trailing bytes for the codec.
+        let d = decode_all(&msgs[..2], Framing::Confluent, &Limits::default(), None);
+        assert!(d[0].1.is_ok());
+        assert_eq!(d[1].1.as_ref().unwrap_err().kind, "trailing_bytes");
+    }
+
+    #[test]
     fn bad_input_becomes_dlq_entries_with_kinds() {
         let good = encode(&rec("c", "a", Operation::Add));
         let msgs = vec![
@@ -323,7 +402,7 @@ mod tests {
             msg(3, Some("other"), good.clone()),
             msg(4, Some("c"), Vec::new()),
         ];
-        let d = decode_all(&msgs, Framing::Plain, &Limits::default());
+        let d = decode_all(&msgs, Framing::Plain, &Limits::default(), None);
         assert!(d[0].1.is_ok());
         let kinds: Vec<&str> = d[1..].iter().map(|(_, r)| r.as_ref().unwrap_err().kind).collect();
         assert_eq!(kinds[2], kinds::KEY_MISMATCH);

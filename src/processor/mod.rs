@@ -186,6 +186,9 @@ pub async fn run(
         metadata,
         topic: topic.clone(),
         topic_partitions,
+        registry: crate::schema_registry::SchemaRegistry::from_config(&config.schema_registry)
+            .map_err(|e| ProcessorError::Fatal(e.to_string()))?
+            .map(Arc::new),
     });
     info!(topic = %topic, group = %config.kafka.group, sysdb = sysdb.backend(), "processor started");
     let refresh_now = Arc::new(Notify::new());

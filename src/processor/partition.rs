@@ -44,6 +44,9 @@ pub struct Shared {
     pub dlq_topic: String,
     pub backfill_topic: String,
     pub topic_partitions: i32,
+    /// The schema registry writer schemas come from (`None`: every record is read as
+    /// `schemas/log_record.avsc`, its schema id ignored).
+    pub registry: Option<Arc<crate::schema_registry::SchemaRegistry>>,
 }
 
 impl Shared {

@@ -89,6 +89,8 @@ pub enum GenericError {
     Value(#[from] ValueError),
     #[error("{count} trailing bytes after the datum")]
     TrailingBytes { count: usize },
+    #[error("the datum ends early: reading it needed bytes past its end")]
+    Truncated,
     #[error("data written with the writer schema cannot be read with the reader schema: {0}")]
     Incompatible(#[from] apache_avro::error::CompatibilityError),
 }
@@ -326,12 +328,121 @@ impl GenericDecoder {
     pub fn decode(&self, bytes: &[u8]) -> Result<LogRecord, GenericError> {
         Ok(log_record_from_value(self.decode_value(bytes)?)?)
     }
+
+    /// [`Self::decode`] that also refuses a datum cut short. apache-avro accepts some
+    /// reads past the end of its input (a string's bytes, a varint), so the datum is
+    /// decoded with guard bytes behind it: a decoder that touched one read past the end.
+    /// For writer schemas from a registry, where nothing else checks the bytes.
+    pub fn decode_strict(&self, bytes: &[u8]) -> Result<LogRecord, GenericError> {
+        const GUARD: usize = 8;
+        let mut padded = Vec::with_capacity(bytes.len() + GUARD);
+        padded.extend_from_slice(bytes);
+        padded.extend_from_slice(&[0u8; GUARD]);
+        let mut rest = padded.as_slice();
+        let value = apache_avro::from_avro_datum(&self.writer, &mut rest, self.reader.as_ref())?;
+        match rest.len() {
+            GUARD => Ok(log_record_from_value(value)?),
+            n if n > GUARD => Err(GenericError::TrailingBytes { count: n - GUARD }),
+            _ => Err(GenericError::Truncated),
+        }
+    }
 }
 
 /// Decodes a datum written with the current schema through apache-avro.
 pub fn decode_generic(bytes: &[u8]) -> Result<LogRecord, GenericError> {
     GenericDecoder::current().decode(bytes)
 }
+
+// ---------------------------------------------------------------------------------------
+// Writer schemas named by a schema registry
+// ---------------------------------------------------------------------------------------
+
+/// The schema id a record's Confluent header names, as the registry gave it.
+pub type SchemaId = u32;
+
+/// How records written with one writer schema (found in a schema registry by its id) are
+/// decoded into `LogRecord`s: with the hand-written codec when the writer schema is the
+/// schema that codec was written for (same Parsing Canonical Form fingerprint), else with
+/// apache-avro's schema resolution into the current schema, or not at all when the writer
+/// schema cannot be resolved to it.
+#[derive(Debug)]
+pub enum WriterDecoder {
+    /// The writer schema is `schemas/log_record.avsc` (up to docs and formatting).
+    Fast,
+    /// Another schema the current one can read (an older or newer version).
+    Resolve(Box<GenericDecoder>),
+    /// A schema the current one cannot read, with why.
+    Incompatible(String),
+}
+
+impl std::fmt::Debug for GenericDecoder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GenericDecoder").field("resolving", &self.reader.is_some()).finish()
+    }
+}
+
+/// Why a record could not be decoded with its writer schema.
+#[derive(Debug, thiserror::Error)]
+pub enum WriterDecodeError {
+    #[error(transparent)]
+    Fast(#[from] super::codec::DecodeError),
+    #[error("decoding with the writer schema: {0}")]
+    Resolve(#[from] GenericError),
+    #[error("the writer schema cannot be read as sluice.v1.LogRecord: {0}")]
+    Incompatible(String),
+}
+
+/// DLQ kind of a record whose writer schema cannot be resolved to the current schema.
+pub const INCOMPATIBLE_SCHEMA: &str = "incompatible_schema";
+
+impl WriterDecodeError {
+    /// Stable snake_case label, used as the DLQ reason.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            WriterDecodeError::Fast(e) => e.kind(),
+            WriterDecodeError::Resolve(GenericError::TrailingBytes { .. }) => "trailing_bytes",
+            WriterDecodeError::Resolve(GenericError::Truncated) => "truncated",
+            WriterDecodeError::Resolve(GenericError::Value(_)) => "invalid_value",
+            WriterDecodeError::Resolve(GenericError::Avro(_)) => "malformed_datum",
+            WriterDecodeError::Resolve(GenericError::Incompatible(_)) | WriterDecodeError::Incompatible(_) => {
+                INCOMPATIBLE_SCHEMA
+            }
+        }
+    }
+}
+
+impl WriterDecoder {
+    /// The decoder for records written with the schema whose JSON text is `schema_json`.
+    pub fn from_json(schema_json: &str) -> WriterDecoder {
+        match Schema::parse_str(schema_json) {
+            Ok(schema) => WriterDecoder::for_writer(schema),
+            Err(e) => WriterDecoder::Incompatible(format!("the writer schema does not parse: {e}")),
+        }
+    }
+
+    /// The decoder for records written with `writer`.
+    pub fn for_writer(writer: Schema) -> WriterDecoder {
+        if rabin_fingerprint(&writer) == log_record_fingerprint() {
+            return WriterDecoder::Fast;
+        }
+        match GenericDecoder::for_log_records(writer) {
+            Ok(d) => WriterDecoder::Resolve(Box::new(d)),
+            Err(e) => WriterDecoder::Incompatible(e.to_string()),
+        }
+    }
+
+    /// Decodes one datum (all its bytes) written with this decoder's writer schema.
+    pub fn decode(&self, datum: &[u8]) -> Result<LogRecord, WriterDecodeError> {
+        match self {
+            WriterDecoder::Fast => Ok(super::codec::decode(datum)?),
+            WriterDecoder::Resolve(d) => Ok(d.decode_strict(datum)?),
+            WriterDecoder::Incompatible(why) => Err(WriterDecodeError::Incompatible(why.clone())),
+        }
+    }
+}
+
+/// The writer schemas of one batch, by id, all found before the batch is decoded.
+pub type WriterSchemas = HashMap<SchemaId, std::sync::Arc<WriterDecoder>>;
 
 // ---------------------------------------------------------------------------------------
 // BackfillTask

@@ -147,6 +147,9 @@ impl Worker {
                     self.halt(format!("internal error in batch [{}, {}): {message}", delta.from, delta.to));
                     return RangeOutcome::Abandoned;
                 }
+                Err(BatchError::SchemaUnavailable(e)) => {
+                    warn!(error = %e, partition = self.partition, from = delta.from, to = delta.to, "writer schema unavailable; the batch waits and retries");
+                }
                 Err(BatchError::Transient(e)) => {
                     self.shared.metrics.sysdb_retry();
                     self.shared.health.set_sysdb_unavailable(Some(e.to_string()));
@@ -175,7 +178,27 @@ impl Worker {
     /// the sysdb read once (collections, functions, current records) and no side effect.
     async fn plan(&mut self, msgs: &[Msg], delta: PositionDelta) -> Result<Plan, BatchError> {
         let cfg = &self.shared.config;
-        let mut decoded = batch::decode_all(msgs, cfg.kafka.framing, &cfg.limits);
+        // With a schema registry, every writer schema the batch names is fetched before
+        // anything is decoded: the batch either has them all or waits (nothing skipped,
+        // nothing to the DLQ because the registry was away).
+        let schemas = match &self.shared.registry {
+            None => None,
+            Some(registry) => {
+                let ids = crate::schema_registry::schema_ids(
+                    msgs.iter().filter_map(|m| m.payload.as_deref()),
+                    cfg.kafka.framing,
+                );
+                Some(registry.writer_schemas(&ids).await.map_err(|e| BatchError::SchemaUnavailable(e.to_string()))?)
+            }
+        };
+        let mut decoded = batch::decode_all(msgs, cfg.kafka.framing, &cfg.limits, schemas.as_ref());
+        if schemas.is_some() {
+            if let Some((offset, Err(e))) =
+                decoded.iter().find(|(_, r)| matches!(r, Err(e) if e.kind == kinds::SCHEMA_NOT_FETCHED))
+            {
+                return Err(BatchError::Bug(format!("record at offset {offset}: {}", e.message)));
+            }
+        }
         // A record a previous attempt sent to the DLQ (or the sysdb refused) stays there:
         // never both in the DLQ and applied.
         if !self.forced_dlq.is_empty() {
@@ -414,6 +437,15 @@ impl Worker {
             let mut payload = m.and_then(|m| m.payload.as_deref()).unwrap_or_default();
             let key = m.and_then(|m| m.key.as_deref());
             let mut headers: Vec<(&str, &[u8])> = headers.to_vec();
+            // The writer schema id of a record whose schema cannot be read.
+            let schema_id = (d.kind == kinds::INCOMPATIBLE_SCHEMA)
+                .then(|| crate::record::framing::unframe(self.shared.config.kafka.framing, payload).ok())
+                .flatten()
+                .and_then(|(id, _)| id)
+                .map(|id| id.to_string());
+            if let Some(id) = &schema_id {
+                headers.push(("sluice.schema.id", id.as_bytes()));
+            }
             let mut backoff = Duration::from_millis(100);
             loop {
                 let out = Outgoing { topic: &self.shared.dlq_topic, partition: None, key, payload, headers: &headers };
