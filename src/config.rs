@@ -375,12 +375,12 @@ impl JsonSchema for Secret {
 }
 
 fn serialize_url<S: Serializer>(url: &str, s: S) -> Result<S::Ok, S::Error> {
-    s.serialize_str(&crate::sysdb::redact_url(url))
+    s.serialize_str(&crate::redact::redact_url(url))
 }
 
 fn serialize_opt_url<S: Serializer>(url: &Option<String>, s: S) -> Result<S::Ok, S::Error> {
     match url {
-        Some(u) => s.serialize_some(&crate::sysdb::redact_url(u)),
+        Some(u) => s.serialize_some(&crate::redact::redact_url(u)),
         None => s.serialize_none(),
     }
 }

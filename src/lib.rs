@@ -18,6 +18,7 @@ pub mod positions;
 pub mod processor;
 pub mod ratelimit;
 pub mod record;
+pub mod redact;
 pub mod replica;
 pub mod retry;
 pub mod schema_registry;
