@@ -735,3 +735,40 @@ impl Drop for TopicGuard {
         .join();
     }
 }
+
+/// One HTTP/1.1 request to a replica's server on 127.0.0.1:`port` (`Connection: close`):
+/// `(status, JSON body or Null)`, or `None` while nothing listens or the answer is cut.
+pub fn try_http(port: u16, method: &str, path: &str, body: Option<&str>) -> Option<(u16, serde_json::Value)> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(120))).ok()?;
+    let body = body.unwrap_or("");
+    let head = format!(
+        "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    );
+    s.write_all(head.as_bytes()).ok()?;
+    s.write_all(body.as_bytes()).ok()?;
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).ok()?;
+    let text = String::from_utf8(raw).ok()?;
+    let (head, body) = text.split_once("\r\n\r\n")?;
+    Some((head.split(' ').nth(1)?.parse().ok()?, serde_json::from_str(body).unwrap_or(serde_json::Value::Null)))
+}
+
+/// [`try_http`] to a server that must answer.
+pub fn http(port: u16, method: &str, path: &str, body: Option<&str>) -> (u16, serde_json::Value) {
+    try_http(port, method, path, body)
+        .unwrap_or_else(|| panic!("no HTTP answer from 127.0.0.1:{port} to {method} {path}"))
+}
+
+/// The venv python (`deploy/local/python-env.sh` is idempotent and prints its path).
+pub fn venv_python() -> String {
+    let out = Command::new(repo_root().join("deploy/local/python-env.sh"))
+        .current_dir(repo_root())
+        .stderr(Stdio::inherit())
+        .output()
+        .expect("run deploy/local/python-env.sh");
+    assert!(out.status.success(), "deploy/local/python-env.sh failed ({}); see its stderr above", out.status);
+    String::from_utf8(out.stdout).expect("utf8 path").trim().to_string()
+}

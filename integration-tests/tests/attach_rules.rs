@@ -10,6 +10,7 @@ use serde_json::Value;
 use sluice::record::LogRecord;
 use sluice_integration_tests::both_backends;
 use sluice_integration_tests::faults::workload;
+use sluice_integration_tests::try_http;
 use sluice_integration_tests::{free_port, http_get, jsonl_lines, metric_samples, Env};
 
 const WAIT: Duration = Duration::from_secs(120);
@@ -87,17 +88,7 @@ fn assert_outputs(env: &Env, log: &[LogRecord], collection: &str, function: &str
 
 /// `POST path` with a JSON body: `(status, JSON body)`, or `None` while nothing listens.
 fn http_post(port: u16, path: &str, body: &str) -> Option<(u16, Value)> {
-    use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(30))).ok()?;
-    let head = format!("POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n", body.len());
-    s.write_all(head.as_bytes()).ok()?;
-    s.write_all(body.as_bytes()).ok()?;
-    let mut raw = Vec::new();
-    s.read_to_end(&mut raw).ok()?;
-    let text = String::from_utf8(raw).ok()?;
-    let (head, body) = text.split_once("\r\n\r\n")?;
-    Some((head.split(' ').nth(1)?.parse().ok()?, serde_json::from_str(body).unwrap_or(Value::Null)))
+    try_http(port, "POST", path, Some(body))
 }
 
 /// Wait until one series on a replica's `/metrics` satisfies `ok`.

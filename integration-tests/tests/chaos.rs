@@ -45,23 +45,13 @@ use sluice::record::framing::{unframe, Framing};
 use sluice::record::partitioner::partition_for;
 use sluice::record::validate::{validate, Limits};
 use sluice::record::{LogRecord, MetaValue, Operation, Record};
+use sluice_integration_tests::venv_python;
 use sluice_integration_tests::{
     brokers, consume_all, repo_root, require_kafka, require_postgres, sluice_bin, Env, TopicGuard,
 };
 
 /// How many differing items a failure message lists before "... and N more".
 const SHOW: usize = 8;
-
-/// The venv python (`deploy/local/python-env.sh` is idempotent and prints its path).
-fn venv_python() -> String {
-    let out = Command::new(repo_root().join("deploy/local/python-env.sh"))
-        .current_dir(repo_root())
-        .stderr(Stdio::inherit())
-        .output()
-        .expect("run deploy/local/python-env.sh");
-    assert!(out.status.success(), "deploy/local/python-env.sh failed ({}); see its stderr above", out.status);
-    String::from_utf8(out.stdout).expect("utf8 path").trim().to_string()
-}
 
 fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
     std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)

@@ -17,6 +17,7 @@ use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedPr
 use rdkafka::ClientConfig;
 use serde_json::Value;
 use sluice::record::{LogRecord, Operation};
+use sluice_integration_tests::http;
 use sluice_integration_tests::{
     assert_records_match_model, both_backends, brokers, consume_all, jsonl_lines, small_workload, ConsumedMsg, Env,
 };
@@ -37,19 +38,7 @@ fn entries(env: &Env, extra: &[&str]) -> Vec<Value> {
 
 /// `POST path` with a JSON body to a replica's API: `(status, JSON body)`.
 fn http_post(port: u16, path: &str, body: &str) -> (u16, Value) {
-    use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect");
-    s.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
-    write!(
-        s,
-        "POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    )
-    .unwrap();
-    let mut raw = String::new();
-    s.read_to_string(&mut raw).unwrap();
-    let (head, body) = raw.split_once("\r\n\r\n").expect("HTTP head");
-    (head.split(' ').nth(1).unwrap().parse().unwrap(), serde_json::from_str(body).unwrap_or(Value::Null))
+    http(port, "POST", path, Some(body))
 }
 
 fn log_messages(env: &Env) -> Vec<ConsumedMsg> {

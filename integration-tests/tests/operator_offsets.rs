@@ -20,27 +20,10 @@ use std::time::Duration;
 
 use serde_json::Value;
 use sluice::record::LogRecord;
+use sluice_integration_tests::http;
 use sluice_integration_tests::{both_backends, consume_all, jsonl_lines, small_workload, Env};
 
 const PARTITIONS: i32 = 2;
-
-/// One HTTP/1.1 request to a replica's API: `(status, JSON body or Null)`.
-fn http(port: u16, method: &str, path: &str, body: Option<&str>) -> (u16, Value) {
-    use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect to the replica's HTTP server");
-    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
-    let body = body.unwrap_or("");
-    write!(
-        s,
-        "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    )
-    .unwrap();
-    let mut raw = String::new();
-    s.read_to_string(&mut raw).unwrap();
-    let (head, body) = raw.split_once("\r\n\r\n").expect("HTTP head");
-    (head.split(' ').nth(1).unwrap().parse().unwrap(), serde_json::from_str(body).unwrap_or(Value::Null))
-}
 
 /// Wait until the replica's HTTP server answers.
 fn wait_http(port: u16) {

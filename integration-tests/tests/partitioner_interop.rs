@@ -18,6 +18,7 @@ use sluice::kafka::producer::{Outgoing, Producer};
 use sluice::kafka::ClientSettings;
 use sluice::record::partitioner::partition_for;
 use sluice::workload::Rng;
+use sluice_integration_tests::venv_python;
 use sluice_integration_tests::{brokers, consume_all, repo_root, require_kafka, suffix, TopicGuard};
 
 const PARTITIONS: i32 = 7;
@@ -63,17 +64,6 @@ fn hex(bytes: &[u8]) -> String {
 
 fn unhex(s: &str) -> Vec<u8> {
     (0..s.len()).step_by(2).map(|i| u8::from_str_radix(&s[i..i + 2], 16).expect("hex")).collect()
-}
-
-/// The venv python (`deploy/local/python-env.sh` is idempotent and prints its path).
-fn venv_python() -> String {
-    let out = Command::new(repo_root().join("deploy/local/python-env.sh"))
-        .current_dir(repo_root())
-        .stderr(Stdio::inherit())
-        .output()
-        .expect("run deploy/local/python-env.sh");
-    assert!(out.status.success(), "deploy/local/python-env.sh failed ({}); see its stderr above", out.status);
-    String::from_utf8(out.stdout).expect("utf8 path").trim().to_string()
 }
 
 /// Runs `python/produce_keyed.py` on `keys`; returns `(key, partition, offset)` per delivery.

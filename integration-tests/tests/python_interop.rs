@@ -14,7 +14,7 @@
 //! - decode identically with the generic apache-avro path (`decode_generic`).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
@@ -25,6 +25,7 @@ use sluice::record::codec::decode;
 use sluice::record::framing::{unframe, Framing};
 use sluice::record::partitioner::partition_for;
 use sluice::record::{BackfillRef, Encoding, LogRecord, MetaValue, Metadata, Operation};
+use sluice_integration_tests::venv_python;
 use sluice_integration_tests::{brokers, repo_root, require_kafka, suffix, TopicGuard};
 
 const PARTITIONS: i32 = 5;
@@ -38,17 +39,6 @@ fn consume_all(topic: &str, partitions: i32, timeout: Duration) -> BTreeMap<(i32
         .into_iter()
         .map(|m| ((m.partition, m.offset), (m.key.expect("keyed record"), m.payload)))
         .collect()
-}
-
-/// The venv python (`deploy/local/python-env.sh` is idempotent and prints its path).
-fn venv_python() -> String {
-    let out = Command::new(repo_root().join("deploy/local/python-env.sh"))
-        .current_dir(repo_root())
-        .stderr(Stdio::inherit())
-        .output()
-        .expect("run deploy/local/python-env.sh");
-    assert!(out.status.success(), "deploy/local/python-env.sh failed ({}); see its stderr above", out.status);
-    String::from_utf8(out.stdout).expect("utf8 path").trim().to_string()
 }
 
 fn unhex(s: &str) -> Vec<u8> {

@@ -26,6 +26,7 @@ use sluice_integration_tests::{
     both_backends, brokers, consume_all, free_port, registry_port_and_path, repo_root, require_kafka,
     require_schema_registry, schema_registry_url, small_workload, suffix, Env,
 };
+use sluice_integration_tests::{http, venv_python};
 
 const V1: &str = "schemas/log_record.avsc";
 const V2: &str = "schemas/log_record.v2.avsc";
@@ -33,16 +34,6 @@ const V2: &str = "schemas/log_record.v2.avsc";
 /// A schema Sluice cannot read: `id` is a long and there is no `operation`.
 const BAD: &str = r#"{"type": "record", "name": "LogRecord", "namespace": "sluice.v1",
   "fields": [{"name": "collection_id", "type": "string"}, {"name": "id", "type": "long"}]}"#;
-
-fn venv_python() -> String {
-    let out = Command::new(repo_root().join("deploy/local/python-env.sh"))
-        .current_dir(repo_root())
-        .stderr(Stdio::inherit())
-        .output()
-        .expect("run deploy/local/python-env.sh");
-    assert!(out.status.success(), "deploy/local/python-env.sh failed");
-    String::from_utf8(out.stdout).expect("utf8").trim().to_string()
-}
 
 /// The test environment: Confluent framing, the registry at `url`, one partition. The
 /// configured schema id is one the registry never gives, so a writer that did not ask the
@@ -441,20 +432,7 @@ fn private_registry_home() -> PathBuf {
 
 /// `POST path` with a JSON body on 127.0.0.1:port: (status, JSON answer).
 fn http_post(port: u16, path: &str, body: &str) -> (u16, Value) {
-    use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect");
-    s.set_read_timeout(Some(Duration::from_secs(30))).expect("timeout");
-    write!(
-        s,
-        "POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    )
-    .expect("write");
-    let mut raw = String::new();
-    s.read_to_string(&mut raw).expect("read");
-    let (head, body) = raw.split_once("\r\n\r\n").expect("HTTP head");
-    let status = head.split(' ').nth(1).and_then(|s| s.parse().ok()).expect("status");
-    (status, serde_json::from_str(body).unwrap_or(Value::Null))
+    http(port, "POST", path, Some(body))
 }
 
 fn register(url: &str, subject: &str, schema_file: &Path) -> u32 {

@@ -93,18 +93,7 @@ pub fn table(header: &[&str]) -> Table {
 
 /// Print a list of rows: a table (built by `to_table`), a JSON array, or JSON lines.
 pub fn rows<T: Serialize>(format: Format, rows: &[T], to_table: impl FnOnce(&[T]) -> Table) -> anyhow::Result<()> {
-    let mut out = Out::new();
-    match format {
-        Format::Table => out.line(to_table(rows).trim_fmt())?,
-        Format::Json => out.json_doc(rows)?,
-        Format::Jsonl => {
-            for r in rows {
-                out.json_line(r)?;
-            }
-        }
-    }
-    out.flush()?;
-    Ok(())
+    listing(format, rows, |rows| to_table(rows).trim_fmt())
 }
 
 /// Print a list of rows whose human form is text already laid out (`text`), or a JSON
