@@ -118,7 +118,7 @@ fn scram_over_tls_works_and_bad_credentials_or_ca_fail_fast() {
     assert_eq!(replica.terminate(Duration::from_secs(30)), Some(0), "replica log:\n{}", replica.log_text());
     let log = replica.log_text();
     assert!(!log.contains(PASSWORD), "the replica's log contains the password:\n{log}");
-    let shown = env.run(&["config", "show"]);
+    let shown = env.run(&["config", "show", "--format", "json"]);
     assert!(!shown.contains(PASSWORD), "config show prints the password:\n{shown}");
     let v: serde_json::Value = serde_json::from_str(&shown).expect("config show json");
     assert_eq!(v["librdkafka"]["sasl.password"], "***", "{shown}");
