@@ -373,8 +373,11 @@ fn soak_two_replicas_with_kills_and_a_function_attached_midway() {
             })
         })
         .collect();
-    let actual: Vec<Value> =
-        env.run(&["records", "soak-stats"]).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let actual: Vec<Value> = env
+        .run(&["records", "soak-stats", "--format", "jsonl"])
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
     assert_eq!(actual, expected, "statistics output");
 
     // Resources of the long-lived replica after warm-up: once every kind of activity has

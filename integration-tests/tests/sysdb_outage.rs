@@ -73,8 +73,11 @@ fn assert_exact(env: &Env, log: &[LogRecord], function_output: Option<(&str, &st
                 })
             })
             .collect();
-        let actual: Vec<Value> =
-            env.run(&["records", output]).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+        let actual: Vec<Value> = env
+            .run(&["records", output, "--format", "jsonl"])
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
         assert_eq!(actual, expected, "statistics output");
     }
 }
