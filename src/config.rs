@@ -192,12 +192,12 @@ pub struct ProcessorConfig {
     pub batch_max_records: usize,
     /// ...or this many payload bytes...
     pub batch_max_bytes: usize,
-    /// ...or, once the worker has nothing more waiting for it, this long after its first
-    /// record arrived. 0 (the default): commit as soon as nothing more is waiting, so a
-    /// batch grows with the load — at low load a record waits for one commit, under load
-    /// the records that arrived during a commit form the next batch (up to the limits
-    /// above). A linger only adds latency; raise it to trade latency for fewer, larger
-    /// transactions when a sysdb charges per transaction.
+    /// ...or, once nothing more waits for the worker, this long after its first record
+    /// arrived (default 5). Under load the records that arrive during a commit form the
+    /// next batch, up to the limits above, so batches grow with the load; at low load a
+    /// record waits at most this long plus one commit. 0 commits as soon as nothing more
+    /// waits (lowest latency; measured on W1: ~25% more CPU per record at saturation,
+    /// from smaller batches); 20 was the default before (~5% less CPU than 5, +15 ms).
     pub batch_linger_ms: u64,
     /// `register` (default) or `reject` records of collections the sysdb does not know.
     pub unknown_collections: UnknownCollections,
@@ -212,7 +212,7 @@ impl Default for ProcessorConfig {
         ProcessorConfig {
             batch_max_records: 5_000,
             batch_max_bytes: 16 << 20,
-            batch_linger_ms: 0,
+            batch_linger_ms: 5,
             unknown_collections: UnknownCollections::Register,
             on_data_loss: OnDataLoss::Halt,
             shutdown_timeout_ms: 20_000,

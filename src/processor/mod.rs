@@ -32,14 +32,26 @@ use start::{resolve_start, HaltReason, Start};
 /// Inbox size of a worker, in message chunks.
 const WORKER_INBOX: usize = 8;
 
+/// Backlogged message chunks of one worker at which its partition is paused at the
+/// consumer (and resumed when the backlog is empty again). Bounds a worker's backlog to
+/// about this many chunks beyond its inbox.
+const BACKLOG_PAUSE_AT: usize = 32;
+
+/// How often the router moves backlogged messages into inboxes that have room, while any
+/// backlog exists: a worker empties its small inbox in one go, and what waits should reach
+/// it before it decides that nothing more is coming.
+const BACKLOG_DRAIN_INTERVAL: Duration = Duration::from_millis(1);
+
 /// How often the partition gauges read the high watermarks and group offsets.
 const GAUGE_REFRESH: Duration = Duration::from_secs(5);
 
 struct WorkerHandle {
     inbox: mpsc::Sender<WorkerMsg>,
-    /// What did not fit in the inbox, in order; while non-empty the partition is
-    /// throttled (paused) at the consumer, so this stays bounded.
+    /// What did not fit in the inbox, in order; at `BACKLOG_PAUSE_AT` chunks the
+    /// partition is paused at the consumer, so this stays bounded.
     backlog: VecDeque<WorkerMsg>,
+    /// Whether the partition is paused at the consumer because of `backlog`.
+    throttled: bool,
     /// Tells the worker to commit what it holds (bounded) and exit.
     stop: CancellationToken,
     /// Set when the router stops waiting for the worker: no commit after that.
@@ -63,14 +75,18 @@ impl Workers {
         let Some(w) = self.map.get_mut(&partition) else { return };
         if !w.backlog.is_empty() {
             w.backlog.push_back(msg);
+            // Pause the partition only once a real backlog built up: pausing throws away
+            // what the consumer prefetched for it and resuming fetches it again, so
+            // pausing at the first full inbox made every busy partition churn.
+            if w.backlog.len() >= BACKLOG_PAUSE_AT && !w.throttled {
+                w.throttled = true;
+                self.commander.send(Command::Throttle { partition, on: true });
+            }
             return;
         }
         match w.inbox.try_send(msg) {
             Ok(()) => {}
-            Err(mpsc::error::TrySendError::Full(msg)) => {
-                w.backlog.push_back(msg);
-                self.commander.send(Command::Throttle { partition, on: true });
-            }
+            Err(mpsc::error::TrySendError::Full(msg)) => w.backlog.push_back(msg),
             Err(mpsc::error::TrySendError::Closed(_)) => {}
         }
     }
@@ -91,7 +107,8 @@ impl Workers {
                     Err(mpsc::error::TrySendError::Closed(_)) => w.backlog.clear(),
                 }
             }
-            if w.backlog.is_empty() {
+            if w.backlog.is_empty() && w.throttled {
+                w.throttled = false;
                 self.commander.send(Command::Throttle { partition: p, on: false });
             }
         }
@@ -203,7 +220,7 @@ pub async fn run(
         let backlog = workers.any_backlog();
         let ev = tokio::select! {
             ev = events.recv() => ev,
-            _ = tokio::time::sleep(Duration::from_millis(20)), if backlog => {
+            _ = tokio::time::sleep(BACKLOG_DRAIN_INTERVAL), if backlog => {
                 workers.drain_backlogs();
                 continue;
             }
@@ -437,7 +454,7 @@ async fn assign(
         let fence = CancellationToken::new();
         let worker = Worker::new(info.partition, shared.clone(), s.offset, halted, stop.clone(), fence.clone());
         let task = tokio::spawn(worker.run(rx));
-        let handle = WorkerHandle { inbox: tx, backlog: VecDeque::new(), stop, fence, task };
+        let handle = WorkerHandle { inbox: tx, backlog: VecDeque::new(), throttled: false, stop, fence, task };
         if let Some(old) = workers.map.insert(info.partition, handle) {
             old.stop.cancel();
             old.fence.cancel();
