@@ -118,6 +118,11 @@ for m in re.finditer(r'encode_counter\(\s*&mut encoder,\s*"(\w+)"', src):
     families.add("sluice_" + m.group(1))
 for m in re.finditer(r'encode_descriptor\(\s*"(\w+)"', src):
     families.add("sluice_" + m.group(1))
+# The process collector's series carry no sluice_ prefix (Prometheus client convention).
+process_families = set(re.findall(r'"(process_[a-z_]+)"', src))
+families -= {"sluice_" + f for f in process_families}
+if not {"process_resident_memory_bytes", "process_cpu_seconds", "process_open_fds", "process_threads"} <= process_families:
+    err(f"src/metrics.rs: process metrics missing: {sorted(process_families)}")
 if len(families) < 20:
     err(f"src/metrics.rs: found only {len(families)} metric families; has the registration code changed shape? {sorted(families)}")
 
@@ -206,6 +211,7 @@ def slug(heading):
 anchors = {slug(m.group(1)) for m in re.finditer(r"^#+ (.+)$", docs, re.M)}
 rules_text = ""
 alerts = []
+runbook_bases = set()
 for f in sorted(os.listdir("deploy/prometheus/rules")):
     if not f.endswith(".yml"):
         continue
@@ -223,14 +229,22 @@ for f in sorted(os.listdir("deploy/prometheus/rules")):
             for k in ("summary", "description", "runbook_url"):
                 if not ann.get(k):
                     err(f"{where}: missing annotation {k}")
+            # Absolute (receivers cannot resolve a relative path), one base for every alert
+            # (deploy/prometheus/set-runbook-base.sh rewrites it), anchored at the runbook.
             url = ann.get("runbook_url", "")
-            if not url.startswith("docs/metrics.md#") or url.split("#", 1)[1] not in anchors:
+            base, _, anchor = url.partition("#")
+            if not re.match(r"^https?://[^\s#]+$", base):
+                err(f"{where}: runbook_url {url!r} is not an absolute http(s) URL")
+            runbook_bases.add(base)
+            if anchor not in anchors:
                 err(f"{where}: runbook_url {url!r} is not an anchor of docs/metrics.md")
-            if url.split("#", 1)[-1] != r["alert"].lower():
-                err(f"{where}: runbook_url should be docs/metrics.md#{r['alert'].lower()}")
+            if anchor != r["alert"].lower():
+                err(f"{where}: runbook_url should end with #{r['alert'].lower()}")
             if 'job="sluice"' not in r["expr"]:
                 err(f"{where}: the expression should select job=\"sluice\"")
 check_names(rules_text, "deploy/prometheus/rules")
+if len(runbook_bases) > 1:
+    err(f"deploy/prometheus/rules: runbook_url bases differ: {sorted(runbook_bases)}")
 if len(alerts) != len(set(alerts)):
     err("deploy/prometheus/rules: duplicate alert names")
 tested = set()
@@ -246,6 +260,11 @@ for a in alerts:
 for fam in sorted(families):
     if not re.search(r"\b" + fam + r"(_total|_bucket|_info)?\b", docs):
         err(f"docs/metrics.md does not document {fam}")
+for fam in sorted(process_families):
+    if not re.search(r"\b" + fam + r"(_total)?\b", docs):
+        err(f"docs/metrics.md does not document {fam}")
+    if not re.search(r"\b" + fam + r"(_total)?\b", json.dumps(dash)):
+        err(f"{dash_path}: no panel shows {fam}")
 
 # ---------------------------------------------------------------- prometheus config vs compose
 prom = load_yaml("deploy/prometheus/prometheus.yml")

@@ -31,7 +31,7 @@ use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
 use prometheus_client::metrics::counter::{ConstCounter, Counter};
 use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::metrics::info::Info;
 use prometheus_client::metrics::MetricType;
@@ -94,6 +94,9 @@ struct PartitionState {
     sysdb: Option<i64>,
     group: Option<i64>,
     halted: bool,
+    /// Producer timestamp (ms) of the last record this replica applied on the partition;
+    /// unknown until the first batch after the assignment commits.
+    applied_ts_ms: Option<i64>,
 }
 
 type GaugeFamily = Family<PartitionLabel, Gauge>;
@@ -103,7 +106,8 @@ type GaugeFamily = Family<PartitionLabel, Gauge>;
 /// lock that removes the series, so a revoked partition never reappears.
 #[derive(Debug, Default)]
 struct PartitionGauges {
-    state: Mutex<BTreeMap<i32, PartitionState>>,
+    /// Shared with [`LagSecondsCollector`], which derives the time lag at scrape time.
+    state: Arc<Mutex<BTreeMap<i32, PartitionState>>>,
     high_watermark: GaugeFamily,
     sysdb_next_offset: GaugeFamily,
     group_offset: GaugeFamily,
@@ -112,9 +116,30 @@ struct PartitionGauges {
     halted: GaugeFamily,
 }
 
+fn lock_state(state: &Mutex<BTreeMap<i32, PartitionState>>) -> MutexGuard<'_, BTreeMap<i32, PartitionState>> {
+    state.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Milliseconds since the Unix epoch (0 if the clock is before it).
+fn now_ms() -> i64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64)
+}
+
+/// `sluice_partition_lag_seconds{partition}` at `now_ms`: while records are waiting
+/// (lag > 0), the age of the last applied record (now - its producer timestamp, at least
+/// 0); 0 once caught up (lag <= 0); no value while records wait and no record has been
+/// applied since the assignment (the age is unknown).
+fn lag_seconds(s: &PartitionState, now_ms: i64) -> Option<f64> {
+    let lag = s.high.zip(s.sysdb).map(|(h, n)| h - n)?;
+    if lag <= 0 {
+        return Some(0.0);
+    }
+    s.applied_ts_ms.map(|t| (now_ms - t).max(0) as f64 / 1000.0)
+}
+
 impl PartitionGauges {
     fn lock(&self) -> MutexGuard<'_, BTreeMap<i32, PartitionState>> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+        lock_state(&self.state)
     }
 
     fn families(&self) -> [&GaugeFamily; 6] {
@@ -220,6 +245,206 @@ impl Collector for ConsumerCollector {
     }
 }
 
+/// Derives `sluice_partition_lag_seconds` from the partition state at scrape time (the
+/// age grows while nothing moves, so it cannot be a gauge set on events).
+#[derive(Debug)]
+struct LagSecondsCollector {
+    state: Arc<Mutex<BTreeMap<i32, PartitionState>>>,
+}
+
+impl Collector for LagSecondsCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> fmt::Result {
+        let now = now_ms();
+        let rows: Vec<(i32, f64)> =
+            lock_state(&self.state).iter().filter_map(|(p, s)| Some((*p, lag_seconds(s, now)?))).collect();
+        // Named with its unit, like the other partition gauges (no `# UNIT` line).
+        let mut m = encoder.encode_descriptor(
+            "partition_lag_seconds",
+            "Time lag of an assigned partition: while records wait (lag_records > 0), now minus the producer timestamp of the last applied record; 0 when caught up",
+            None,
+            MetricType::Gauge,
+        )?;
+        for (partition, v) in rows {
+            ConstGauge::new(v).encode(m.encode_family(&PartitionLabel { partition })?)?;
+        }
+        Ok(())
+    }
+}
+
+/// One function as the gauges show it (from the sysdb, refreshed by the outbox relay).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FunctionGauge {
+    pub id: String,
+    pub collection: String,
+    /// A [`FunctionStatus::as_str`](crate::functions::FunctionStatus::as_str).
+    pub status: &'static str,
+    pub backfill_done: i64,
+    /// Known once the backfill started.
+    pub backfill_total: Option<i64>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct FunctionLabel {
+    function: String,
+    collection: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct FunctionStatusLabel {
+    function: String,
+    collection: String,
+    status: &'static str,
+}
+
+/// The last function snapshot, encoded at scrape time (a refresh replaces it whole, so a
+/// detached function's series disappear with it).
+#[derive(Debug, Default)]
+struct FunctionsCollector {
+    snapshot: Mutex<Vec<FunctionGauge>>,
+}
+
+impl Collector for FunctionsCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> fmt::Result {
+        let fns = self.snapshot.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let label = |f: &FunctionGauge| FunctionLabel { function: f.id.clone(), collection: f.collection.clone() };
+        let mut m = encoder.encode_descriptor(
+            "function_status",
+            "1 for the current status of each attached function (awaiting_marker, backfilling, ready); one series per function",
+            None,
+            MetricType::Gauge,
+        )?;
+        for f in &fns {
+            let l = FunctionStatusLabel { function: f.id.clone(), collection: f.collection.clone(), status: f.status };
+            ConstGauge::new(1i64).encode(m.encode_family(&l)?)?;
+        }
+        let mut m = encoder.encode_descriptor(
+            "function_backfill_done_records",
+            "Records of the input collection (as of the marker) the function's backfill has covered",
+            None,
+            MetricType::Gauge,
+        )?;
+        for f in &fns {
+            ConstGauge::new(f.backfill_done).encode(m.encode_family(&label(f))?)?;
+        }
+        let mut m = encoder.encode_descriptor(
+            "function_backfill_total_records",
+            "Size of the input collection as of the function's marker (known once its backfill started)",
+            None,
+            MetricType::Gauge,
+        )?;
+        for f in fns.iter().filter(|f| f.backfill_total.is_some()) {
+            ConstGauge::new(f.backfill_total.unwrap_or(0)).encode(m.encode_family(&label(f))?)?;
+        }
+        Ok(())
+    }
+}
+
+/// `process_*` series in the Prometheus client convention, read from `/proc/self` at
+/// scrape time (Linux only; elsewhere the collector is not registered). A file that
+/// cannot be read or parsed leaves its series out of that scrape.
+#[cfg(target_os = "linux")]
+#[derive(Debug, Default)]
+struct ProcessCollector;
+
+#[cfg(target_os = "linux")]
+mod procfs {
+    /// The kernel reports times in /proc in USER_HZ units, 100 per second on every Linux
+    /// architecture Sluice builds for.
+    const USER_HZ: f64 = 100.0;
+
+    #[derive(Debug, Default, PartialEq)]
+    pub struct Sample {
+        pub cpu_seconds: Option<f64>,
+        pub resident_bytes: Option<f64>,
+        pub virtual_bytes: Option<f64>,
+        pub threads: Option<f64>,
+        pub open_fds: Option<f64>,
+        pub max_fds: Option<f64>,
+        pub start_time_seconds: Option<f64>,
+    }
+
+    /// `utime + stime` (seconds) and `starttime` (ticks since boot) of /proc/self/stat.
+    pub fn parse_stat(stat: &str) -> Option<(f64, f64)> {
+        // The command name (field 2) is in parentheses and may contain spaces: split after it.
+        let rest = &stat[stat.rfind(')')? + 1..];
+        let f: Vec<&str> = rest.split_whitespace().collect();
+        // rest starts at field 3 (state): field n is f[n - 3].
+        let utime: f64 = f.get(14 - 3)?.parse().ok()?;
+        let stime: f64 = f.get(15 - 3)?.parse().ok()?;
+        let start: f64 = f.get(22 - 3)?.parse().ok()?;
+        Some(((utime + stime) / USER_HZ, start))
+    }
+
+    /// A `Key:   value kB` line of /proc/self/status, in bytes (or the bare number).
+    pub fn status_field(status: &str, key: &str) -> Option<f64> {
+        let line = status.lines().find(|l| l.split(':').next() == Some(key))?;
+        let mut it = line.split(':').nth(1)?.split_whitespace();
+        let n: f64 = it.next()?.parse().ok()?;
+        Some(if it.next() == Some("kB") { n * 1024.0 } else { n })
+    }
+
+    pub fn read() -> Sample {
+        let stat = std::fs::read_to_string("/proc/self/stat").ok();
+        let status = std::fs::read_to_string("/proc/self/status").ok();
+        let parsed = stat.as_deref().and_then(parse_stat);
+        let boot = std::fs::read_to_string("/proc/stat")
+            .ok()
+            .and_then(|s| s.lines().find_map(|l| l.strip_prefix("btime ")).and_then(|v| v.trim().parse::<f64>().ok()));
+        let max_fds = std::fs::read_to_string("/proc/self/limits").ok().and_then(|s| {
+            let l = s.lines().find(|l| l.starts_with("Max open files"))?;
+            l["Max open files".len()..].split_whitespace().next()?.parse::<f64>().ok()
+        });
+        Sample {
+            cpu_seconds: parsed.map(|p| p.0),
+            start_time_seconds: parsed.zip(boot).map(|((_, start), boot)| boot + start / USER_HZ),
+            resident_bytes: status.as_deref().and_then(|s| status_field(s, "VmRSS")),
+            virtual_bytes: status.as_deref().and_then(|s| status_field(s, "VmSize")),
+            threads: status.as_deref().and_then(|s| status_field(s, "Threads")),
+            // The directory handle read_dir holds is one of the entries: not ours to count.
+            open_fds: std::fs::read_dir("/proc/self/fd").ok().map(|d| d.count().saturating_sub(1) as f64),
+            max_fds,
+        }
+    }
+}
+
+#[cfg(target_os = "linux")]
+impl ProcessCollector {
+    fn gauge(encoder: &mut DescriptorEncoder, name: &str, help: &str, v: Option<f64>) -> fmt::Result {
+        if let Some(v) = v {
+            ConstGauge::new(v).encode(encoder.encode_descriptor(name, help, None, MetricType::Gauge)?)?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(target_os = "linux")]
+impl Collector for ProcessCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> fmt::Result {
+        let s = procfs::read();
+        if let Some(v) = s.cpu_seconds {
+            let m = encoder.encode_descriptor(
+                "process_cpu_seconds",
+                "Total user and system CPU time spent in seconds",
+                None,
+                MetricType::Counter,
+            )?;
+            ConstCounter::new(v).encode(m)?;
+        }
+        let e = &mut encoder;
+        Self::gauge(e, "process_resident_memory_bytes", "Resident memory size in bytes", s.resident_bytes)?;
+        Self::gauge(e, "process_virtual_memory_bytes", "Virtual memory size in bytes", s.virtual_bytes)?;
+        Self::gauge(e, "process_open_fds", "Number of open file descriptors", s.open_fds)?;
+        Self::gauge(e, "process_max_fds", "Maximum number of open file descriptors (soft limit)", s.max_fds)?;
+        Self::gauge(e, "process_threads", "Number of OS threads in the process", s.threads)?;
+        Self::gauge(
+            e,
+            "process_start_time_seconds",
+            "Start time of the process since unix epoch in seconds",
+            s.start_time_seconds,
+        )
+    }
+}
+
 /// The registry and every metric of a replica. Cheap to share (`Arc`); all updates are
 /// atomic or briefly locked.
 #[derive(Debug)]
@@ -227,6 +452,7 @@ pub struct Metrics {
     registry: Registry,
     partitions: PartitionGauges,
     consumer: Arc<ConsumerCollector>,
+    functions: Arc<FunctionsCollector>,
     records_processed: Family<OperationLabel, Counter>,
     records_ignored: Family<ReasonLabel, Counter>,
     dlq_records: Family<ReasonLabel, Counter>,
@@ -288,7 +514,10 @@ impl Metrics {
 
     /// `per_collection`: also export `sluice_collection_records_processed_total{collection}`.
     pub fn with_options(per_collection: bool) -> Arc<Metrics> {
-        let mut r = Registry::with_prefix("sluice");
+        // The `process_*` series follow the Prometheus client convention (no prefix): they
+        // live in the root registry, every Sluice family in the `sluice` sub-registry.
+        let mut root = Registry::default();
+        let r = root.sub_registry_with_prefix("sluice");
         let partitions = PartitionGauges::default();
         let p = &partitions;
         r.register(
@@ -322,6 +551,7 @@ impl Metrics {
             registry: Registry::default(), // replaced below, once everything is registered
             partitions,
             consumer: Arc::new(ConsumerCollector::default()),
+            functions: Arc::new(FunctionsCollector::default()),
             records_processed: Family::default(),
             records_ignored: Family::default(),
             dlq_records: Family::default(),
@@ -432,6 +662,8 @@ impl Metrics {
         );
         r.register("build", "Build information", Info::new(VersionLabel { version: env!("CARGO_PKG_VERSION") }));
         r.register_collector(Box::new(m.consumer.clone()));
+        r.register_collector(Box::new(LagSecondsCollector { state: m.partitions.state.clone() }));
+        r.register_collector(Box::new(m.functions.clone()));
         // Series that exist from the start at 0, so that rate() and dashboards see them
         // before the first occurrence (DLQ kinds are many and rare: created on first use).
         for op in Operation::ALL.into_iter().filter(|o| o.is_data()) {
@@ -449,7 +681,9 @@ impl Metrics {
         for result in ["ok", "failed"] {
             let _ = m.markers_published.get_or_create(&ResultLabel { result });
         }
-        Arc::new(Metrics { registry: r, ..m })
+        #[cfg(target_os = "linux")]
+        root.register_collector(Box::new(ProcessCollector));
+        Arc::new(Metrics { registry: root, ..m })
     }
 
     /// The whole registry in the OpenMetrics text format ([`CONTENT_TYPE`]).
@@ -575,11 +809,19 @@ impl Metrics {
         self.awaiting_marker_oldest.set(seconds);
     }
 
+    // ---- functions ------------------------------------------------------------------
+
+    /// Replace the function snapshot behind `sluice_function_status` and the backfill
+    /// progress gauges (detached functions are left out by the caller).
+    pub fn set_functions(&self, functions: Vec<FunctionGauge>) {
+        *self.functions.snapshot.lock().unwrap_or_else(|p| p.into_inner()) = functions;
+    }
+
     // ---- partitions ---------------------------------------------------------------
 
     /// Start tracking an assigned partition with what the assignment knew.
     pub fn partition_assigned(&self, partition: i32, sysdb_next: i64, high: i64, group: Option<i64>, halted: bool) {
-        let s = PartitionState { high: Some(high), sysdb: Some(sysdb_next), group, halted };
+        let s = PartitionState { high: Some(high), sysdb: Some(sysdb_next), group, halted, applied_ts_ms: None };
         let mut m = self.partitions.lock();
         m.insert(partition, s);
         self.partitions.publish(partition, &s);
@@ -603,6 +845,14 @@ impl Metrics {
             s.sysdb = Some(next);
             s.high = Some(s.high.map_or(next, |h| h.max(next)));
         });
+    }
+
+    /// A batch was applied on `partition`: `produced_ms` is the producer timestamp of its
+    /// last record (the base of `sluice_partition_lag_seconds`).
+    pub fn partition_applied_timestamp(&self, partition: i32, produced_ms: i64) {
+        if produced_ms > 0 {
+            self.partitions.update(partition, |s| s.applied_ts_ms = Some(produced_ms));
+        }
     }
 
     pub fn partition_halted(&self, partition: i32, halted: bool) {
@@ -806,6 +1056,132 @@ mod tests {
         assert_eq!(s["sluice_rebalances_total{kind=\"revoke\"}"], 0.0);
         stats.commits_ok.fetch_add(1, Ordering::Relaxed);
         assert_eq!(samples(&m.encode())["sluice_offset_commits_total{result=\"ok\"}"], 6.0);
+    }
+}
+
+#[cfg(test)]
+mod operator_series_tests {
+    use super::*;
+
+    fn samples(text: &str) -> BTreeMap<String, f64> {
+        text.lines()
+            .filter(|l| !l.starts_with('#'))
+            .filter_map(|l| l.rsplit_once(' '))
+            .map(|(k, v)| (k.to_string(), v.parse().expect("numeric sample")))
+            .collect()
+    }
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn process_series_are_read_from_proc_at_scrape_time() {
+        let m = Metrics::new();
+        // Some CPU time, so that the counter is above 0 even on a coarse clock.
+        let mut x = 0u64;
+        let t = std::time::Instant::now();
+        while t.elapsed() < Duration::from_millis(30) {
+            x = x.wrapping_mul(31).wrapping_add(7);
+        }
+        std::hint::black_box(x);
+        let s = samples(&m.encode());
+        for name in [
+            "process_resident_memory_bytes",
+            "process_virtual_memory_bytes",
+            "process_cpu_seconds_total",
+            "process_open_fds",
+            "process_max_fds",
+            "process_threads",
+            "process_start_time_seconds",
+        ] {
+            let v = s.get(name).copied().unwrap_or_else(|| panic!("{name} missing"));
+            assert!(v > 0.0, "{name} = {v}");
+        }
+        assert!(!s.keys().any(|k| k.starts_with("sluice_process")), "process series carry no sluice_ prefix");
+        // Values follow the process: files opened now are counted at the next scrape (64
+        // of them, with margin for tests of this binary closing files meanwhile).
+        let before = s["process_open_fds"];
+        let files: Vec<std::fs::File> = (0..64).map(|_| std::fs::File::open("/proc/self/stat").unwrap()).collect();
+        let during = samples(&m.encode())["process_open_fds"];
+        drop(files);
+        assert!(during >= before + 32.0, "open fds {before} -> {during} with 64 more files open");
+        let rss = s["process_resident_memory_bytes"];
+        assert!(rss > 1024.0 * 1024.0, "RSS in bytes, not kB or pages: {rss}");
+        let start = s["process_start_time_seconds"];
+        let now = now_ms() as f64 / 1000.0;
+        assert!(start <= now + 1.0 && start > now - 86_400.0, "start time {start} vs now {now}");
+    }
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn proc_stat_parsing_survives_odd_command_names() {
+        let stat = "4242 (sluice (a) b) S 1 4242 4242 0 -1 4194560 1000 0 0 0 250 50 0 0 20 0 17 0 12345 1000000 900 18446744073709551615";
+        let (cpu, start) = procfs::parse_stat(stat).expect("parsed");
+        assert_eq!(cpu, 3.0, "(250 + 50) ticks at 100 per second");
+        assert_eq!(start, 12345.0);
+        assert_eq!(procfs::status_field("VmRSS:\t   2048 kB\nThreads:\t17\n", "VmRSS"), Some(2048.0 * 1024.0));
+        assert_eq!(procfs::status_field("VmRSS:\t   2048 kB\nThreads:\t17\n", "Threads"), Some(17.0));
+        assert_eq!(procfs::status_field("Threads:\t17\n", "VmRSS"), None);
+    }
+
+    #[test]
+    fn lag_seconds_ages_the_last_applied_record_while_records_wait() {
+        let now = 1_000_000_000;
+        let s = |high, sysdb, ts| PartitionState {
+            high: Some(high),
+            sysdb: Some(sysdb),
+            group: None,
+            halted: false,
+            applied_ts_ms: ts,
+        };
+        assert_eq!(lag_seconds(&s(10, 10, Some(now - 60_000)), now), Some(0.0), "caught up: 0, however old");
+        assert_eq!(lag_seconds(&s(12, 10, Some(now - 60_000)), now), Some(60.0));
+        assert_eq!(lag_seconds(&s(12, 10, None), now), None, "nothing applied yet: unknown, not 0");
+        assert_eq!(lag_seconds(&s(12, 10, Some(now + 5_000)), now), Some(0.0), "clock skew clamps at 0");
+
+        let m = Metrics::new();
+        m.partition_assigned(2, 10, 15, None, false);
+        let text = m.encode();
+        assert!(!text.contains("sluice_partition_lag_seconds{"), "no age known yet:\n{text}");
+        m.partition_applied_timestamp(2, now_ms() - 30_000);
+        let v = samples(&m.encode())["sluice_partition_lag_seconds{partition=\"2\"}"];
+        assert!((30.0..40.0).contains(&v), "lag seconds {v}");
+        // Computed at scrape time: it grows while nothing moves.
+        std::thread::sleep(Duration::from_millis(1100));
+        let later = samples(&m.encode())["sluice_partition_lag_seconds{partition=\"2\"}"];
+        assert!(later >= v + 1.0, "lag seconds did not grow: {v} -> {later}");
+        m.partition_sysdb_next(2, 15);
+        assert_eq!(samples(&m.encode())["sluice_partition_lag_seconds{partition=\"2\"}"], 0.0, "caught up");
+        // A timestamp for a partition that is not assigned is dropped.
+        m.partition_applied_timestamp(7, now_ms());
+        m.partition_revoked(2);
+        assert!(!m.encode().contains("sluice_partition_lag_seconds{"), "revoked: no series");
+    }
+
+    #[test]
+    fn function_gauges_follow_the_snapshot() {
+        let m = Metrics::new();
+        let text = m.encode();
+        assert!(text.contains("# TYPE sluice_function_status gauge"), "{text}");
+        let f = |id: &str, status, done, total| FunctionGauge {
+            id: id.into(),
+            collection: "c1".into(),
+            status,
+            backfill_done: done,
+            backfill_total: total,
+        };
+        m.set_functions(vec![f("f1", "backfilling", 40, Some(100)), f("f2", "awaiting_marker", 0, None)]);
+        let s = samples(&m.encode());
+        assert_eq!(s["sluice_function_status{function=\"f1\",collection=\"c1\",status=\"backfilling\"}"], 1.0);
+        assert_eq!(s["sluice_function_status{function=\"f2\",collection=\"c1\",status=\"awaiting_marker\"}"], 1.0);
+        assert_eq!(s["sluice_function_backfill_done_records{function=\"f1\",collection=\"c1\"}"], 40.0);
+        assert_eq!(s["sluice_function_backfill_total_records{function=\"f1\",collection=\"c1\"}"], 100.0);
+        assert!(!s.contains_key("sluice_function_backfill_total_records{function=\"f2\",collection=\"c1\"}"));
+        // One status series per function: a status change replaces the old series.
+        m.set_functions(vec![f("f1", "ready", 100, Some(100))]);
+        let s = samples(&m.encode());
+        let status: Vec<&String> = s.keys().filter(|k| k.starts_with("sluice_function_status{")).collect();
+        assert_eq!(status, ["sluice_function_status{function=\"f1\",collection=\"c1\",status=\"ready\"}"]);
+        assert_eq!(s["sluice_function_backfill_done_records{function=\"f1\",collection=\"c1\"}"], 100.0);
+        assert!(!s.keys().any(|k| k.contains("\"f2\"")), "a function gone from the sysdb keeps no series");
     }
 }
 

@@ -160,6 +160,16 @@ fn metrics_agree_with_offsets_show_and_the_workload() {
             "partition {p} group offset caught up"
         );
         assert_eq!(m[&format!("sluice_partition_halted{label}")], 0.0);
+        assert_eq!(m[&format!("sluice_partition_lag_seconds{label}")], 0.0, "partition {p} caught up: 0 s behind");
+    }
+    // The process series of the real binary (Linux: read from /proc at scrape time).
+    if cfg!(target_os = "linux") {
+        for name in
+            ["process_resident_memory_bytes", "process_cpu_seconds_total", "process_open_fds", "process_threads"]
+        {
+            assert!(m.get(name).is_some_and(|v| *v > 0.0), "{name} = {:?}", m.get(name));
+        }
+        assert!(m["process_threads"] >= 2.0, "a tokio runtime and librdkafka run threads");
     }
     let total_high: i64 = rows.iter().map(|r| r["high_watermark"].as_i64().unwrap()).sum();
     assert_eq!(total_high, produced.len() as i64, "every produced record is in the log");
@@ -273,4 +283,83 @@ fn a_replica_with_an_empty_assignment_is_ready() {
     }
     assert_eq!(readyz(p1).unwrap().0, 200);
     assert_eq!(readyz(p2).unwrap().0, 200);
+}
+
+/// A partition stuck behind a record (its batch commit hangs) while the producers are idle:
+/// the record lag stays flat, and `sluice_partition_lag_seconds` is the age of the last
+/// applied record, growing while nothing moves, back to 0 once the commit lands.
+#[test]
+fn a_stuck_partition_shows_its_lag_in_seconds() {
+    if !require_kafka() {
+        return;
+    }
+    let env = Env::sqlite("metrics-stuck");
+    env.run(&["init", "--partitions", "1"]);
+    let records = workload(&env);
+    let line = |i: usize| log_record_to_json(&records[i]).to_string();
+    let before_first = std::time::SystemTime::now();
+    env.produce(&[line(0)]);
+    let after_first = std::time::SystemTime::now();
+
+    // The first batch commits; the second one sleeps 20 s before its sysdb commit.
+    let port = free_port();
+    let listen = format!("127.0.0.1:{port}");
+    let mut replica = env.spawn_replica(
+        "r1",
+        &[
+            ("SLUICE_HTTP", listen.as_str()),
+            ("SLUICE_FAILPOINT", "sleep_before_sysdb_commit:2"),
+            ("SLUICE_FAILPOINT_SLEEP_MS", "20000"),
+        ],
+    );
+    wait_ready(port, &mut replica);
+    env.wait_caught_up(WAIT);
+    assert_eq!(scrape(port)["sluice_partition_lag_seconds{partition=\"0\"}"], 0.0, "caught up: 0 s behind");
+    std::thread::sleep(Duration::from_secs(2));
+    env.produce(&[line(1)]);
+    replica.wait_for_log("fail point sleep_before_sysdb_commit reached", WAIT);
+
+    // The watermark refresh (5 s) sees the waiting record.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let m = loop {
+        let m = scrape(port);
+        if m.get("sluice_partition_lag_records{partition=\"0\"}") == Some(&1.0) {
+            break m;
+        }
+        assert!(Instant::now() < deadline, "the waiting record never showed as lag: {m:?}");
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let age = |since: std::time::SystemTime| since.elapsed().unwrap().as_secs_f64();
+    let behind = m["sluice_partition_lag_seconds{partition=\"0\"}"];
+    // The age of record 0 (produced between before_first and after_first), to the
+    // millisecond of its producer timestamp.
+    assert!(
+        behind >= age(after_first) - 1.0 && behind <= age(before_first) + 1.0,
+        "lag seconds {behind}: not the age of the last applied record ({}..{})",
+        age(after_first),
+        age(before_first)
+    );
+    assert!(behind >= 2.0, "records wait, so the age counts: {behind}");
+    std::thread::sleep(Duration::from_millis(1500));
+    let later = scrape(port);
+    assert_eq!(
+        later["sluice_partition_sysdb_next_offset{partition=\"0\"}"],
+        m["sluice_partition_sysdb_next_offset{partition=\"0\"}"],
+        "the position is stuck"
+    );
+    let grown = later["sluice_partition_lag_seconds{partition=\"0\"}"];
+    assert!(grown >= behind + 1.0, "lag seconds grow while nothing moves: {behind} -> {grown}");
+
+    // The commit lands after the sleep: caught up, 0 s behind.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let m = scrape(port);
+        if m.get("sluice_partition_lag_records{partition=\"0\"}") == Some(&0.0) {
+            assert_eq!(m["sluice_partition_lag_seconds{partition=\"0\"}"], 0.0, "{m:?}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "the stuck commit never landed:\n{}", replica.log_text());
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert_eq!(replica.terminate(Duration::from_secs(30)), Some(0), "{}", replica.log_text());
 }

@@ -526,6 +526,7 @@ fn every_dashboard_and_alert_expression_works_against_two_real_replicas() {
     assert!(exprs.len() >= 30, "the dashboard has {} expressions", exprs.len());
     let mut failures = Vec::new();
     let mut panel_max: BTreeMap<String, Vec<f64>> = BTreeMap::new();
+    let mut expr_values: BTreeMap<String, Vec<f64>> = BTreeMap::new();
     let deadline = Instant::now() + Duration::from_secs(20);
     for (title, expr) in &exprs {
         let q = substitute(expr);
@@ -551,12 +552,33 @@ fn every_dashboard_and_alert_expression_works_against_two_real_replicas() {
         }
         let values =
             result.as_array().into_iter().flatten().filter_map(|s| s["value"][1].as_str()?.parse::<f64>().ok());
+        let values: Vec<f64> = values.collect();
+        expr_values.entry(expr.clone()).or_default().extend(values.iter().copied());
         panel_max.entry(title.clone()).or_default().extend(values);
     }
     assert!(failures.is_empty(), "dashboard expressions without data:\n{}", failures.join("\n"));
     // And the panels that show what this run did show it.
     let max = |title: &str| panel_max[title].iter().copied().fold(f64::NAN, f64::max);
     assert_eq!(max("Replicas up"), 2.0, "both replicas up");
+    // ...and compared with the expected count of the recording rule (3): two thirds.
+    let share = exprs
+        .iter()
+        .find(|(t, e)| t == "Replicas up" && e.contains("sluice:expected_replicas"))
+        .map(|(_, e)| expr_values[e].clone())
+        .expect("Replicas up compares with sluice:expected_replicas");
+    assert_eq!(share.len(), 1, "one share: {share:?}");
+    assert!((share[0] - 2.0 / 3.0).abs() < 1e-9, "2 of 3 expected replicas up, got {share:?}");
+    assert_eq!(max("Backfill progress"), 1.0, "the finished backfill covered its whole collection");
+    // The function's status series says ready (sysdb-wide: every replica's relay reads it).
+    let status = prom.query(&format!(
+        "max by (function, status) (sluice_function_status{{instance=~\"{instance_re}\", function=\"{function_id}\"}})"
+    ));
+    let statuses: Vec<&str> =
+        status["data"]["result"].as_array().unwrap().iter().filter_map(|s| s["metric"]["status"].as_str()).collect();
+    assert_eq!(statuses, ["ready"], "status series of function {function_id}: {status}");
+    assert!(max("Memory by replica") > 1e6, "RSS in bytes: {:?}", panel_max["Memory by replica"]);
+    assert!(max("Open file descriptors by replica") > 0.0, "open fds");
+    assert!(max("Time lag per partition") >= 0.0, "time lag: {:?}", panel_max["Time lag per partition"]);
     assert_eq!(max("Halted partitions"), 1.0, "the gap partition is halted");
     for title in [
         "Records applied / s",
@@ -597,6 +619,11 @@ fn every_dashboard_and_alert_expression_works_against_two_real_replicas() {
     assert_eq!(loaded, alert_names_in_file(), "the alerts Prometheus loaded are those of {RULES}");
     for r in &rules {
         let (name, expr) = (r["name"].as_str().unwrap(), r["query"].as_str().unwrap());
+        let runbook = r["annotations"]["runbook_url"].as_str().unwrap_or_default();
+        assert!(
+            runbook.starts_with("http") && runbook.ends_with(&format!("/metrics.md#{}", name.to_lowercase())),
+            "alert {name}: runbook_url {runbook:?} is not an absolute link to its runbook"
+        );
         let v = prom.query(expr);
         assert_eq!(v["status"], "success", "alert {name}: {expr}\n{v}");
         let mine = instances(&v["data"]["result"]).intersection(&ours).count();

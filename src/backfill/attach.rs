@@ -249,6 +249,22 @@ pub async fn relay_once(
     if let Some(m) = metrics {
         let oldest = sysdb.oldest_awaiting_marker_ms().await?;
         m.set_awaiting_marker_oldest(oldest.map_or(0.0, |t| (crate::sysdb::now_ms() - t).max(0) as f64 / 1000.0));
+        // Backfill progress and status per function, from the same sysdb-wide source on
+        // every replica (dashboards take the max over replicas).
+        let functions = sysdb
+            .functions(None)
+            .await?
+            .into_iter()
+            .filter(|f| f.status != crate::functions::FunctionStatus::Detached)
+            .map(|f| crate::metrics::FunctionGauge {
+                id: f.id,
+                collection: f.collection_id,
+                status: f.status.as_str(),
+                backfill_done: f.backfill_done,
+                backfill_total: f.backfill_total,
+            })
+            .collect();
+        m.set_functions(functions);
     }
     Ok(n)
 }

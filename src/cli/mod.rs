@@ -313,6 +313,10 @@ pub enum FunctionsCmd {
     List {
         /// Only the functions of this input collection.
         collection: Option<String>,
+        /// Redraw the table every second (status and backfill progress) until interrupted
+        /// (Ctrl-C); table format only.
+        #[arg(long)]
+        watch: bool,
         #[command(flatten)]
         format: FormatArg,
     },

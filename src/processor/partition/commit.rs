@@ -371,6 +371,9 @@ impl Worker {
         m.batch_committed();
         // Every message of the batch (DLQ'd ones included) is done at this commit.
         m.observe_end_to_end(committed_ms, msgs.iter().map(|msg| msg.timestamp_ms));
+        if let Some(ts) = msgs.iter().rev().find_map(|msg| msg.timestamp_ms) {
+            m.partition_applied_timestamp(self.partition, ts);
+        }
         debug!(
             records = msgs.len(),
             dlq = plan.dlq.len(),
