@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The benchmark suite of issue #7, in one command, on the local single broker:
+# The benchmark suite, in one command, on the local single broker (tables, goals, JSON
+# and an SVG chart of the run in target/bench/):
 #
 #   scripts/bench-suite.sh            # full run (< 20 minutes on the 2-core dev machine,
 #                                     # builds from a fresh clone included)
