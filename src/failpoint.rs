@@ -30,9 +30,12 @@ pub fn fail(name: &str) -> bool {
 
 /// Abort if `name` is the configured fail point and this is its N-th hit.
 ///
-/// A configured name of the form `sleep_<name>` instead sleeps (blocking the calling
-/// thread) for `SLUICE_FAILPOINT_SLEEP_MS` (default 5000) at that hit: a stalled replica
-/// for zombie tests.
+/// A configured name of the form `sleep_<name>` instead sleeps for
+/// `SLUICE_FAILPOINT_SLEEP_MS` (default 5000) at that hit: the calling task stalls (a
+/// stalled worker for zombie tests). On the multi-threaded runtime the sleep runs in
+/// `block_in_place`, so the runtime first hands this thread's other tasks (the HTTP
+/// server, the router) to another thread: only the caller stalls, as a wedged worker
+/// would.
 pub fn hit(name: &str) {
     if let Some((n, at)) = spec() {
         let sleeping = n.strip_prefix("sleep_") == Some(name);
@@ -40,7 +43,11 @@ pub fn hit(name: &str) {
             if sleeping {
                 let ms = std::env::var("SLUICE_FAILPOINT_SLEEP_MS").ok().and_then(|v| v.parse().ok()).unwrap_or(5000);
                 eprintln!("sluice: fail point sleep_{name} reached (hit {at}): sleeping {ms} ms");
-                std::thread::sleep(std::time::Duration::from_millis(ms));
+                let sleep = || std::thread::sleep(std::time::Duration::from_millis(ms));
+                match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
+                    Ok(tokio::runtime::RuntimeFlavor::MultiThread) => tokio::task::block_in_place(sleep),
+                    _ => sleep(),
+                }
                 eprintln!("sluice: fail point sleep_{name}: awake");
                 return;
             }
