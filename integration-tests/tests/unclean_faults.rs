@@ -255,9 +255,7 @@ fn cooperative_revoke_while_a_batch_is_in_flight() {
     if !require_kafka() {
         return;
     }
-    // Batches of at most 400 records, so partition 0's ~2,000 first records make several
-    // batches whatever the timing (the held one is the 3rd).
-    let env = Env::sqlite("revoke-in-flight").with_processor("batch_max_records = 400");
+    let env = Env::sqlite("revoke-in-flight");
     env.run(&["init", "--partitions", "4"]);
     // Every record on partition 0, so the held batch is partition 0's.
     let on_p0 = |seed| -> Vec<LogRecord> {
