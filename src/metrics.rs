@@ -926,7 +926,7 @@ mod tests {
     }
 
     /// `name value` of every sample line.
-    fn samples(text: &str) -> BTreeMap<String, f64> {
+    pub(super) fn samples(text: &str) -> BTreeMap<String, f64> {
         text.lines()
             .filter(|l| !l.starts_with('#'))
             .filter_map(|l| l.rsplit_once(' '))
@@ -1061,15 +1061,8 @@ mod tests {
 
 #[cfg(test)]
 mod operator_series_tests {
+    use super::tests::samples;
     use super::*;
-
-    fn samples(text: &str) -> BTreeMap<String, f64> {
-        text.lines()
-            .filter(|l| !l.starts_with('#'))
-            .filter_map(|l| l.rsplit_once(' '))
-            .map(|(k, v)| (k.to_string(), v.parse().expect("numeric sample")))
-            .collect()
-    }
 
     #[cfg(target_os = "linux")]
     #[test]
