@@ -353,8 +353,10 @@ fn an_out_of_range_fetch_halts_only_the_partition_whose_records_are_gone() {
     if !require_kafka() {
         return;
     }
-    // Records wait 4 s in a batch; fetches return about one small record batch each, so
-    // a backlog takes a while to fetch.
+    // Partition 0's first batch (200 records, the test default) stalls 10 s before its
+    // commit; meanwhile its backlog pauses its fetching far below the end of its 4000
+    // records, whatever the speed of the machine. Fetches return about one small record
+    // batch each. Partition 1's records wait 4 s in their batch.
     let env = Env::sqlite("oor")
         .with_processor("batch_linger_ms = 4000")
         .with_sections("[librdkafka]\n\"max.partition.fetch.bytes\" = \"256\"\n");
@@ -394,15 +396,23 @@ fn an_out_of_range_fetch_halts_only_the_partition_whose_records_are_gone() {
         p.flush(Duration::from_secs(60)).unwrap();
     };
     send(&recs(&c0, 4000, 81));
-    let r = env.spawn_replica("r1", &[]);
-    r.wait_for_log("partition starts", Duration::from_secs(60));
+    let r = env.spawn_replica(
+        "r1",
+        &[("SLUICE_FAILPOINT", "sleep_before_sysdb_commit:1"), ("SLUICE_FAILPOINT_SLEEP_MS", "10000")],
+    );
+    // Only partition 0 has records, so the stalled commit is partition 0's.
+    r.wait_for_log("fail point sleep_before_sysdb_commit reached", Duration::from_secs(60));
     let p1_records = recs(&c1, 20, 82);
     send(&p1_records);
-    // Partition 1's records are fetched and wait in their batch (linger 4 s); partition 0
-    // is still fetching its backlog. Delete everything below both high watermarks.
-    std::thread::sleep(Duration::from_millis(1500));
+    // Partition 1's records are fetched and wait in their batch; partition 0 is paused
+    // below its high watermark. Delete everything below both high watermarks.
+    std::thread::sleep(Duration::from_millis(1000));
     let highs: Vec<(i32, i64)> = (0..2).map(|p| (p, sluice_high(&topic, p))).collect();
     delete_records_before(&topic, &highs);
+    assert!(
+        !r.log_text().contains("sleep_before_sysdb_commit: awake"),
+        "the records were deleted after partition 0's stall ended: raise SLUICE_FAILPOINT_SLEEP_MS"
+    );
     let deadline = Instant::now() + Duration::from_secs(60);
     while !halted_partitions(&r.log_text()).contains(&0) {
         assert!(Instant::now() < deadline, "partition 0 lost its records but did not halt:\n{}", r.log_text());

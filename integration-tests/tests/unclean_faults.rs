@@ -48,10 +48,13 @@ fn watch_group_offsets(env: &Env, done: Arc<AtomicBool>) -> std::thread::JoinHan
                 if let Some(g) = group {
                     // The group offset is read after the sysdb position: a commit in between
                     // can only make it larger, so compare with a fresh sysdb read when needed.
+                    // That read may fail while a broker is down; only a read that succeeds
+                    // is evidence (the first one's sysdb value is stale by then).
                     if g > sysdb {
-                        let again = positions(&env).unwrap_or_default();
-                        let fresh = again.iter().find(|r| r.0 == p).map_or(sysdb, |r| r.2);
-                        assert!(g <= fresh, "partition {p}: group offset {g} ahead of the sysdb position {fresh}");
+                        let fresh = fresh_sysdb_position(&env, p);
+                        if let Some(fresh) = fresh {
+                            assert!(g <= fresh, "partition {p}: group offset {g} ahead of the sysdb position {fresh}");
+                        }
                     }
                     seen += 1;
                 }
@@ -60,6 +63,18 @@ fn watch_group_offsets(env: &Env, done: Arc<AtomicBool>) -> std::thread::JoinHan
         }
         seen
     })
+}
+
+/// Partition `p`'s sysdb position from the next `offsets show` that succeeds within 10 s.
+fn fresh_sysdb_position(env: &Env, p: i64) -> Option<i64> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < deadline {
+        if let Some(rows) = positions(env) {
+            return rows.iter().find(|r| r.0 == p).map(|r| r.2);
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    None
 }
 
 /// Every partition's lag is 0 and its sysdb position at the high watermark (false while
