@@ -5,7 +5,8 @@
 //! assignment (possibly empty) whose positions were loaded from the sysdb, and none of its
 //! assigned partitions is halted. Later rebalances do not flip readiness (a cooperative
 //! revoke is not always followed by an assignment callback); a halted partition does, until
-//! it is revoked or resumed.
+//! it is revoked or resumed, and so does a partition whose batch waits for a writer schema
+//! the schema registry cannot serve (it is named with the registry's error).
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -19,6 +20,8 @@ struct State {
     halted: BTreeMap<i32, String>,
     /// Set while sysdb calls fail with a retryable error: the last such error.
     sysdb_unavailable: Option<String>,
+    /// Partitions whose next batch waits for writer schemas the registry cannot serve.
+    waiting_for_schema: BTreeMap<i32, String>,
 }
 
 /// Shared between the processor (writer) and the HTTP server (reader).
@@ -76,11 +79,26 @@ impl Health {
         }
     }
 
+    /// A partition's batch waits for writer schemas the registry cannot serve (`Some`:
+    /// what it waits for) or no longer does (`None`).
+    pub fn set_waiting_for_schema(&self, partition: i32, waiting: Option<String>) {
+        let mut s = self.lock();
+        match waiting {
+            Some(w) => {
+                s.waiting_for_schema.insert(partition, w);
+            }
+            None => {
+                s.waiting_for_schema.remove(&partition);
+            }
+        }
+    }
+
     /// Revoked partitions are no longer this replica's concern.
     pub fn partitions_revoked(&self, partitions: &[i32]) {
         let mut s = self.lock();
         for p in partitions {
             s.halted.remove(p);
+            s.waiting_for_schema.remove(p);
         }
     }
 
@@ -100,6 +118,17 @@ impl Health {
         }
         if let Some(e) = &s.sysdb_unavailable {
             return Err(format!("sysdb unavailable (retrying with backoff): {e}"));
+        }
+        if !s.waiting_for_schema.is_empty() {
+            let each: Vec<String> = s
+                .waiting_for_schema
+                .iter()
+                .map(|(p, why)| format!("partition {p} waits for the schema registry: {why}"))
+                .collect();
+            return Err(format!(
+                "{} (the partition resumes by itself when the registry answers; check the registry's URL and health)",
+                each.join("; ")
+            ));
         }
         if !s.halted.is_empty() {
             let each: Vec<String> = s.halted.iter().map(|(p, why)| format!("partition {p} halted: {why}")).collect();
@@ -132,6 +161,14 @@ mod tests {
         h.set_sysdb_unavailable(Some("connection refused".into()));
         assert!(h.readiness().unwrap_err().contains("sysdb unavailable"));
         h.set_sysdb_unavailable(None);
+        assert_eq!(h.readiness(), Ok(()));
+        h.set_waiting_for_schema(3, Some("batch [10, 20): schema id 7: connection refused".into()));
+        let why = h.readiness().unwrap_err();
+        assert!(why.contains("partition 3 waits for the schema registry: batch [10, 20)"), "{why}");
+        h.set_waiting_for_schema(3, None);
+        assert_eq!(h.readiness(), Ok(()));
+        h.set_waiting_for_schema(4, Some("x".into()));
+        h.partitions_revoked(&[4]);
         assert_eq!(h.readiness(), Ok(()));
         h.stopping("shutdown requested");
         h.stopping("later reasons do not replace the first");

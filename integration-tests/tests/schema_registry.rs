@@ -26,7 +26,7 @@ use sluice_integration_tests::{
     both_backends, brokers, consume_all, free_port, registry_port_and_path, repo_root, require_kafka,
     require_schema_registry, schema_registry_url, small_workload, suffix, Env,
 };
-use sluice_integration_tests::{http, venv_python};
+use sluice_integration_tests::{http, http_get, venv_python};
 
 const V1: &str = "schemas/log_record.avsc";
 const V2: &str = "schemas/log_record.v2.avsc";
@@ -465,7 +465,9 @@ fn outage(env: Env) {
     let records = workload(&env, 60, 13);
     let (before, during) = records.split_at(20);
 
-    let mut replica = env.spawn_replica("r1", &[]);
+    let http_port = free_port();
+    let listen = format!("127.0.0.1:{http_port}");
+    let mut replica = env.spawn_replica("r1", &[("SLUICE_HTTP", listen.as_str())]);
     // The replica registered v1 at start (id 1 on the fresh instance).
     env.produce(&sluice_integration_tests::jsonl_lines(before));
     env.wait_caught_up(Duration::from_secs(120));
@@ -495,12 +497,21 @@ fn outage(env: Env) {
     std::thread::sleep(Duration::from_secs(10).saturating_sub(stopped.elapsed()));
     let rows = env.offsets();
     assert_eq!(rows[0]["sysdb_next_offset"].as_i64(), Some(first_v2), "the partition waits, nothing skipped: {rows:?}");
+    // The replica is not ready, and says which partition waits for what.
+    let (status, _, body) = http_get(http_port, "/readyz").expect("/readyz answers");
+    assert_eq!(status, 503, "/readyz while a partition waits for the registry: {body}");
+    assert!(
+        body.contains(&format!("partition 0 waits for the schema registry: batch [{first_v2}, ")),
+        "/readyz names the waiting partition and its batch: {body}"
+    );
 
     // Back (empty, in memory): the same registrations in the same order get the same ids.
     registry.start();
     assert_eq!(register(&url, &subject, &path(V1)), v1_id);
     assert_eq!(register(&url, &subject, &path(V2)), v2_id);
     env.wait_caught_up(Duration::from_secs(120));
+    let (status, _, body) = http_get(http_port, "/readyz").expect("/readyz answers");
+    assert_eq!(status, 200, "ready again once the registry answers: {body}");
     replica.terminate(Duration::from_secs(30));
     assert_eq!(dlq_entries(&env), vec![], "nothing in the DLQ while the registry was away");
     let log: Vec<(i64, LogRecord)> = offsets.into_iter().zip(records.iter().cloned()).collect();

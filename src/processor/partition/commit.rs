@@ -102,6 +102,9 @@ impl Worker {
             if !matches!(&outcome, Err(BatchError::Transient(_))) {
                 self.shared.health.set_sysdb_unavailable(None);
             }
+            if !matches!(&outcome, Err(BatchError::SchemaUnavailable(_))) {
+                self.shared.health.set_waiting_for_schema(self.partition, None);
+            }
             // A commit whose outcome was unknown (the connection dropped during COMMIT)
             // that in fact landed: the retry finds the position already at our `to`.
             let landed_before = retried
@@ -148,6 +151,10 @@ impl Worker {
                     return RangeOutcome::Abandoned;
                 }
                 Err(BatchError::SchemaUnavailable(e)) => {
+                    self.shared.health.set_waiting_for_schema(
+                        self.partition,
+                        Some(format!("batch [{}, {}): {e}", delta.from, delta.to)),
+                    );
                     warn!(error = %e, partition = self.partition, from = delta.from, to = delta.to, "writer schema unavailable; the batch waits and retries");
                 }
                 Err(BatchError::Transient(e)) => {
