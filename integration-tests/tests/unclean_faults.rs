@@ -1,6 +1,6 @@
 //! Unclean faults around the group: (a) `kill -9` of the partition leader and of the group
 //! coordinator on the three-broker cluster under load, (b) a cooperative revoke while a
-//! batch is held in flight, (c) group offset commits that fail. Each ends exact against the
+//! batch is held in flight, (c) group offset commits that hang or fail. Each ends exact against the
 //! reference model, with the group offset never ahead of the sysdb.
 //!
 //! In (a) a replica may exit on a fatal error when it cannot read a partition's
@@ -351,34 +351,63 @@ fn cooperative_revoke_while_a_batch_is_in_flight() {
 }
 
 // ---------------------------------------------------------------------------------------
-// c. The group commit fails: the replica stalls in it past max.poll.interval.ms, so the
-//    member has left the group when the commit is sent.
+// c. The group commit hangs (it runs on its own thread, so consumption goes on), then a
+//    commit fails (injected: with commits off the poll thread, a stalled commit no longer
+//    gets the member expelled, which is how this test used to make one fail).
 
 #[test]
 fn failing_group_commits_are_counted_and_harmless() {
     if !require_kafka() {
         return;
     }
-    let env = Env::sqlite("commit-fails").with_kafka("max_poll_interval_ms = 7000\n");
+    let env = Env::sqlite("commit-fails");
     env.run(&["init", "--partitions", "2"]);
-    let port = free_port();
+    let caught_up_in_sysdb =
+        |env: &Env| offsets(env).iter().all(|o| o["sysdb_next_offset"].as_i64() == o["high_watermark"].as_i64());
+    // 1. A group commit that hangs 12 s does not hold up consumption: the records
+    // produced meanwhile are applied while the commit thread still sleeps.
     let first = workload(600, 51, &env.prefix, 6, 60);
     env.produce(&jsonl_lines(&first));
-    let r = env.spawn_replica(
+    let mut r1 = env.spawn_replica(
         "r1",
         &[
             ("SLUICE_FAILPOINT", "sleep_before_group_commit:1"),
             ("SLUICE_FAILPOINT_SLEEP_MS", "12000"),
+            ("SLUICE_LOG", "info,sluice::kafka::consumer=debug"),
+        ],
+    );
+    wait_log(&r1, "fail point sleep_before_group_commit reached", WAIT);
+    let second = workload(600, 52, &env.prefix, 6, 60);
+    env.produce(&jsonl_lines(&second));
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !caught_up_in_sysdb(&env) {
+        assert!(Instant::now() < deadline, "not applied while the group commit hung:\n{}", tail(&r1.log_text()));
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert!(
+        !r1.log_text().contains("fail point sleep_before_group_commit: awake"),
+        "the records were applied only after the hung commit returned:\n{}",
+        tail(&r1.log_text())
+    );
+    assert_group_never_ahead(&env);
+    wait_log(&r1, "fail point sleep_before_group_commit: awake", WAIT);
+    assert_eq!(r1.terminate(Duration::from_secs(30)), Some(0), "r1 stops cleanly");
+
+    // 2. Commits the broker refuses are counted; a later one carries the sysdb position.
+    let port = free_port();
+    let r2 = env.spawn_replica(
+        "r2",
+        &[
+            ("SLUICE_FAILPOINT", "fail_group_commit:1"),
             ("SLUICE_HTTP", &format!("127.0.0.1:{port}")),
             ("SLUICE_LOG", "info,sluice::kafka::consumer=debug"),
         ],
     );
-    wait_log(&r, "fail point sleep_before_group_commit reached", WAIT);
-    assert_group_never_ahead(&env);
-    let second = workload(600, 52, &env.prefix, 6, 60);
-    env.produce(&jsonl_lines(&second));
-    wait_log(&r, "fail point sleep_before_group_commit: awake", WAIT);
-    wait_log(&r, "group offset commit failed", WAIT);
+    r2.wait_for_log("partition starts", WAIT);
+    let third = workload(600, 53, &env.prefix, 6, 60);
+    env.produce(&jsonl_lines(&third));
+    wait_log(&r2, "fail point fail_group_commit reached", WAIT);
+    wait_log(&r2, "group offset commit failed", WAIT);
     let failed = {
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
@@ -391,15 +420,14 @@ fn failing_group_commits_are_counted_and_harmless() {
         }
     };
     assert!(failed >= 1.0, "sluice_offset_commits_total{{result=\"failed\"}} moved: {failed}");
-    let all: Vec<LogRecord> = first.iter().chain(&second).cloned().collect();
+    let all: Vec<LogRecord> = first.iter().chain(&second).chain(&third).cloned().collect();
     env.wait_caught_up(WAIT);
     assert_records_match_model(&env, &all);
     assert_group_never_ahead(&env);
-    // A later commit carries the sysdb position.
     let deadline = Instant::now() + WAIT;
     while offsets(&env).iter().any(|o| o["group_offset"] != o["sysdb_next_offset"]) {
         assert_group_never_ahead(&env);
-        assert!(Instant::now() < deadline, "the group offset never caught up:\n{}", tail(&r.log_text()));
+        assert!(Instant::now() < deadline, "the group offset never caught up:\n{}", tail(&r2.log_text()));
         std::thread::sleep(Duration::from_millis(300));
     }
 }

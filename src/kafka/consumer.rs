@@ -439,12 +439,85 @@ impl ConsumerContext for Ctx {
 /// Group commits are coalesced to at most one per interval (they only lag anyway).
 const COMMIT_INTERVAL: Duration = Duration::from_millis(100);
 
+/// What the poll thread hands to the group-commit thread.
+enum CommitMsg {
+    /// Offsets the sysdb already holds (next offset per partition).
+    Offsets(Vec<(i32, i64)>),
+    /// Commit what is pending now, then stop (shutdown).
+    Finish,
+}
+
+/// The group-commit thread: commits run off the poll thread, so a slow coordinator (a
+/// synchronous commit took up to 180 ms under load) never stops the fetching of every
+/// partition. Requests arriving while a commit is in flight are merged (highest offset
+/// per partition) into the next one, at most one per [`COMMIT_INTERVAL`].
+///
+/// A commit may race a revoke on the poll thread; what it carries is still a position the
+/// sysdb holds (design.md invariant 3), and the group generation fences it: once the
+/// partition belongs to a new generation, a commit of the old one is refused.
+fn commit_loop(consumer: Arc<BaseConsumer<Ctx>>, requests: std_mpsc::Receiver<CommitMsg>) {
+    let mut last_commit: HashMap<i32, i64> = HashMap::new();
+    let mut pending: HashMap<i32, i64> = HashMap::new();
+    let mut last_commit_at = Instant::now() - COMMIT_INTERVAL;
+    // After a failed commit: the delay before the next attempt grows (100 ms to 5 s).
+    let mut interval = COMMIT_INTERVAL;
+    let mut failures = crate::retry::default_backoff();
+    let merge = |pending: &mut HashMap<i32, i64>, offsets: Vec<(i32, i64)>| {
+        for (p, o) in offsets {
+            let e = pending.entry(p).or_insert(o);
+            *e = (*e).max(o);
+        }
+    };
+    loop {
+        let wait = interval.saturating_sub(last_commit_at.elapsed());
+        // A closed channel (the poll thread is gone) is a finish too.
+        let (first, mut finish) = if pending.is_empty() {
+            match requests.recv() {
+                Ok(m) => (Some(m), false),
+                Err(_) => (None, true),
+            }
+        } else {
+            match requests.recv_timeout(wait) {
+                Ok(m) => (Some(m), false),
+                Err(std_mpsc::RecvTimeoutError::Timeout) => (None, false),
+                Err(std_mpsc::RecvTimeoutError::Disconnected) => (None, true),
+            }
+        };
+        for msg in first.into_iter().chain(std::iter::from_fn(|| requests.try_recv().ok())) {
+            match msg {
+                CommitMsg::Offsets(offsets) => merge(&mut pending, offsets),
+                CommitMsg::Finish => finish = true,
+            }
+        }
+        if !pending.is_empty() && (finish || last_commit_at.elapsed() >= interval) {
+            if commit_pending(&consumer, &mut pending, &mut last_commit) {
+                interval = COMMIT_INTERVAL;
+                failures = crate::retry::default_backoff();
+            } else {
+                interval = failures.next().unwrap_or(Duration::from_secs(5)).max(COMMIT_INTERVAL);
+            }
+            last_commit_at = Instant::now();
+        }
+        if finish {
+            return;
+        }
+    }
+}
+
 /// Commit the pending group offsets synchronously: only for partitions we own, only
 /// forward (design.md invariant 3). Synchronous because rust-rdkafka 0.39 never delivers the
 /// results of manual async commits to `commit_callback` (rust-rdkafka #856), and the
 /// result is what the `sluice_offset_commits_total{result}` counter reports. Coalescing
 /// keeps this to one short round trip per interval.
-fn commit_pending(consumer: &BaseConsumer<Ctx>, pending: &mut HashMap<i32, i64>, last_commit: &mut HashMap<i32, i64>) {
+///
+/// A failed commit puts its offsets back into `pending` (unless newer ones arrived) and
+/// returns false: the caller retries after a backoff, so the last commit of an idle
+/// partition is not lost to one refusal.
+fn commit_pending(
+    consumer: &BaseConsumer<Ctx>,
+    pending: &mut HashMap<i32, i64>,
+    last_commit: &mut HashMap<i32, i64>,
+) -> bool {
     let ctx = consumer.context();
     let assigned = ctx.state().assigned.clone();
     let mut tpl = TopicPartitionList::new();
@@ -456,20 +529,31 @@ fn commit_pending(consumer: &BaseConsumer<Ctx>, pending: &mut HashMap<i32, i64>,
         }
     }
     if sent.is_empty() {
-        return;
+        return true;
     }
     crate::failpoint::hit("before_group_commit");
-    match consumer.commit(&tpl, CommitMode::Sync) {
+    let result = if crate::failpoint::fail("group_commit") {
+        Err(RdError::ConsumerCommit(RDKafkaErrorCode::RebalanceInProgress))
+    } else {
+        consumer.commit(&tpl, CommitMode::Sync)
+    };
+    match result {
         Ok(()) => {
             crate::failpoint::hit("after_group_commit");
             ctx.stats.commits_ok.fetch_add(1, Ordering::Relaxed);
             last_commit.extend(sent);
+            true
         }
         Err(e) => {
             // Expected around revokes (ILLEGAL_GENERATION, "Erroneous state"): group
-            // offsets are best effort; a later commit carries a newer value.
+            // offsets only lag; the same offsets (or newer ones) are committed later.
             ctx.stats.commits_failed.fetch_add(1, Ordering::Relaxed);
-            debug!(%e, "group offset commit failed (best effort)");
+            debug!(%e, "group offset commit failed (best effort); retrying later");
+            for (p, o) in sent {
+                let e = pending.entry(p).or_insert(o);
+                *e = (*e).max(o);
+            }
+            false
         }
     }
 }
@@ -594,10 +678,20 @@ fn out_of_range_partitions(consumer: &BaseConsumer<Ctx>) -> Vec<i32> {
 }
 
 fn poll_loop(consumer: BaseConsumer<Ctx>, commands: std_mpsc::Receiver<Command>) {
+    let consumer = Arc::new(consumer);
+    let (commit_tx, commit_rx) = std_mpsc::channel();
+    let committer = {
+        let consumer = Arc::clone(&consumer);
+        std::thread::Builder::new().name("sluice-group-commit".into()).spawn(move || commit_loop(consumer, commit_rx))
+    };
+    let committer = match committer {
+        Ok(t) => t,
+        Err(e) => {
+            push(consumer.context(), Event::Fatal(format!("cannot spawn the group-commit thread: {e}")));
+            return;
+        }
+    };
     let ctx = consumer.context();
-    let mut last_commit: HashMap<i32, i64> = HashMap::new();
-    let mut pending_commits: HashMap<i32, i64> = HashMap::new();
-    let mut last_commit_at = Instant::now();
     let mut last_position_check = Instant::now();
     let mut seeks: HashMap<i32, PendingSeek> = HashMap::new();
     let mut shutting_down = false;
@@ -606,11 +700,8 @@ fn poll_loop(consumer: BaseConsumer<Ctx>, commands: std_mpsc::Receiver<Command>)
         while let Ok(cmd) = commands.try_recv() {
             match cmd {
                 Command::Commit(offsets) => {
-                    // Coalesced below: at most one commit per COMMIT_INTERVAL.
-                    for (p, o) in offsets {
-                        let e = pending_commits.entry(p).or_insert(o);
-                        *e = (*e).max(o);
-                    }
+                    // Coalesced there: at most one commit per COMMIT_INTERVAL.
+                    let _ = commit_tx.send(CommitMsg::Offsets(offsets));
                 }
                 Command::Pause(ps) => {
                     ctx.state().held.extend(ps.iter().copied());
@@ -638,11 +729,12 @@ fn poll_loop(consumer: BaseConsumer<Ctx>, commands: std_mpsc::Receiver<Command>)
                 Command::Shutdown => shutting_down = true,
             }
         }
-        if !pending_commits.is_empty() && (shutting_down || last_commit_at.elapsed() >= COMMIT_INTERVAL) {
-            commit_pending(&consumer, &mut pending_commits, &mut last_commit);
-            last_commit_at = Instant::now();
-        }
         if shutting_down {
+            // The last group commit before leaving the group.
+            let _ = commit_tx.send(CommitMsg::Finish);
+            if committer.join().is_err() {
+                warn!("the group-commit thread panicked");
+            }
             break;
         }
         let due: Vec<(i32, i64, u32)> = seeks
@@ -708,7 +800,8 @@ fn poll_loop(consumer: BaseConsumer<Ctx>, commands: std_mpsc::Receiver<Command>)
     // Leave the group: dropping closes the consumer queue and polls until closed, which
     // runs the revoke path through our callback. It is unbounded, which
     // is why it happens here, on our own thread: `ConsumerHandle::shutdown` waits for it
-    // with a timeout and leaves the thread behind if it hangs.
+    // with a timeout and leaves the thread behind if it hangs. The group-commit thread
+    // has ended, so this is the last reference.
     drop(consumer);
     info!("consumer stopped");
 }
