@@ -138,13 +138,13 @@ def mapping(loader, node):
     keys = [loader.construct_object(k, deep=True) for k, _ in node.value]
     dup = sorted({str(k) for k in keys if keys.count(k) > 1})
     if dup:
-        sys.exit(f"{sys.argv[1]}: duplicate key(s) {dup} in one mapping (line {node.start_mark.line + 1})")
+        sys.exit(f"[validate.sh] ERROR: {sys.argv[1]}: duplicate key(s) {dup} in one mapping (line {node.start_mark.line + 1})")
     return loader.construct_mapping(node, deep=True)
 Strict.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, mapping)
 docs = [d for d in yaml.load_all(open(sys.argv[1]), Loader=Strict) if d is not None]
 core = [d for d in docs if d.get("kind") not in ("PodMonitor", "PrometheusRule", "ScaledObject")]
 if not core:
-    sys.exit(f"{sys.argv[1]}: no resources rendered")
+    sys.exit(f"[validate.sh] ERROR: {sys.argv[1]}: no resources rendered")
 yaml.safe_dump_all(core, open(sys.argv[2], "w"), sort_keys=False)
 PYEOF
     step "kubernetes-validate --strict (helm template, $v values)"
@@ -406,11 +406,12 @@ for f in os.listdir(kdir):
 for kind in ("ConfigMap", "Secret", "Deployment", "Service", "PodDisruptionBudget", "Job"):
     if kind not in docs_by_kind:
         err(f"{kdir}: no {kind}")
-def check_processor(where, by_kind, workload_kind, env_out):
+def check_processor(where, by_kind, workload_kind, env_out, external_secret=None):
     """The checks every packaging of the replicas must pass (kustomize manifests, the Helm
     chart's renderings). Writes the replicas' sluice.toml and environment (SLUICE_SYSDB from
     the Secret, field references as the pod of ordinal 0 sees them) for `sluice config
-    show`, and returns the workload, or None when something is missing."""
+    show`, and returns the workload, or None when something is missing. external_secret:
+    the name of a Secret managed outside the rendering that may hold SLUICE_SYSDB."""
     n_errors = len(errors)
     for kind in ("ConfigMap", workload_kind, "Service", "PodDisruptionBudget", "Job"):
         if kind not in by_kind:
@@ -457,9 +458,11 @@ def check_processor(where, by_kind, workload_kind, env_out):
         sysdb = secrets[sysdb_ref[0]].get("stringData", {}).get(sysdb_ref[1])
         if not sysdb:
             err(f"{where}: the Secret {sysdb_ref[0]} has no {sysdb_ref[1]}")
-    else:
+    elif sysdb_ref[0] == external_secret:
         # A Secret managed outside (helm: sysdb.existingSecret): any valid URL stands in.
         sysdb = "postgres://sluice:secret@postgres:5432/sluice"
+    else:
+        err(f"{where}: SLUICE_SYSDB comes from Secret {sysdb_ref[0]}, which is not rendered here")
     listen_port = int(cfg.get("http", {}).get("listen", ":0").rsplit(":", 1)[1])
     ports = {p["name"]: p["containerPort"] for p in c.get("ports", [])}
     if ports.get("metrics") != listen_port:
@@ -580,7 +583,7 @@ for variant in helm_variants:
         err(f"{chart}/values.yaml: keda must be off by default")
     if errors:
         continue
-    sts = check_processor(where, by_kind, "StatefulSet", f"helm-{variant}")
+    sts = check_processor(where, by_kind, "StatefulSet", f"helm-{variant}", vals.get("sysdb", {}).get("existingSecret"))
     if sts is None:
         continue
     name = sts["metadata"]["name"]
@@ -646,9 +649,12 @@ for variant in helm_variants:
                    for r in ep.get("relabelings", [])):
             err(f"{where}: the PodMonitor must label its targets job=\"sluice\" (the alert rules select it)")
     # PrometheusRule: the rule file's groups, sluice:expected_replicas set from the values.
-    expected = sts["spec"].get("replicas")
-    if keda_on:
-        expected = by_kind["ScaledObject"][0]["spec"].get("minReplicaCount")
+    # How many replicas the values ask for (KEDA: its minimum).
+    def value(section, key):
+        return vals.get(section, {}).get(key, chart_values[section][key])
+    expected = value("keda", "minReplicaCount") if keda_on else vals.get("replicaCount", chart_values["replicaCount"])
+    if not keda_on and sts["spec"].get("replicas") != expected:
+        err(f"{where}: StatefulSet replicas {sts['spec'].get('replicas')} != replicaCount {expected}")
     want_groups = json.loads(json.dumps(rule_groups))
     for g in want_groups:
         for r in g["rules"]:
@@ -665,9 +671,13 @@ for variant in helm_variants:
     if spec.get("groups") != want_groups:
         got = {(g.get("name"), r.get("alert") or r.get("record")) for g in spec.get("groups", []) for r in g.get("rules", [])}
         wanted = {(g["name"], r.get("alert") or r.get("record")) for g in want_groups for r in g["rules"]}
+        def by_name(groups):
+            return {(g.get("name"), r.get("alert") or r.get("record")): r for g in groups for r in g.get("rules", [])}
+        have, need = by_name(spec.get("groups", [])), by_name(want_groups)
+        changed = sorted(k for k in have.keys() & need.keys() if have[k] != need[k])
         err(f"{where}: the PrometheusRule's groups differ from deploy/prometheus/rules/sluice.rules.yml "
             f"(with sluice:expected_replicas = vector({expected})); only in the chart: {sorted(got - wanted)}, "
-            f"only in the file: {sorted(wanted - got)}")
+            f"only in the file: {sorted(wanted - got)}, different: {changed}")
     # ScaledObject
     if keda_on:
         so = by_kind["ScaledObject"][0]
