@@ -123,8 +123,10 @@ else
       "$HELM" lint --strict --quiet --kube-version "$KUBE_VERSION" $CHART ${HELM_ARGS[$v]} >"$TMP/helm-lint-$v.log" 2>&1 \
         || { cat "$TMP/helm-lint-$v.log" >&2; die "helm lint --strict $CHART ${HELM_ARGS[$v]} failed"; }
       step "helm template $CHART ${HELM_ARGS[$v]}"
-      "$HELM" template sluice $CHART --namespace sluice-test --kube-version "$KUBE_VERSION" ${HELM_ARGS[$v]} >"$TMP/helm-$v.yaml" \
-        || die "helm template $CHART ${HELM_ARGS[$v]} failed"
+      # (stderr to a file: helm notes there that files/sluice.rules.yml is a symbolic link)
+      "$HELM" template sluice $CHART --namespace sluice-test --kube-version "$KUBE_VERSION" ${HELM_ARGS[$v]} \
+        >"$TMP/helm-$v.yaml" 2>"$TMP/helm-$v.err" \
+        || { cat "$TMP/helm-$v.err" >&2; die "helm template $CHART ${HELM_ARGS[$v]} failed"; }
     }
     # Core kinds to kubernetes-validate, the Prometheus Operator's and KEDA's to the
     # structural checks below (the validator ships no schemas for them).
