@@ -6,6 +6,13 @@
 #   check-jsonschema   deploy/compose.yaml against the compose-spec schema it vendors
 #   kubernetes-validate --strict: deploy/kubernetes/*.yaml against the Kubernetes schemas it
 #                      ships (the kustomization is checked structurally)
+#   helm               lint --strict deploy/helm/sluice, and template it twice: default values
+#                      and ci/all-on-values.yaml (every option on). Each rendering: its core
+#                      kinds through kubernetes-validate --strict, its CRD kinds (PodMonitor,
+#                      PrometheusRule, ScaledObject) checked structurally, the PrometheusRule's
+#                      groups equal to deploy/prometheus/rules/sluice.rules.yml, the
+#                      StatefulSet's instance id taken from the pod name, and the rendered
+#                      sluice.toml + environment through `sluice config show`
 #   hadolint           Dockerfile
 #   sluice config show the ConfigMap's sluice.toml + the Secret's SLUICE_SYSDB, and the
 #                      compose replicas' environment: every key is accepted by the binary
@@ -16,6 +23,9 @@
 # Usage: deploy/validate.sh
 # Environment:
 #   SLUICE_BIN   the sluice binary (default: target/debug/sluice; `cargo build --bin sluice`)
+#   HELM         the helm binary (default: .local/bin/helm, built by deploy/local/deps.sh,
+#                else helm on PATH). Without helm the chart checks are skipped with a
+#                warning, unless CI is set: then a missing helm is an error.
 # The Python tools are pinned below and installed on first use into the git-ignored
 # $REPO/.local/deploy-venv (from PyPI; afterwards everything runs offline). promtool comes
 # with Prometheus (deploy/local/prometheus.sh or deploy/local/deps.sh installs it).
@@ -32,6 +42,13 @@ REQUIREMENTS=(
   'PyYAML==6.0.4'
 )
 SLUICE_BIN="${SLUICE_BIN:-$REPO/target/debug/sluice}"
+CHART=deploy/helm/sluice
+# The Kubernetes version the chart is rendered for and validated against (helm built with
+# `go install` assumes v1.20 otherwise; kubernetes-validate 1.37.0 ships up to 1.37).
+KUBE_VERSION=1.37.0
+if [ -z "${HELM:-}" ]; then
+  if [ -x "$REPO/.local/bin/helm" ]; then HELM="$REPO/.local/bin/helm"; else HELM="$(command -v helm || true)"; fi
+fi
 
 log() { printf '[validate.sh] %s\n' "$*" >&2; }
 die() { printf '[validate.sh] ERROR: %s\n' "$*" >&2; exit 1; }
@@ -89,12 +106,62 @@ fi
 TMP="$(mktemp -d)"
 trap 'rm -rf "$TMP"' EXIT
 
-step "structure and consistency (dashboard, provisioning, compose, kubernetes, rules, docs)"
-"$PY" - "$TMP" <<'PYEOF'
+# ---------------------------------------------------------------- helm chart
+HELM_VARIANTS=()
+if [ -z "$HELM" ] || ! [ -x "$HELM" ]; then
+  if [ -n "${CI:-}" ] && [ "${CI:-}" != false ]; then
+    die "helm not found (CI is set, so the chart must be checked). Fix: deploy/local/deps.sh (builds helm into .local/bin) or set HELM"
+  fi
+  log "WARNING: helm not found: deploy/helm/sluice is NOT checked. Fix: deploy/local/deps.sh (builds helm into .local/bin) or set HELM"
+else
+  # name of the variant -> extra helm arguments
+  declare -A HELM_ARGS=([default]="" [all-on]="-f $CHART/ci/all-on-values.yaml")
+  for v in default all-on; do
+    # shellcheck disable=SC2086 # the extra arguments are words
+    {
+      step "helm lint --strict $CHART ${HELM_ARGS[$v]}"
+      "$HELM" lint --strict --quiet --kube-version "$KUBE_VERSION" $CHART ${HELM_ARGS[$v]} >"$TMP/helm-lint-$v.log" 2>&1 \
+        || { cat "$TMP/helm-lint-$v.log" >&2; die "helm lint --strict $CHART ${HELM_ARGS[$v]} failed"; }
+      step "helm template $CHART ${HELM_ARGS[$v]}"
+      # (stderr to a file: helm notes there that files/sluice.rules.yml is a symbolic link)
+      "$HELM" template sluice $CHART --namespace sluice-test --kube-version "$KUBE_VERSION" ${HELM_ARGS[$v]} \
+        >"$TMP/helm-$v.yaml" 2>"$TMP/helm-$v.err" \
+        || { cat "$TMP/helm-$v.err" >&2; die "helm template $CHART ${HELM_ARGS[$v]} failed"; }
+    }
+    # Core kinds to kubernetes-validate, the Prometheus Operator's and KEDA's to the
+    # structural checks below (the validator ships no schemas for them).
+    "$PY" - "$TMP/helm-$v.yaml" "$TMP/helm-$v-core.yaml" <<'PYEOF'
+import sys, yaml
+# A key twice in one mapping (e.g. a label from two helpers): PyYAML keeps the last one
+# silently, the API server refuses the object.
+class Strict(yaml.SafeLoader):
+    pass
+def mapping(loader, node):
+    keys = [loader.construct_object(k, deep=True) for k, _ in node.value]
+    dup = sorted({str(k) for k in keys if keys.count(k) > 1})
+    if dup:
+        sys.exit(f"[validate.sh] ERROR: {sys.argv[1]}: duplicate key(s) {dup} in one mapping (line {node.start_mark.line + 1})")
+    return loader.construct_mapping(node, deep=True)
+Strict.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, mapping)
+docs = [d for d in yaml.load_all(open(sys.argv[1]), Loader=Strict) if d is not None]
+core = [d for d in docs if d.get("kind") not in ("PodMonitor", "PrometheusRule", "ScaledObject")]
+if not core:
+    sys.exit(f"[validate.sh] ERROR: {sys.argv[1]}: no resources rendered")
+yaml.safe_dump_all(core, open(sys.argv[2], "w"), sort_keys=False)
+PYEOF
+    step "kubernetes-validate --strict (helm template, $v values)"
+    "$VENV/bin/kubernetes-validate" --strict --quiet -k "$KUBE_VERSION" "$TMP/helm-$v-core.yaml"
+    HELM_VARIANTS+=("$v")
+  done
+fi
+
+step "structure and consistency (dashboard, provisioning, compose, kubernetes, helm, rules, docs)"
+"$PY" - "$TMP" "${HELM_VARIANTS[@]}" <<'PYEOF'
 import json, os, re, sys, tomllib
 import yaml
 
 tmp = sys.argv[1]
+helm_variants = sys.argv[2:]
 errors = []
 def err(msg):
     errors.append(msg)
@@ -341,55 +408,299 @@ for f in os.listdir(kdir):
 for kind in ("ConfigMap", "Secret", "Deployment", "Service", "PodDisruptionBudget", "Job"):
     if kind not in docs_by_kind:
         err(f"{kdir}: no {kind}")
-if not errors:
-    cm = docs_by_kind["ConfigMap"][0]
-    secret = docs_by_kind["Secret"][0]
-    dep = docs_by_kind["Deployment"][0]
-    svc = docs_by_kind["Service"][0]
+def check_processor(where, by_kind, workload_kind, env_out, external_secret=None):
+    """The checks every packaging of the replicas must pass (kustomize manifests, the Helm
+    chart's renderings). Writes the replicas' sluice.toml and environment (SLUICE_SYSDB from
+    the Secret, field references as the pod of ordinal 0 sees them) for `sluice config
+    show`, and returns the workload, or None when something is missing. external_secret:
+    the name of a Secret managed outside the rendering that may hold SLUICE_SYSDB."""
+    n_errors = len(errors)
+    for kind in ("ConfigMap", workload_kind, "Service", "PodDisruptionBudget", "Job"):
+        if kind not in by_kind:
+            err(f"{where}: no {kind}")
+    if len(errors) > n_errors:
+        return None
+    work = by_kind[workload_kind][0]
+    pod = work["spec"]["template"]
+    c = pod["spec"]["containers"][0]
+    vols = {v["name"]: v for v in pod["spec"].get("volumes", [])}
+    cms = {d["metadata"]["name"]: d for d in by_kind["ConfigMap"]}
+    secrets = {d["metadata"]["name"]: d for d in by_kind.get("Secret", [])}
+    cm_names = [v["configMap"]["name"] for v in vols.values() if "configMap" in v]
+    if not cm_names or cm_names[0] not in cms:
+        err(f"{where}: the {workload_kind} mounts no ConfigMap of the rendering ({cm_names})")
+        return None
+    cm = cms[cm_names[0]]
     toml_text = cm["data"]["sluice.toml"]
     cfg = tomllib.loads(toml_text)
-    open(os.path.join(tmp, "sluice.toml"), "w").write(toml_text)
-    sysdb = secret.get("stringData", {}).get("SLUICE_SYSDB")
-    if not sysdb:
-        err(f"{kdir}: the Secret must hold SLUICE_SYSDB")
-    else:
-        open(os.path.join(tmp, "sysdb.env"), "w").write(f"SLUICE_SYSDB={sysdb}\n")
     if "sysdb" in cfg:
-        err(f"{kdir}/configmap.yaml: the sysdb URL belongs in the Secret, not in sluice.toml")
+        err(f"{where}: the sysdb URL belongs in the Secret, not in sluice.toml")
+    env_list = c.get("env", [])
+    env = {e["name"]: e.get("value") for e in env_list}
+    if env.get("SLUICE_CONFIG") != "/etc/sluice/sluice.toml":
+        err(f"{where}: SLUICE_CONFIG must name the mounted sluice.toml")
+    if not any(m.get("mountPath") == "/etc/sluice" and vols.get(m["name"], {}).get("configMap") for m in c.get("volumeMounts", [])):
+        err(f"{where}: the ConfigMap is not mounted at /etc/sluice")
+    # SLUICE_SYSDB comes from a Secret: all of it (envFrom) or one key (secretKeyRef).
+    sysdb_ref = None
+    for e in env_list:
+        if e["name"] == "SLUICE_SYSDB":
+            ref = e.get("valueFrom", {}).get("secretKeyRef")
+            if not ref:
+                err(f"{where}: SLUICE_SYSDB must come from a Secret (it holds a password)")
+            else:
+                sysdb_ref = (ref.get("name"), ref.get("key"))
+    for ef in c.get("envFrom", []):
+        if "secretRef" in ef:
+            sysdb_ref = sysdb_ref or (ef["secretRef"].get("name"), "SLUICE_SYSDB")
+    sysdb = None
+    if not sysdb_ref:
+        err(f"{where}: SLUICE_SYSDB is not taken from a Secret")
+    elif sysdb_ref[0] in secrets:
+        sysdb = secrets[sysdb_ref[0]].get("stringData", {}).get(sysdb_ref[1])
+        if not sysdb:
+            err(f"{where}: the Secret {sysdb_ref[0]} has no {sysdb_ref[1]}")
+    elif sysdb_ref[0] == external_secret:
+        # A Secret managed outside (helm: sysdb.existingSecret): any valid URL stands in.
+        sysdb = "postgres://sluice:secret@postgres:5432/sluice"
+    else:
+        err(f"{where}: SLUICE_SYSDB comes from Secret {sysdb_ref[0]}, which is not rendered here")
     listen_port = int(cfg.get("http", {}).get("listen", ":0").rsplit(":", 1)[1])
-    pod = dep["spec"]["template"]
-    c = pod["spec"]["containers"][0]
     ports = {p["name"]: p["containerPort"] for p in c.get("ports", [])}
     if ports.get("metrics") != listen_port:
-        err(f"{kdir}/deployment.yaml: container port metrics {ports.get('metrics')} != [http] listen port {listen_port}")
-    if dep["spec"].get("replicas", 1) < 2:
-        err(f"{kdir}/deployment.yaml: run several replicas")
+        err(f"{where}: container port metrics {ports.get('metrics')} != [http] listen port {listen_port}")
     if c.get("readinessProbe", {}).get("httpGet", {}).get("path") != "/readyz":
-        err(f"{kdir}/deployment.yaml: readinessProbe must GET /readyz")
+        err(f"{where}: readinessProbe must GET /readyz")
     if c.get("livenessProbe", {}).get("httpGet", {}).get("path") != "/healthz":
-        err(f"{kdir}/deployment.yaml: livenessProbe must GET /healthz")
+        err(f"{where}: livenessProbe must GET /healthz")
     if c.get("args") != ["process"]:
-        err(f"{kdir}/deployment.yaml: the container must run `sluice process`")
-    env = {e["name"]: e.get("value") for e in c.get("env", [])}
-    if env.get("SLUICE_CONFIG") != "/etc/sluice/sluice.toml":
-        err(f"{kdir}/deployment.yaml: SLUICE_CONFIG must name the mounted sluice.toml")
-    if not any(e.get("secretRef", {}).get("name") == secret["metadata"]["name"] for e in c.get("envFrom", [])):
-        err(f"{kdir}/deployment.yaml: SLUICE_SYSDB must come from the Secret {secret['metadata']['name']}")
-    vols = {v["name"]: v for v in pod["spec"].get("volumes", [])}
-    if not any(v.get("configMap", {}).get("name") == cm["metadata"]["name"] for v in vols.values()):
-        err(f"{kdir}/deployment.yaml: the ConfigMap {cm['metadata']['name']} is not mounted")
+        err(f"{where}: the container must run `sluice process`")
     shutdown_s = cfg.get("processor", {}).get("shutdown_timeout_ms", 20000) / 1000
     if pod["spec"].get("terminationGracePeriodSeconds", 30) <= shutdown_s:
-        err(f"{kdir}/deployment.yaml: terminationGracePeriodSeconds must exceed processor.shutdown_timeout_ms")
+        err(f"{where}: terminationGracePeriodSeconds must exceed processor.shutdown_timeout_ms")
     labels = pod["metadata"]["labels"]
-    for what, sel in (("Service", svc["spec"]["selector"]), ("Deployment", dep["spec"]["selector"]["matchLabels"]),
-                      ("PodDisruptionBudget", docs_by_kind["PodDisruptionBudget"][0]["spec"]["selector"]["matchLabels"])):
+    svc = by_kind["Service"][0]
+    for what, sel in ((f"Service {svc['metadata']['name']}", svc["spec"]["selector"]),
+                      (workload_kind, work["spec"]["selector"]["matchLabels"]),
+                      ("PodDisruptionBudget", by_kind["PodDisruptionBudget"][0]["spec"]["selector"]["matchLabels"])):
         if any(labels.get(k) != v for k, v in sel.items()):
-            err(f"{kdir}: the {what} selector {sel} does not match the pod labels {labels}")
+            err(f"{where}: the {what} selector {sel} does not match the pod labels {labels}")
     if not svc["spec"].get("publishNotReadyAddresses"):
-        err(f"{kdir}/service.yaml: publishNotReadyAddresses must be true (unready replicas are still scraped)")
+        err(f"{where}: the Service must set publishNotReadyAddresses (unready replicas are still scraped)")
     if not any(p.get("targetPort") == "metrics" for p in svc["spec"]["ports"]):
-        err(f"{kdir}/service.yaml: must expose the metrics port")
+        err(f"{where}: the Service must expose the metrics port")
+    # The init Job: `sluice init` with the same sluice.toml and sysdb.
+    job = by_kind["Job"][0]
+    jc = job["spec"]["template"]["spec"]["containers"][0]
+    if jc.get("args") != ["init"]:
+        err(f"{where}: the Job must run `sluice init`")
+    jvols = {v["name"]: v for v in job["spec"]["template"]["spec"].get("volumes", [])}
+    jcm = [v["configMap"]["name"] for v in jvols.values() if "configMap" in v]
+    if not jcm or jcm[0] not in cms or cms[jcm[0]]["data"].get("sluice.toml") != toml_text:
+        err(f"{where}: the init Job must mount a ConfigMap of the rendering with the replicas' sluice.toml ({jcm})")
+    # What `sluice config show` gets: the container's environment as pod 0 sees it.
+    lines = [f"SLUICE_CONFIG={os.path.join(tmp, env_out + '.toml')}"]
+    for e in env_list:
+        name = e["name"]
+        if name == "SLUICE_CONFIG":
+            continue
+        vf = e.get("valueFrom", {})
+        if "value" in e:
+            value = e["value"]
+        elif name == "SLUICE_SYSDB":
+            value = sysdb
+        elif vf.get("fieldRef", {}).get("fieldPath") == "metadata.name":
+            value = work["metadata"]["name"] + "-0"
+        elif "secretKeyRef" in vf:
+            value = "secret-from-" + vf["secretKeyRef"]["name"]
+        else:
+            err(f"{where}: env {name}: unexpected source {vf}")
+            continue
+        if name.startswith("SLUICE_") and "__" not in name and name not in known_env:
+            err(f"{where}: env {name} is not a variable Sluice reads (known: {sorted(known_env)})")
+        lines.append(f"{name}={value}")
+    if not any(l.startswith("SLUICE_SYSDB=") for l in lines) and sysdb:
+        lines.append(f"SLUICE_SYSDB={sysdb}")
+    open(os.path.join(tmp, env_out + ".toml"), "w").write(toml_text)
+    open(os.path.join(tmp, env_out + ".env"), "w").write("".join(l + "\n" for l in lines))
+    return work
+
+if not errors:
+    dep = check_processor(kdir, docs_by_kind, "Deployment", "k8s")
+    if dep is not None and dep["spec"].get("replicas", 1) < 2:
+        err(f"{kdir}/deployment.yaml: run several replicas")
+
+# ---------------------------------------------------------------- helm chart renderings
+CRD_KINDS = {"PodMonitor": "monitoring.coreos.com/v1", "PrometheusRule": "monitoring.coreos.com/v1",
+             "ScaledObject": "keda.sh/v1alpha1"}
+# The fields of these CRDs the chart may set (a misspelt one is dropped or refused by the
+# API server; the validator has no schema for them, so this list stands in).
+CRD_FIELDS = {
+    "PodMonitor.spec": {"selector", "podMetricsEndpoints", "namespaceSelector", "jobLabel", "podTargetLabels", "sampleLimit"},
+    "PodMonitor.endpoint": {"port", "path", "interval", "scrapeTimeout", "relabelings", "metricRelabelings", "scheme", "honorLabels"},
+    "PodMonitor.relabeling": {"action", "sourceLabels", "separator", "targetLabel", "regex", "replacement", "modulus"},
+    "PrometheusRule.spec": {"groups"},
+    "PrometheusRule.group": {"name", "rules", "interval", "limit"},
+    "PrometheusRule.rule": {"alert", "record", "expr", "for", "labels", "annotations", "keep_firing_for"},
+    "ScaledObject.spec": {"scaleTargetRef", "minReplicaCount", "maxReplicaCount", "pollingInterval", "cooldownPeriod",
+                          "idleReplicaCount", "advanced", "triggers", "fallback", "initialCooldownPeriod"},
+    "ScaledObject.scaleTargetRef": {"apiVersion", "kind", "name", "envSourceContainerName"},
+    "ScaledObject.trigger": {"type", "metadata", "name", "metricType", "authenticationRef", "useCachedMetrics"},
+}
+def fields(where, obj, key):
+    if not isinstance(obj, dict):
+        err(f"{where}: {key} must be a mapping, got {obj!r}")
+        return {}
+    extra = set(obj) - CRD_FIELDS[key]
+    if extra:
+        err(f"{where}: unknown field(s) {sorted(extra)} in {key} (known: {sorted(CRD_FIELDS[key])})")
+    return obj
+
+rule_groups = load_yaml("deploy/prometheus/rules/sluice.rules.yml")["groups"]
+chart = "deploy/helm/sluice"
+chart_values = load_yaml(os.path.join(chart, "values.yaml"))
+variant_values = {"default": {}, "all-on": load_yaml(os.path.join(chart, "ci/all-on-values.yaml"))}
+for variant in helm_variants:
+    where = f"helm template {chart} ({variant} values)"
+    docs = load_all(os.path.join(tmp, f"helm-{variant}.yaml"))
+    by_kind = {}
+    for d in docs:
+        by_kind.setdefault(d.get("kind"), []).append(d)
+        for k in ("apiVersion", "kind", "metadata"):
+            if not d.get(k):
+                err(f"{where}: a document without {k}: {str(d)[:120]}")
+        if not d.get("metadata", {}).get("name"):
+            err(f"{where}: {d.get('kind')} without metadata.name")
+        if d.get("kind") in CRD_KINDS and d.get("apiVersion") != CRD_KINDS[d["kind"]]:
+            err(f"{where}: {d['kind']} must be {CRD_KINDS[d['kind']]}, not {d.get('apiVersion')}")
+        if d.get("kind") in CRD_KINDS and not isinstance(d.get("spec"), dict):
+            err(f"{where}: {d['kind']} has no spec")
+    vals = variant_values[variant]
+    keda_on = vals.get("keda", {}).get("enabled", chart_values["keda"]["enabled"])
+    want = {"PodMonitor": True, "PrometheusRule": True, "ScaledObject": keda_on}
+    for kind, present in want.items():
+        if present != (kind in by_kind):
+            err(f"{where}: {kind} {'missing' if present else 'rendered although it is off'}")
+    if variant == "default" and keda_on:
+        err(f"{chart}/values.yaml: keda must be off by default")
+    if errors:
+        continue
+    sts = check_processor(where, by_kind, "StatefulSet", f"helm-{variant}", vals.get("sysdb", {}).get("existingSecret"))
+    if sts is None:
+        continue
+    name = sts["metadata"]["name"]
+    pod = sts["spec"]["template"]
+    c = pod["spec"]["containers"][0]
+    labels = pod["metadata"]["labels"]
+    # Static membership: the instance id is the pod's own (stable) name.
+    iid = [e for e in c.get("env", []) if e["name"] in ("SLUICE_INSTANCE_ID", "SLUICE_KAFKA__INSTANCE_ID")]
+    if len(iid) != 1 or iid[0].get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") != "metadata.name":
+        err(f"{where}: the StatefulSet must set SLUICE_INSTANCE_ID from the pod name (fieldRef metadata.name), got {iid}")
+    svc = by_kind["Service"][0]
+    if sts["spec"].get("serviceName") != svc["metadata"]["name"] or svc["spec"].get("clusterIP") != "None":
+        err(f"{where}: the StatefulSet's serviceName must be the headless Service {svc['metadata']['name']}")
+    # Hooks: `sluice init` before install and upgrade, its ConfigMap/Secret created first.
+    job = by_kind["Job"][0]
+    hooks = set(job["metadata"].get("annotations", {}).get("helm.sh/hook", "").split(","))
+    if not {"pre-install", "pre-upgrade"} <= hooks:
+        err(f"{where}: the init Job must be a pre-install,pre-upgrade hook, got {hooks}")
+    jweight = int(job["metadata"]["annotations"].get("helm.sh/hook-weight", "0"))
+    jspec = job["spec"]["template"]["spec"]
+    jcm = [v["configMap"]["name"] for v in jspec.get("volumes", []) if "configMap" in v]
+    jsecret = [e["valueFrom"]["secretKeyRef"]["name"] for e in jspec["containers"][0].get("env", [])
+               if e["name"] == "SLUICE_SYSDB" and "secretKeyRef" in e.get("valueFrom", {})]
+    if len(jsecret) != 1:
+        err(f"{where}: the init Job must take SLUICE_SYSDB from a Secret")
+    for d in by_kind["ConfigMap"] + by_kind.get("Secret", []):
+        if d["metadata"]["name"] in jcm + jsecret:
+            ann = d["metadata"].get("annotations", {})
+            if not hooks <= set(ann.get("helm.sh/hook", "").split(",")) or int(ann.get("helm.sh/hook-weight", "0")) >= jweight:
+                err(f"{where}: {d['kind']} {d['metadata']['name']} is used by the init hook, so it must be a hook of the same events created before the Job")
+    existing = vals.get("sysdb", {}).get("existingSecret")
+    if existing:
+        if "Secret" in by_kind:
+            err(f"{where}: sysdb.existingSecret is set, yet a Secret is rendered")
+        refs = {e["valueFrom"]["secretKeyRef"]["name"] for e in c["env"] if e["name"] == "SLUICE_SYSDB"} | set(jsecret)
+        if refs != {existing}:
+            err(f"{where}: SLUICE_SYSDB must come from sysdb.existingSecret {existing}, got {refs}")
+    # KEDA owns the replica count: the StatefulSet must not set one (each helm upgrade
+    # would reset it), and the expected-replicas rule follows its minimum.
+    if keda_on:
+        if "replicas" in sts["spec"]:
+            err(f"{where}: with KEDA the StatefulSet must not set spec.replicas")
+    elif sts["spec"].get("replicas", 1) < 2:
+        err(f"{where}: run several replicas")
+    cfg = tomllib.loads(by_kind["ConfigMap"][0]["data"]["sluice.toml"])
+    # PodMonitor
+    pm = by_kind["PodMonitor"][0]
+    spec = fields(f"{where}: PodMonitor", pm["spec"], "PodMonitor.spec")
+    sel = spec.get("selector", {}).get("matchLabels", {})
+    if not sel or any(labels.get(k) != v for k, v in sel.items()):
+        err(f"{where}: the PodMonitor selector {sel} does not match the pod labels {labels}")
+    eps = spec.get("podMetricsEndpoints") or []
+    if not eps:
+        err(f"{where}: the PodMonitor has no podMetricsEndpoints")
+    port_names = {p["name"] for p in c.get("ports", [])}
+    for ep in eps:
+        fields(f"{where}: PodMonitor", ep, "PodMonitor.endpoint")
+        if ep.get("port") not in port_names or ep.get("path", "/metrics") != "/metrics":
+            err(f"{where}: PodMonitor endpoint {ep} must scrape the container port metrics at /metrics")
+        for r in ep.get("relabelings", []):
+            fields(f"{where}: PodMonitor", r, "PodMonitor.relabeling")
+        if not any(r.get("targetLabel") == "job" and r.get("replacement") == "sluice" and r.get("action", "replace") == "replace"
+                   for r in ep.get("relabelings", [])):
+            err(f"{where}: the PodMonitor must label its targets job=\"sluice\" (the alert rules select it)")
+    # PrometheusRule: the rule file's groups, sluice:expected_replicas set from the values.
+    # How many replicas the values ask for (KEDA: its minimum).
+    def value(section, key):
+        return vals.get(section, {}).get(key, chart_values[section][key])
+    expected = value("keda", "minReplicaCount") if keda_on else vals.get("replicaCount", chart_values["replicaCount"])
+    if not keda_on and sts["spec"].get("replicas") != expected:
+        err(f"{where}: StatefulSet replicas {sts['spec'].get('replicas')} != replicaCount {expected}")
+    want_groups = json.loads(json.dumps(rule_groups))
+    for g in want_groups:
+        for r in g["rules"]:
+            if r.get("record") == "sluice:expected_replicas":
+                r["expr"] = f"vector({expected})"
+    pr = by_kind["PrometheusRule"][0]
+    spec = fields(f"{where}: PrometheusRule", pr["spec"], "PrometheusRule.spec")
+    for g in spec.get("groups", []):
+        fields(f"{where}: PrometheusRule", g, "PrometheusRule.group")
+        for r in g.get("rules", []):
+            fields(f"{where}: PrometheusRule", r, "PrometheusRule.rule")
+            if not r.get("expr") or ("alert" in r) == ("record" in r):
+                err(f"{where}: PrometheusRule rule {r.get('alert') or r.get('record')}: needs expr and exactly one of alert/record")
+    if spec.get("groups") != want_groups:
+        got = {(g.get("name"), r.get("alert") or r.get("record")) for g in spec.get("groups", []) for r in g.get("rules", [])}
+        wanted = {(g["name"], r.get("alert") or r.get("record")) for g in want_groups for r in g["rules"]}
+        def by_name(groups):
+            return {(g.get("name"), r.get("alert") or r.get("record")): r for g in groups for r in g.get("rules", [])}
+        have, need = by_name(spec.get("groups", [])), by_name(want_groups)
+        changed = sorted(k for k in have.keys() & need.keys() if have[k] != need[k])
+        err(f"{where}: the PrometheusRule's groups differ from deploy/prometheus/rules/sluice.rules.yml "
+            f"(with sluice:expected_replicas = vector({expected})); only in the chart: {sorted(got - wanted)}, "
+            f"only in the file: {sorted(wanted - got)}, different: {changed}")
+    # ScaledObject
+    if keda_on:
+        so = by_kind["ScaledObject"][0]
+        spec = fields(f"{where}: ScaledObject", so["spec"], "ScaledObject.spec")
+        ref = fields(f"{where}: ScaledObject", spec.get("scaleTargetRef", {}), "ScaledObject.scaleTargetRef")
+        if (ref.get("apiVersion"), ref.get("kind"), ref.get("name")) != ("apps/v1", "StatefulSet", name):
+            err(f"{where}: the ScaledObject must scale StatefulSet {name}, got {ref}")
+        lo, hi = spec.get("minReplicaCount"), spec.get("maxReplicaCount")
+        if not (isinstance(lo, int) and isinstance(hi, int) and 1 <= lo <= hi <= cfg["kafka"].get("partitions", 1)):
+            err(f"{where}: ScaledObject needs 1 <= minReplicaCount ({lo}) <= maxReplicaCount ({hi}) <= kafka.partitions "
+                f"({cfg['kafka'].get('partitions')}): more replicas than partitions stay idle")
+        trig = spec.get("triggers") or []
+        if not trig:
+            err(f"{where}: the ScaledObject has no triggers")
+        for t in trig:
+            fields(f"{where}: ScaledObject", t, "ScaledObject.trigger")
+            md = t.get("metadata", {})
+            if t.get("type") != "prometheus" or not all(isinstance(md.get(k), str) and md.get(k) for k in ("serverAddress", "query", "threshold")):
+                err(f"{where}: ScaledObject trigger {t} must be prometheus with string serverAddress, query, threshold")
+            elif "sluice_partition_lag_records" not in md["query"] or 'job="sluice"' not in md["query"]:
+                err(f"{where}: the KEDA query must scale on sluice_partition_lag_records of job=\"sluice\" (not the group offset): {md['query']}")
 
 for e in errors:
     print(f"[validate.sh] ERROR: {e}", file=sys.stderr)
@@ -398,10 +709,24 @@ if errors:
 print(f"[validate.sh] {len(exprs)} dashboard expressions, {len(alerts)} alerts, {len(families)} metric families checked", file=sys.stderr)
 PYEOF
 
+# $1: what, $2: an env file (NAME=value lines, SLUICE_CONFIG among them) written above.
+config_show() {
+  local vars=()
+  while IFS= read -r line; do vars+=("$line"); done <"$2"
+  env -i PATH="$PATH" "${vars[@]}" "$SLUICE_BIN" config show >"${2%.env}-config.out" \
+    || die "sluice rejects $1 (see above)"
+}
 step "sluice config show: the Kubernetes ConfigMap + Secret"
-env -i PATH="$PATH" SLUICE_CONFIG="$TMP/sluice.toml" "$(cut -d= -f1 "$TMP/sysdb.env")=$(cut -d= -f2- "$TMP/sysdb.env")" \
-  "$SLUICE_BIN" config show >"$TMP/k8s-config.json" \
-  || die "sluice rejects deploy/kubernetes/configmap.yaml's sluice.toml (see above)"
+config_show "deploy/kubernetes/configmap.yaml's sluice.toml with the Secret" "$TMP/k8s.env"
+for v in "${HELM_VARIANTS[@]}"; do
+  step "sluice config show: helm template ($v values): sluice.toml + the StatefulSet's environment"
+  config_show "the sluice.toml and environment of the chart's StatefulSet ($v values)" "$TMP/helm-$v.env"
+  # The instance id reached the configuration: [kafka] instance_id = pod 0's name.
+  iid="$(sed -n 's/^SLUICE_INSTANCE_ID=//p' "$TMP/helm-$v.env")"
+  if [ -z "$iid" ] || ! grep -q "instance_id.*\"$iid\"" "$TMP/helm-$v-config.out"; then
+    die "helm template ($v values): [kafka] instance_id is not the pod name ${iid:-(SLUICE_INSTANCE_ID not set)}: $(grep instance_id "$TMP/helm-$v-config.out")"
+  fi
+done
 step "sluice config show: the compose replicas' environment"
 compose_env=()
 while IFS= read -r line; do compose_env+=("$line"); done <"$TMP/compose.env"

@@ -28,3 +28,19 @@ if ! cargo fmt --version >/dev/null 2>&1 || ! cargo clippy --version >/dev/null 
 fi
 command -v java >/dev/null || { echo "deps.sh: java not found. Fix: apt-get install -y openjdk-17-jdk-headless" >&2; exit 1; }
 command -v mvn >/dev/null || { echo "deps.sh: mvn not found. Fix: apt-get install -y maven" >&2; exit 1; }
+# helm, for deploy/validate.sh's checks of the chart deploy/helm/sluice: built from the Go
+# module proxy into the git-ignored .local/bin (a few minutes on a cold module cache).
+# Without CI a failure only warns (validate.sh then skips the chart); with CI set it fails.
+HELM_VERSION=v3.22.0
+repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+# (`helm version` of a go-installed helm says only v3.22; the module version is exact.)
+if ! go version -m "$repo/.local/bin/helm" 2>/dev/null | grep -Eq "^[[:space:]]+mod[[:space:]]+helm.sh/helm/v3[[:space:]]+${HELM_VERSION}[[:space:]]"; then
+    echo "deps.sh: building helm $HELM_VERSION into $repo/.local/bin (go install; log /tmp/sluice-helm.log)" >&2
+    if ! { command -v go >/dev/null && GOBIN="$repo/.local/bin" go install "helm.sh/helm/v3/cmd/helm@$HELM_VERSION"; } >/tmp/sluice-helm.log 2>&1; then
+        tail -n 5 /tmp/sluice-helm.log >&2 || true
+        if [ -n "${CI:-}" ] && [ "${CI:-}" != false ]; then
+            echo "deps.sh: could not build helm $HELM_VERSION (Go: https://go.dev/dl, proxy.golang.org reachable?)" >&2; exit 1
+        fi
+        echo "deps.sh: WARNING: no helm $HELM_VERSION: deploy/validate.sh will skip the Helm chart" >&2
+    fi
+fi
