@@ -82,7 +82,10 @@ cmd_install() {
   log "building Jaeger $JAEGER_VERSION from the Go module proxy (several minutes the first time; log: $BUILD_LOG)"
   : >"$BUILD_LOG"
   dir="$(go mod download -json "$JAEGER_MODULE@$JAEGER_VERSION" 2>>"$BUILD_LOG" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')"
-  [ -n "$dir" ] && [ -d "$dir" ] || { tail -n 20 "$BUILD_LOG" >&2; die "go mod download $JAEGER_MODULE@$JAEGER_VERSION failed (log: $BUILD_LOG). Fix: check GOPROXY / network, then: $0 install"; }
+  if [ -z "$dir" ] || [ ! -d "$dir" ]; then
+    tail -n 20 "$BUILD_LOG" >&2
+    die "go mod download $JAEGER_MODULE@$JAEGER_VERSION failed (log: $BUILD_LOG). Fix: check GOPROXY / network, then: $0 install"
+  fi
   src="$BASE/src-$JAEGER_VERSION"
   rm -rf "$src"
   cp -r "$dir" "$src"
