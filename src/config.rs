@@ -44,6 +44,7 @@ pub struct Config {
     pub backfill: BackfillConfig,
     pub metrics: MetricsConfig,
     pub schema_registry: SchemaRegistryConfig,
+    pub telemetry: TelemetryConfig,
     /// librdkafka options passed through unchanged to every client (consumer, producer,
     /// admin): SASL/SSL settings, `client.id`, tuning. Values are strings. Sluice's own
     /// settings (`enable.auto.commit`, `enable.auto.offset.store`, `partitioner`, ...)
@@ -263,6 +264,46 @@ pub struct MetricsConfig {
     /// collection. Off by default: with many collections this is unbounded cardinality
     /// for Prometheus.
     pub per_collection: bool,
+}
+
+/// Traces of `sluice process` exported over OTLP: one trace per batch (a `batch` root
+/// span with `fetch_wait`, `decode`, `fold`, `dlq`, `commit` and `group_commit_request`
+/// children). Off unless an endpoint is set; off, no exporter runs and the child spans
+/// are disabled at their call sites.
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields, default)]
+pub struct TelemetryConfig {
+    /// OTLP/HTTP base URL of the collector, e.g. `http://127.0.0.1:4318` (traces go to
+    /// `<url>/v1/traces`; a URL already ending in `/v1/traces` is used as is). Unset: the
+    /// standard `OTEL_EXPORTER_OTLP_ENDPOINT` applies when set, else no export.
+    /// Credentials in it are never shown.
+    #[serde(serialize_with = "serialize_opt_url")]
+    pub otlp_endpoint: Option<String>,
+    /// `service.name` of the exported spans.
+    pub service_name: String,
+    /// Fraction of batches traced, 0.0 to 1.0 (decided per trace, at its root).
+    pub sample_ratio: f64,
+    /// OTLP transport: `http/protobuf` (the only one built in; a collector's port 4318).
+    pub protocol: OtlpProtocol,
+}
+
+impl Default for TelemetryConfig {
+    fn default() -> Self {
+        TelemetryConfig {
+            otlp_endpoint: None,
+            service_name: "sluice".into(),
+            sample_ratio: 1.0,
+            protocol: OtlpProtocol::HttpProtobuf,
+        }
+    }
+}
+
+/// The OTLP transport.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
+pub enum OtlpProtocol {
+    /// Protobuf over HTTP (OTLP/HTTP, port 4318 by convention).
+    #[serde(rename = "http/protobuf")]
+    HttpProtobuf,
 }
 
 /// The backfill worker (a role of `sluice process`).
@@ -606,6 +647,21 @@ impl Config {
             return Err(ConfigError::Invalid(
                 "schema_registry.url is set but kafka.framing = \"plain\": records carry no schema id then; set kafka.framing = \"confluent\"".into(),
             ));
+        }
+        let t = &self.telemetry;
+        if !(0.0..=1.0).contains(&t.sample_ratio) {
+            return Err(ConfigError::Invalid("telemetry.sample_ratio must be between 0.0 and 1.0".into()));
+        }
+        if let Some(endpoint) = t.otlp_endpoint.as_deref().filter(|e| !e.trim().is_empty()) {
+            match url::Url::parse(endpoint) {
+                Ok(u) if matches!(u.scheme(), "http" | "https") => {}
+                _ => {
+                    return Err(ConfigError::Invalid(format!(
+                        "telemetry.otlp_endpoint {:?} is not an http(s) URL (e.g. http://127.0.0.1:4318)",
+                        crate::redact::redact_url(endpoint)
+                    )))
+                }
+            }
         }
         // `isolation.level` is pinned to read_committed: aborted transactions must never be
         // applied, and positions past transaction markers rely on it.

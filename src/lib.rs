@@ -23,4 +23,5 @@ pub mod replica;
 pub mod retry;
 pub mod schema_registry;
 pub mod sysdb;
+pub mod telemetry;
 pub mod workload;

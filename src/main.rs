@@ -8,19 +8,12 @@ use std::io::Write;
 use clap::Parser;
 use sluice::cli::{commands, Cli, Cmd, ConfigCmd, LogFormat};
 use sluice::config::{Config, Overrides};
-use tracing_subscriber::EnvFilter;
+use tracing_subscriber::layer::SubscriberExt as _;
+use tracing_subscriber::util::SubscriberInitExt as _;
+use tracing_subscriber::{EnvFilter, Layer, Registry};
 
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
-    let filter = EnvFilter::try_from_env("SLUICE_LOG").unwrap_or_else(|_| EnvFilter::new("info,rdkafka=warn"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_writer(std::io::stderr);
-    match cli.global.log_format {
-        LogFormat::Human => builder.init(),
-        LogFormat::Json => builder.json().init(),
-    }
     let g = &cli.global;
     let flags = Overrides {
         brokers: g.brokers.clone(),
@@ -34,6 +27,20 @@ fn main() -> std::process::ExitCode {
         Ok(c) => c,
         Err(e) => {
             eprintln!("sluice: {e}");
+            return std::process::ExitCode::from(2);
+        }
+    };
+    // Traces are exported by `sluice process` only, and only with an endpoint.
+    let otlp = match &cli.command {
+        Cmd::Process { .. } => {
+            sluice::telemetry::endpoint(&config.telemetry, std::env::var(sluice::telemetry::OTEL_ENDPOINT_VAR).ok())
+        }
+        _ => None,
+    };
+    let telemetry = match init_logs(cli.global.log_format, otlp.as_deref(), &config) {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("sluice: {e:#}");
             return std::process::ExitCode::from(2);
         }
     };
@@ -89,6 +96,10 @@ fn main() -> std::process::ExitCode {
             }
         }
     });
+    // The spans of the last batches are still queued: export them before exiting.
+    if let Some(t) = telemetry {
+        t.shutdown();
+    }
     rt.shutdown_timeout(std::time::Duration::from_secs(2));
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
@@ -101,4 +112,36 @@ fn main() -> std::process::ExitCode {
             std::process::ExitCode::FAILURE
         }
     }
+}
+
+/// Logs to stderr (`SLUICE_LOG` filter, human or JSON lines) and, with an OTLP endpoint,
+/// the trace export beside them.
+fn init_logs(
+    format: LogFormat,
+    otlp: Option<&str>,
+    config: &Config,
+) -> anyhow::Result<Option<sluice::telemetry::Telemetry>> {
+    let filter = || EnvFilter::try_from_env("SLUICE_LOG").unwrap_or_else(|_| EnvFilter::new("info,rdkafka=warn"));
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let Some(endpoint) = otlp else {
+        // No export: the plain log subscriber, one global filter (the batch's child spans
+        // are debug-level: disabled at their call sites).
+        let builder = tracing_subscriber::fmt().with_env_filter(filter()).with_ansi(ansi).with_writer(std::io::stderr);
+        match format {
+            LogFormat::Human => builder.init(),
+            LogFormat::Json => builder.json().init(),
+        }
+        return Ok(None);
+    };
+    // With the export, each layer has its own filter: the log lines keep `SLUICE_LOG`, the
+    // export sees the processor's spans whatever the log level.
+    let (telemetry, otel) = sluice::telemetry::Telemetry::start(&config.telemetry, endpoint)?;
+    let fmt = tracing_subscriber::fmt::layer().with_ansi(ansi).with_writer(std::io::stderr);
+    let fmt: Box<dyn Layer<Registry> + Send + Sync> = match format {
+        LogFormat::Human => fmt.with_filter(filter()).boxed(),
+        LogFormat::Json => fmt.json().with_filter(filter()).boxed(),
+    };
+    tracing_subscriber::registry().with(fmt).with(otel).init();
+    tracing::info!(endpoint = %telemetry.url(), service = %config.telemetry.service_name, sample_ratio = config.telemetry.sample_ratio, "exporting traces over OTLP/HTTP");
+    Ok(Some(telemetry))
 }

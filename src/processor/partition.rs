@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
-use tracing::{error, warn};
+use tracing::{debug_span, error, info_span, warn, Span};
 
 use super::batch::{DlqEntry, Known};
 use super::functions;
@@ -132,6 +132,9 @@ pub struct Worker {
     buf: Vec<Msg>,
     buf_bytes: usize,
     first_at: Option<Instant>,
+    /// The trace of the buffered batch: its `batch` root span and the `fetch_wait` child,
+    /// both opened when the first record arrived.
+    trace: Option<(Span, Span)>,
     known: HashMap<String, Known>,
     functions: functions::FunctionCache,
     halted: bool,
@@ -166,6 +169,7 @@ impl Worker {
             buf: Vec::new(),
             buf_bytes: 0,
             first_at: None,
+            trace: None,
             known: HashMap::new(),
             functions: functions::FunctionCache::default(),
             halted,
@@ -220,6 +224,7 @@ impl Worker {
                     self.buf.clear();
                     self.buf_bytes = 0;
                     self.first_at = None;
+                    self.discard_trace();
                     self.next = offset;
                     false
                 }
@@ -277,7 +282,7 @@ impl Worker {
             return false;
         }
         let stop = self.stop.clone();
-        let commit = self.commit_range(Vec::new(), offset);
+        let commit = self.commit_range(Vec::new(), offset, None);
         tokio::pin!(commit);
         tokio::select! {
             _ = &mut commit => false,
@@ -299,6 +304,9 @@ impl Worker {
         self.buf_bytes += m.payload.as_ref().map_or(0, Vec::len);
         if self.first_at.is_none() {
             self.first_at = Some(Instant::now());
+            let batch = batch_span(&self.shared.topic, self.partition);
+            let wait = debug_span!(parent: &batch, "fetch_wait");
+            self.trace = Some((batch, wait));
         }
         self.buf.push(m);
     }
@@ -307,9 +315,18 @@ impl Worker {
         let msgs = std::mem::take(&mut self.buf);
         self.buf_bytes = 0;
         self.first_at = None;
+        // The wait ends here; the batch span goes on through the commit.
+        let span = self.trace.take().map(|(batch, _wait)| batch);
         let Some(last) = msgs.last() else { return };
         let to = positions::next_offset_after(last.offset);
-        self.commit_range(msgs, to).await;
+        self.commit_range(msgs, to, span).await;
+    }
+
+    /// The buffered batch was dropped uncommitted (a seek, a halt): so ends its trace.
+    fn discard_trace(&mut self) {
+        if let Some((batch, _wait)) = self.trace.take() {
+            batch.record("outcome", "discarded");
+        }
     }
 
     /// Caches that a failed or refused commit may have made stale.
@@ -321,6 +338,8 @@ impl Worker {
     /// The position moved to `to` in the sysdb: remember it and ask for the lagging group
     /// commit.
     fn after_commit_position(&mut self, to: i64) {
+        // Only the hand-over to the consumer thread, which commits the group offset later.
+        let _span = debug_span!("group_commit_request", to).entered();
         self.next = to;
         self.shared.metrics.partition_sysdb_next(self.partition, to);
         self.shared.commander.send(Command::Commit(vec![(self.partition, to)]));
@@ -334,6 +353,7 @@ impl Worker {
         self.buf.clear();
         self.buf_bytes = 0;
         self.first_at = None;
+        self.discard_trace();
         self.shared.halt(self.partition, reason);
     }
 
@@ -436,6 +456,13 @@ impl Worker {
     pub fn is_halted(&self) -> bool {
         self.halted
     }
+}
+
+/// The root span of one batch's trace (no parent, whatever span is current); the range
+/// and the outcome are recorded when known.
+fn batch_span(topic: &str, partition: i32) -> Span {
+    use tracing::field::Empty;
+    info_span!(parent: None, "batch", topic = %topic, partition, from = Empty, to = Empty, records = Empty, outcome = Empty)
 }
 
 /// What a worker's inbox gave.

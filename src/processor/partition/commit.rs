@@ -13,9 +13,9 @@ use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tracing::{debug, error, info, info_span, warn, Instrument};
+use tracing::{debug, debug_span, error, info, warn, Instrument, Span};
 
-use super::{RangeOutcome, Worker, DLQ_LOG, FATAL_ATTEMPTS};
+use super::{batch_span, RangeOutcome, Worker, DLQ_LOG, FATAL_ATTEMPTS};
 use crate::failpoint;
 use crate::kafka::producer::Outgoing;
 use crate::kafka::Msg;
@@ -43,12 +43,24 @@ impl Worker {
     /// Commit `msgs` (in offset order, possibly none) and move the position to `to`. A
     /// range the sysdb refuses because of a value in it is split in halves until the
     /// refused record is alone; that record goes to the DLQ (`sysdb_rejected`) and the
-    /// rest commits. Each part is an ordinary batch with its own position delta.
-    pub(super) async fn commit_range(&mut self, msgs: Vec<Msg>, to: i64) {
+    /// rest commits. Each part is an ordinary batch with its own position delta, and its
+    /// own trace (`span`, opened when the first record arrived, is the first part's).
+    pub(super) async fn commit_range(&mut self, msgs: Vec<Msg>, to: i64, span: Option<Span>) {
         let started = Instant::now();
+        let mut span = span;
         let mut work: VecDeque<(usize, usize, i64)> = VecDeque::from([(0, msgs.len(), to)]);
         while let Some((a, b, to)) = work.pop_front() {
-            match self.commit_part(&msgs[a..b], to).await {
+            let part_span = span.take().unwrap_or_else(|| batch_span(&self.shared.topic, self.partition));
+            let outcome = self.commit_part(&msgs[a..b], to, &part_span).await;
+            let name = match &outcome {
+                RangeOutcome::Committed => "committed",
+                RangeOutcome::Rejected(_) => "rejected",
+                RangeOutcome::Abandoned if self.halted => "halted",
+                RangeOutcome::Abandoned => "abandoned",
+            };
+            part_span.record("outcome", name);
+            drop(part_span);
+            match outcome {
                 RangeOutcome::Committed => {}
                 RangeOutcome::Abandoned => break,
                 RangeOutcome::Rejected(error) => {
@@ -82,7 +94,7 @@ impl Worker {
     /// Commit one part, retrying transient failures with backoff (indefinitely, visibly:
     /// `/readyz` reports the sysdb unavailable) and other database failures a bounded
     /// number of times before halting.
-    async fn commit_part(&mut self, msgs: &[Msg], to: i64) -> RangeOutcome {
+    async fn commit_part(&mut self, msgs: &[Msg], to: i64, span: &Span) -> RangeOutcome {
         let delta = match PositionDelta::new(self.partition, self.next, to) {
             Ok(d) => d,
             Err(e) => {
@@ -93,7 +105,9 @@ impl Worker {
                 return RangeOutcome::Abandoned;
             }
         };
-        let span = info_span!("batch", topic = %self.shared.topic, partition = self.partition, from = delta.from, to = delta.to);
+        span.record("from", delta.from);
+        span.record("to", delta.to);
+        span.record("records", msgs.len() as i64);
         let mut delays = crate::retry::default_backoff();
         let mut retried = false;
         let mut fatal_attempts = 0;
@@ -118,7 +132,7 @@ impl Worker {
                 // What that commit did to functions (a marker accepted) is not known here:
                 // read them again, as after any commit that moved a function.
                 self.functions.clear();
-                self.after_commit_position(delta.to);
+                span.in_scope(|| self.after_commit_position(delta.to));
                 Ok(())
             } else {
                 outcome
@@ -185,6 +199,9 @@ impl Worker {
     /// the sysdb read once (collections, functions, current records) and no side effect.
     async fn plan(&mut self, msgs: &[Msg], delta: PositionDelta) -> Result<Plan, BatchError> {
         let cfg = &self.shared.config;
+        // Child spans of the batch, open while their part runs (debug level: disabled
+        // unless traces are exported); decode includes fetching writer schemas.
+        let decode_span = debug_span!("decode");
         // With a schema registry, every writer schema the batch names is fetched before
         // anything is decoded: the batch either has them all or waits (nothing skipped,
         // nothing to the DLQ because the registry was away).
@@ -215,6 +232,8 @@ impl Worker {
                 }
             }
         }
+        drop(decode_span);
+        let _fold_span = debug_span!("fold");
 
         // Learn the collections this batch names that the worker has not seen: one read.
         let unseen: Vec<String> = decoded
@@ -301,7 +320,7 @@ impl Worker {
     /// then backfill tasks (acknowledged before the commit: design.md invariant 7), then
     /// the sysdb transaction with its compare-and-set.
     async fn apply(&mut self, msgs: &[Msg], plan: &Plan) -> Result<CommitReport, BatchError> {
-        self.produce_dlq(msgs, &plan.dlq).await;
+        self.produce_dlq(msgs, &plan.dlq).instrument(debug_span!("dlq", entries = plan.dlq.len() as i64)).await;
         self.produce_tasks(&plan.tasks).await;
         if !plan.tasks.is_empty() {
             failpoint::hit("after_backfill_task");
@@ -312,7 +331,8 @@ impl Worker {
             return Err(BatchError::Fenced);
         }
         let commit_started = Instant::now();
-        let committed = self.shared.sysdb.commit_batch(Arc::clone(&plan.commit)).await;
+        let committed =
+            self.shared.sysdb.commit_batch(Arc::clone(&plan.commit)).instrument(debug_span!("commit")).await;
         self.shared.metrics.observe_sysdb_commit(commit_started.elapsed());
         let report = committed?;
         failpoint::hit("after_sysdb_commit");
