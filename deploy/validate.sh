@@ -56,7 +56,8 @@ die() { printf '[validate.sh] ERROR: %s\n' "$*" >&2; exit 1; }
 ensure_venv() {
   local stamp="$VENV/.sluice-requirements" want
   want="$(printf '%s\n' "${REQUIREMENTS[@]}")"
-  if [ -x "$VENV/bin/python" ] && [ "$(cat "$stamp" 2>/dev/null)" = "$want" ] && "$VENV/bin/python" -c 'import yaml' 2>/dev/null; then
+  if [ -x "$VENV/bin/python" ] && [ "$(cat "$stamp" 2>/dev/null)" = "$want" ] && "$VENV/bin/python" -c 'import yaml' 2>/dev/null \
+     && "$VENV/bin/check-jsonschema" --version >/dev/null 2>&1; then
     return 0
   fi
   command -v python3 >/dev/null || die "python3 not found. Fix: apt-get install -y python3 python3-venv"
