@@ -58,8 +58,27 @@ const CHECKPOINT_INTERVAL: Duration = Duration::from_millis(200);
 /// pages.
 const WAL_AUTOCHECKPOINT_PAGES: i64 = 40_000;
 
-/// Bytes the WAL file is truncated to after a checkpoint.
-const WAL_SIZE_LIMIT: i64 = 64 << 20;
+/// WAL pages (256 MiB at 16 KiB pages) past which the checkpoint thread follows its
+/// passive checkpoint with a RESTART one, so that the next writer starts the WAL over.
+///
+/// Passive checkpoints alone never let the WAL start over under steady load: a writer
+/// restarts it only if every frame was checkpointed when its transaction began, and a
+/// commit lands during nearly every checkpoint. The WAL then grew to
+/// `WAL_AUTOCHECKPOINT_PAGES` and the writer's own checkpoint and the truncation that
+/// followed stalled every partition for 200-300 ms, a few seconds apart (the p99
+/// end-to-end latency). A RESTART checkpoint right after a passive one has only the last
+/// few frames to copy; it holds the write lock for tens of milliseconds.
+const WAL_RESTART_PAGES: i64 = 16_384;
+
+/// How long the RESTART checkpoint waits for the write lock and for readers to leave the
+/// WAL before giving up until the next interval (a long read elsewhere must not hold the
+/// writers up).
+const WAL_RESTART_BUSY: Duration = Duration::from_millis(200);
+
+/// Bytes the WAL file is cut back to when it starts over: above what it reaches between
+/// RESTART checkpoints, so that steady load reuses the file's blocks instead of
+/// truncating and growing it again (truncating 560 MiB took 200+ ms).
+const WAL_SIZE_LIMIT: i64 = 320 << 20;
 
 impl From<rusqlite::Error> for SysdbError {
     fn from(e: rusqlite::Error) -> Self {
@@ -116,6 +135,7 @@ fn spawn_checkpointer(path: &str, stop: CancellationToken) -> Result<()> {
     let conn = open_connection(path)?;
     configure(&conn, path)?;
     conn.pragma_update(None, "cache_size", -CHECKPOINTER_CACHE_KIB)?;
+    conn.busy_timeout(WAL_RESTART_BUSY)?;
     std::thread::Builder::new()
         .name("sqlite-checkpoint".into())
         .spawn(move || {
@@ -126,7 +146,16 @@ fn spawn_checkpointer(path: &str, stop: CancellationToken) -> Result<()> {
                     break;
                 }
                 // (busy, WAL frames, frames checkpointed)
-                match conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |r| Ok((r.get::<_, i64>(0)?, r.get::<_, i64>(1)?, r.get::<_, i64>(2)?))) {
+                let checkpoint = |mode: &str| {
+                    conn.query_row(&format!("PRAGMA wal_checkpoint({mode})"), [], |r| {
+                        Ok((r.get::<_, i64>(0)?, r.get::<_, i64>(1)?, r.get::<_, i64>(2)?))
+                    })
+                };
+                let mut outcome = checkpoint("PASSIVE");
+                if matches!(outcome, Ok((_, frames, _)) if frames > WAL_RESTART_PAGES) {
+                    outcome = checkpoint("RESTART");
+                }
+                match outcome {
                     Ok(_) => warned = false,
                     Err(e) if !warned => {
                         tracing::warn!(error = %e, "background WAL checkpoint failed; retrying (the writer's automatic checkpoint remains)");
@@ -175,7 +204,7 @@ fn configure(conn: &Connection, path: &str) -> Result<()> {
     // connection checkpoints only past WAL_AUTOCHECKPOINT_PAGES instead of SQLite's 1000
     // (a batch of a few thousand records rewrites about as many 16 KiB pages, so the
     // default checkpointed after nearly every commit, inside the batch's time). The file
-    // is cut back to WAL_SIZE_LIMIT after a checkpoint.
+    // is cut back to WAL_SIZE_LIMIT when it starts over.
     conn.pragma_update(None, "wal_autocheckpoint", WAL_AUTOCHECKPOINT_PAGES)?;
     conn.pragma_update(None, "journal_size_limit", WAL_SIZE_LIMIT)?;
     Ok(())
