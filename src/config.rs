@@ -194,12 +194,18 @@ pub struct ProcessorConfig {
     /// ...or this many payload bytes...
     pub batch_max_bytes: usize,
     /// ...or, once nothing more waits for the worker, this long after its first record
-    /// arrived (default 5). Under load the records that arrive during a commit form the
-    /// next batch, up to the limits above, so batches grow with the load; at low load a
-    /// record waits at most this long plus one commit. 0 commits as soon as nothing more
-    /// waits (lowest latency; measured on W1: ~25% more CPU per record at saturation,
-    /// from smaller batches); 20 was the default before (~5% less CPU than 5, +15 ms).
+    /// arrived (default 5), while the partition is behind (see `batch_linger_behind_ms`).
+    /// Under load the records that arrive during a commit form the next batch, up to the
+    /// limits above, so batches grow with the load. 0 never lingers (measured on W1: ~20%
+    /// fewer records per second at saturation, from smaller batches).
     pub batch_linger_ms: u64,
+    /// A batch lingers only while its newest record is at least this many milliseconds
+    /// old by its Kafka timestamp, i.e. while the partition is behind the head of its log
+    /// (default 20). A batch of fresher records commits as soon as nothing more waits for
+    /// the worker: caught up, latency is one commit; behind, batches grow for throughput.
+    /// Measured at 10,000 records/s: p50 3 ms and p99 53 ms without lingering against
+    /// 10 ms and 84-380 ms with a 5 ms linger. 0 always lingers.
+    pub batch_linger_behind_ms: u64,
     /// `register` (default) or `reject` records of collections the sysdb does not know.
     pub unknown_collections: UnknownCollections,
     /// `halt` (default) or `skip` when retention deleted unprocessed records.
@@ -214,6 +220,7 @@ impl Default for ProcessorConfig {
             batch_max_records: 5_000,
             batch_max_bytes: 16 << 20,
             batch_linger_ms: 5,
+            batch_linger_behind_ms: 20,
             unknown_collections: UnknownCollections::Register,
             on_data_loss: OnDataLoss::Halt,
             shutdown_timeout_ms: 20_000,

@@ -358,7 +358,7 @@ fn an_out_of_range_fetch_halts_only_the_partition_whose_records_are_gone() {
     // records, whatever the speed of the machine. Fetches return about one small record
     // batch each. Partition 1's records wait 4 s in their batch.
     let env = Env::sqlite("oor")
-        .with_processor("batch_linger_ms = 4000")
+        .with_processor("batch_linger_ms = 4000\nbatch_linger_behind_ms = 0")
         .with_sections("[librdkafka]\n\"max.partition.fetch.bytes\" = \"256\"\n");
     env.run(&["init", "--partitions", "2"]);
     let topic = env.log_topic();

@@ -184,7 +184,9 @@ impl Worker {
         let linger = Duration::from_millis(self.shared.config.processor.batch_linger_ms);
         let stop = self.stop.clone();
         loop {
-            let deadline = self.first_at.map(|t| t + linger);
+            // Caught up, a batch closes as soon as the inbox is empty (a deadline already
+            // passed); behind, it lingers to grow.
+            let deadline = self.first_at.map(|t| if self.behind() { t + linger } else { t });
             let msg = tokio::select! {
                 biased;
                 _ = stop.cancelled() => {
@@ -291,6 +293,20 @@ impl Worker {
                 true
             }
         }
+    }
+
+    /// Whether the partition is behind the head of its log: the newest buffered record is
+    /// at least `batch_linger_behind_ms` old (a record without a timestamp counts as
+    /// behind, and so does everything when the setting is 0).
+    fn behind(&self) -> bool {
+        let threshold = self.shared.config.processor.batch_linger_behind_ms;
+        if threshold == 0 {
+            return true;
+        }
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(i64::MAX, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
+        behind_head(threshold, self.buf.last().and_then(|m| m.timestamp_ms), now)
     }
 
     fn accept(&mut self, m: Msg) {
@@ -465,6 +481,14 @@ fn batch_span(topic: &str, partition: i32) -> Span {
     info_span!(parent: None, "batch", topic = %topic, partition, from = Empty, to = Empty, records = Empty, outcome = Empty)
 }
 
+/// Whether a batch whose newest record has timestamp `newest_ms` is behind the head of
+/// its log at `now_ms`: that record is at least `threshold_ms` old (no timestamp, or a
+/// threshold of 0, counts as behind).
+fn behind_head(threshold_ms: u64, newest_ms: Option<i64>, now_ms: i64) -> bool {
+    let Some(newest) = newest_ms else { return true };
+    threshold_ms == 0 || now_ms.saturating_sub(newest) >= i64::try_from(threshold_ms).unwrap_or(i64::MAX)
+}
+
 /// What a worker's inbox gave.
 enum Received {
     Msg(WorkerMsg),
@@ -491,4 +515,20 @@ async fn recv_until(inbox: &mut mpsc::Receiver<WorkerMsg>, deadline: Option<Inst
         None => inbox.recv().await,
     };
     next.map_or(Received::Closed, Received::Msg)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::behind_head;
+
+    #[test]
+    fn a_batch_lingers_only_behind_the_head_of_its_log() {
+        let now = 1_000_000;
+        assert!(!behind_head(20, Some(now - 3), now), "fresh: commit at once");
+        assert!(!behind_head(20, Some(now + 50), now), "a producer clock ahead: fresh");
+        assert!(behind_head(20, Some(now - 20), now), "20 ms old: behind");
+        assert!(behind_head(20, Some(now - 60_000), now), "a backlog: behind");
+        assert!(behind_head(20, None, now), "no timestamp: keep the configured linger");
+        assert!(behind_head(0, Some(now), now), "0: always linger");
+    }
 }
