@@ -8,7 +8,7 @@
 # Targets (fuzz/fuzz_targets/):
 #   decode_log_record   bytes -> record::codec::decode (+ encode/decode round trip, validate)
 #   jsonl_line          bytes -> UTF-8 -> cli::jsonl::parse_line (the `sluice produce` input)
-#   http_records_body   bytes -> api::ingest::parse_body + parse_items (POST .../records)
+#   http_records_body   bytes -> record::items::parse_body + parse_items (POST .../records)
 #   decode_differential bytes -> codec::decode vs apache-avro's generic decode of
 #                       schemas/log_record.avsc: the same record or both an error (two
 #                       known apache-avro leniencies are counted in the log, not failures;
@@ -47,15 +47,19 @@ fi
 
 cd "$FUZZ"
 echo "== building fuzz targets (cargo +nightly fuzz build -s none)"
-if ! cargo +nightly fuzz build -s none >"$FUZZ/build.log.tmp" 2>&1; then
-    cat "$FUZZ/build.log.tmp" >&2
-    rm -f "$FUZZ/build.log.tmp"
-    echo "fuzz.sh: build failed" >&2
+mkdir -p "$FUZZ/artifacts"
+build_log="$FUZZ/artifacts/build.log"
+build_start=$(date +%s)
+if ! cargo +nightly fuzz build -s none >"$build_log" 2>&1; then
+    # The cause is at the end; the head is cargo's progress lines.
+    echo "fuzz.sh: the last 60 lines of $build_log:" >&2
+    tail -n 60 "$build_log" >&2
+    df -h "$FUZZ" >&2 || true
+    echo "fuzz.sh: the fuzz targets did not build (whole log: $build_log)" >&2
     exit 1
 fi
-rm -f "$FUZZ/build.log.tmp"
+echo "== built in $(( $(date +%s) - build_start ))s"
 
-mkdir -p "$FUZZ/artifacts"
 SUMMARY="$FUZZ/artifacts/summary.txt"
 failed=()
 printf '\n%-20s %8s %14s %10s %8s  %s\n' TARGET SECONDS EXECS EXECS/S CORPUS OUTCOME > "$SUMMARY"

@@ -6,7 +6,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 started=$(date +%s)
-phase() { echo "test.sh: $1 ($(( $(date +%s) - started ))s)"; }
+phase() { echo "test.sh: $1 ($(( $(date +%s) - started ))s, $(df -h --output=avail . | tail -n 1 | tr -d ' ') disk free)"; }
 deploy/local/deps.sh
 # Formatting and lints first: they take seconds and fail before the long part.
 cargo fmt --all --check

@@ -17,11 +17,12 @@ pub mod offsets;
 pub mod positions;
 pub mod processor;
 pub mod ratelimit;
-pub mod record;
+/// The log record contract lives in its own crate (`record/`), without I/O.
+pub use sluice_record as record;
 pub mod redact;
 pub mod replica;
 pub mod retry;
 pub mod schema_registry;
 pub mod sysdb;
 pub mod telemetry;
-pub mod workload;
+pub use sluice_record::workload;

@@ -9,10 +9,10 @@
 
 use std::path::Path;
 
-use sluice::cli::jsonl::log_record_to_json;
-use sluice::record::codec::encode;
-use sluice::record::{BackfillRef, LogRecord, MetaValue, Metadata, Operation};
-use sluice::workload::{generate, WorkloadSpec};
+use sluice_record::jsonl::log_record_to_json;
+use sluice_record::codec::encode;
+use sluice_record::{BackfillRef, LogRecord, MetaValue, Metadata, Operation};
+use sluice_record::workload::{generate, WorkloadSpec};
 
 fn edge_records() -> Vec<LogRecord> {
     let mut out = Vec::new();
@@ -114,10 +114,10 @@ fn main() {
     let http = root.join("http_records_body");
     for (i, r) in records.iter().enumerate() {
         let bytes = encode(r);
-        sluice::record::codec::decode(&bytes).expect("seed decodes");
+        sluice_record::codec::decode(&bytes).expect("seed decodes");
         write(&avro, format!("record-{i:02}.avro"), &bytes);
         if let Some(b) = with_sized_block(r) {
-            let back = sluice::record::codec::decode(&b).expect("sized-block seed decodes");
+            let back = sluice_record::codec::decode(&b).expect("sized-block seed decodes");
             assert_eq!(encode(&back), bytes);
             write(&avro, format!("record-{i:02}-sized-block.avro"), &b);
         }

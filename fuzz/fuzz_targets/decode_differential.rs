@@ -24,8 +24,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Once;
 
 use libfuzzer_sys::fuzz_target;
-use sluice::record::avro::decode_generic;
-use sluice::record::codec::{decode, encode, DecodeError};
+use sluice_record::avro::decode_generic;
+use sluice_record::codec::{decode, encode, DecodeError};
 
 fn hex(data: &[u8]) -> String {
     data.iter().map(|b| format!("{b:02x}")).collect()

@@ -5,8 +5,8 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use sluice::record::codec::{decode, encode};
-use sluice::record::validate::{validate, Limits};
+use sluice_record::codec::{decode, encode};
+use sluice_record::validate::{validate, Limits};
 
 fuzz_target!(|data: &[u8]| {
     let record = match decode(data) {

@@ -1,14 +1,14 @@
 //! Bytes -> the parsing of `POST /api/v1/collections/{id}/records` without the network:
-//! `api::ingest::parse_body` (JSON, one object or a non-empty array) then
-//! `api::ingest::parse_items` (each item as a produce line, validated against the limits
+//! `record::items::parse_body` (JSON, one object or a non-empty array) then
+//! `record::items::parse_items` (each item as a produce line, validated against the limits
 //! and the collection's dimension). It must never panic; either every item becomes a
 //! valid record or every error names an item; accepted records must encode and decode.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use sluice::api::ingest::{parse_body, parse_items};
-use sluice::record::codec::{decode, encode};
-use sluice::record::validate::{validate, Limits};
+use sluice_record::items::{parse_body, parse_items};
+use sluice_record::codec::{decode, encode};
+use sluice_record::validate::{validate, Limits};
 
 const COLLECTION: &str = "fuzz-collection";
 

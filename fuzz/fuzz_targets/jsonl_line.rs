@@ -4,9 +4,9 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use sluice::cli::jsonl::{log_record_to_json, parse_line};
-use sluice::record::codec::{decode, encode};
-use sluice::record::validate::{validate, Limits};
+use sluice_record::jsonl::{log_record_to_json, parse_line};
+use sluice_record::codec::{decode, encode};
+use sluice_record::validate::{validate, Limits};
 
 fuzz_target!(|data: &[u8]| {
     let Ok(line) = std::str::from_utf8(data) else { return };

@@ -6,7 +6,6 @@ use axum::extract::rejection::{BytesRejection, PathRejection, QueryRejection};
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use serde::Serialize;
 use serde_json::json;
 use tracing::{debug, warn};
 
@@ -73,16 +72,7 @@ impl ErrorCode {
     }
 }
 
-/// What is wrong with one item of a request body (a record of `POST .../records`).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct ItemError {
-    /// 0-based position in the request's array (0 for a single object).
-    pub index: usize,
-    /// Stable: a validation kind (`id_too_long`, ... as in DLQ reasons), `malformed`,
-    /// `collection_mismatch`, `dimension_mismatch` or `not_delivered`.
-    pub error: String,
-    pub message: String,
-}
+pub use crate::record::items::ItemError;
 
 /// An error response of the admin API.
 #[derive(Debug, Clone, PartialEq, Eq)]

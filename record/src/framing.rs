@@ -91,8 +91,8 @@ mod tests {
 
     #[test]
     fn encode_framed_is_the_datum_framed_as_configured() {
-        let r = crate::record::LogRecord::data("c", "id", crate::record::Operation::Add);
-        let datum = crate::record::codec::encode(&r);
+        let r = crate::LogRecord::data("c", "id", crate::Operation::Add);
+        let datum = crate::codec::encode(&r);
         assert_eq!(encode_framed(Framing::Plain, 9, &r), datum);
         assert_eq!(encode_framed(Framing::Confluent, 9, &r), frame(Framing::Confluent, 9, &datum));
         let framed = encode_framed(Framing::Confluent, 9, &r);

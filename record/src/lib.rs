@@ -1,14 +1,20 @@
-//! Log records: the data contract producers write (see `schemas/log_record.avsc`),
-//! its codec, validation and the Java-compatible partitioner.
+//! Log records: the data contract producers write (see `schemas/log_record.avsc`), its
+//! codec (hand-written, and apache-avro's generic path for writer schemas), framing,
+//! validation, JSON lines, the items of the HTTP records endpoint, the Java-compatible
+//! partitioner and the deterministic benchmark workloads.
 //!
-//! Nothing here does I/O; everything is unit- and property-tested without a broker.
+//! Nothing here does I/O and nothing depends on Kafka or a database: the processor
+//! (`sluice`) re-exports this crate as `sluice::record`, and the fuzz targets build it
+//! alone. Everything is unit- and property-tested without a broker.
 
 pub mod avro;
 pub mod codec;
 pub mod framing;
+pub mod items;
 pub mod jsonl;
 pub mod partitioner;
 pub mod validate;
+pub mod workload;
 
 use std::collections::BTreeMap;
 

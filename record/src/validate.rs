@@ -295,7 +295,7 @@ fn check_nul(record: &LogRecord) -> Result<(), ValidationError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::record::{BackfillRef, Metadata};
+    use crate::{BackfillRef, Metadata};
 
     fn ok_record() -> LogRecord {
         let mut r = LogRecord::data("coll", "id-1", Operation::Upsert);

@@ -1,7 +1,7 @@
 //! Deterministic synthetic workloads (demo, benchmarks, tests): log records over many
 //! collections with a fixed operation mix. Same seed, same records.
 
-use crate::record::{LogRecord, MetaValue, Metadata, Operation};
+use crate::{LogRecord, MetaValue, Metadata, Operation};
 
 /// Workload shape.
 #[derive(Debug, Clone)]

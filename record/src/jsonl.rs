@@ -7,7 +7,7 @@
 
 use serde_json::{json, Map, Value};
 
-use crate::record::{Encoding, LogRecord, MetaValue, Metadata, Operation, Record};
+use crate::{Encoding, LogRecord, MetaValue, Metadata, Operation, Record};
 
 /// Parse one input line into a log record (not yet validated against limits).
 pub fn parse_line(line: &str) -> Result<LogRecord, String> {

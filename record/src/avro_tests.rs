@@ -115,7 +115,7 @@ fn record_written_with_schema_without_backfill_is_read_with_current_schema() {
     // Without resolution the hand-written decoder sees a truncated datum. (apache-avro
     // 0.21 reads end-of-input at a union index as branch 0, so its plain decode of
     // these bytes "works" by accident; the codec is deliberately stricter.)
-    assert_eq!(crate::record::codec::decode(&bytes).map_err(|e| e.kind()), Err("truncated"));
+    assert_eq!(crate::codec::decode(&bytes).map_err(|e| e.kind()), Err("truncated"));
     assert_eq!(decode_generic(&bytes).expect("apache-avro EOF-as-null quirk"), sample());
 }
 

@@ -2,7 +2,7 @@
 //! apache-avro generic path, and robustness against arbitrary and mutated input.
 
 use super::*;
-use crate::record::avro::{decode_generic, encode_generic};
+use crate::avro::{decode_generic, encode_generic};
 use proptest::prelude::*;
 
 // ---------------------------------------------------------------------------------------
@@ -539,7 +539,7 @@ fn apache_avro_leniency(e: &DecodeError) -> Option<&'static str> {
 /// must refuse such inputs anyway.
 #[test]
 fn decoder_agrees_with_apache_avro_on_arbitrary_inputs() {
-    const NAME: &str = "record::codec::tests::decoder_agrees_with_apache_avro_on_arbitrary_inputs";
+    const NAME: &str = "codec::tests::decoder_agrees_with_apache_avro_on_arbitrary_inputs";
     if std::env::var_os("SLUICE_DECODER_DIFF_CHILD").is_none() {
         let out = std::process::Command::new(std::env::current_exe().expect("test binary"))
             .args([NAME, "--exact", "--nocapture", "--test-threads=1"])
