@@ -34,7 +34,6 @@ const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 
 const TOPIC: &str = "bench.log";
 const COLLECTIONS: usize = 64;
-const IDS_PER_COLLECTION: usize = 1_000;
 const DIM: usize = 384;
 
 fn configure(conn: &Connection, page_size: i64) -> rusqlite::Result<()> {
@@ -204,6 +203,7 @@ struct TxWrites {
 
 struct Workload {
     rng: Rng,
+    ids_per_collection: usize,
     next_offset: i64,
     /// Live ids and the hash of their stored row.
     live: HashMap<(u8, u16), u64>,
@@ -218,8 +218,8 @@ fn id_name(id: u16) -> String {
 }
 
 impl Workload {
-    fn new(seed: u64) -> Self {
-        Workload { rng: Rng(seed), next_offset: 0, live: HashMap::new() }
+    fn new(seed: u64, ids_per_collection: usize) -> Self {
+        Workload { rng: Rng(seed), ids_per_collection, next_offset: 0, live: HashMap::new() }
     }
 
     /// The next `n` log records folded into their final states.
@@ -232,7 +232,7 @@ impl Workload {
             self.next_offset += 1;
             let rng = &mut self.rng;
             let c = rng.below(COLLECTIONS) as u8;
-            let id = rng.below(IDS_PER_COLLECTION) as u16;
+            let id = rng.below(self.ids_per_collection) as u16;
             let roll = rng.below(100);
             let op = if roll < 70 {
                 Op::Upsert
@@ -600,6 +600,14 @@ impl Writer {
 
 // ---------------------------------------------------------------------------------------
 
+#[derive(Clone, Copy)]
+struct Shape {
+    records: usize,
+    tx_size: usize,
+    ids_per_collection: usize,
+    seed: u64,
+}
+
 struct Outcome {
     layout: String,
     rep: usize,
@@ -616,7 +624,8 @@ struct Outcome {
     digest_ok: bool,
 }
 
-fn run(layout: &Layout, rep: usize, records: usize, tx_size: usize, seed: u64, dir: &Path) -> Outcome {
+fn run(layout: &Layout, rep: usize, shape: &Shape, dir: &Path) -> Outcome {
+    let Shape { records, tx_size, ids_per_collection, seed } = *shape;
     let path = dir.join(format!("{}-{rep}.db", layout.name));
     for suffix in ["", "-wal", "-shm"] {
         let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
@@ -630,7 +639,7 @@ fn run(layout: &Layout, rep: usize, records: usize, tx_size: usize, seed: u64, d
     let checkpointer = spawn_checkpointer(&path, layout.page_size, stop.clone());
     conn.set_prepared_statement_cache_capacity(32);
     let mut writer = Writer { conn, layout: layout.clone(), garbage: Vec::new(), txs: 0 };
-    let mut workload = Workload::new(seed);
+    let mut workload = Workload::new(seed, ids_per_collection);
     let wal_path = PathBuf::from(format!("{}-wal", path.display()));
 
     let io0 = proc_io();
@@ -706,17 +715,20 @@ fn print_row(o: &Outcome) {
 
 fn usage() -> ! {
     eprintln!(
-        "usage: sqlite-layout-bench [--records N] [--tx N] [--reps N] [--seed N] [--dir PATH]\n\
+        "usage: sqlite-layout-bench [--records N] [--tx N] [--ids N] [--reps N] [--seed N] [--dir PATH]\n\
          \x20                          [--layouts L0,L1,L2,L2g16,L3,L4,L2-4k,...]\n\
          Runs each layout from a fresh database, repetitions interleaved; exits 1 if the\n\
-         stored rows of any run differ from the model."
+         stored rows of any run differ from the model. Defaults: 1,000,000 records, 3,000 per\n\
+         transaction, 1,000 ids per collection; up to 10,000 records (a smoke test) 100 per\n\
+         transaction over 10 ids per collection."
     );
     std::process::exit(2)
 }
 
 fn main() {
     let mut records = 1_000_000usize;
-    let mut tx_size = 3_000usize;
+    let mut tx_size = None;
+    let mut ids_per_collection = None;
     let mut reps = 2usize;
     let mut seed = 42u64;
     let mut dir = PathBuf::from("db");
@@ -726,7 +738,8 @@ fn main() {
         let mut value = || args.next().unwrap_or_else(|| usage());
         match a.as_str() {
             "--records" => records = value().parse().unwrap_or_else(|_| usage()),
-            "--tx" => tx_size = value().parse().unwrap_or_else(|_| usage()),
+            "--tx" => tx_size = Some(value().parse().unwrap_or_else(|_| usage())),
+            "--ids" => ids_per_collection = Some(value().parse().unwrap_or_else(|_| usage())),
             "--reps" => reps = value().parse().unwrap_or_else(|_| usage()),
             "--seed" => seed = value().parse().unwrap_or_else(|_| usage()),
             "--dir" => dir = PathBuf::from(value()),
@@ -739,9 +752,21 @@ fn main() {
             eprintln!("{e}");
             usage()
         });
+    // Small runs are smoke tests of the layouts' logic: small transactions over few ids, so
+    // that overwrites, deletes and replaced blobs across transactions are frequent.
+    let smoke = records <= 10_000;
+    let shape = Shape {
+        records,
+        tx_size: tx_size.unwrap_or(if smoke { 100 } else { 3_000 }).max(1),
+        ids_per_collection: ids_per_collection.unwrap_or(if smoke { 10 } else { 1_000 }).clamp(1, 65_536),
+        seed,
+    };
+    let tx_size = shape.tx_size;
+    let ids = shape.ids_per_collection;
     std::fs::create_dir_all(&dir).expect("create --dir");
     println!(
-        "W1 SQL-only: {records} records, {tx_size} per transaction, seed {seed}, {reps} rep(s), \
+        "W1 SQL-only: {records} records, {tx_size} per transaction, {COLLECTIONS} collections x {ids} ids, seed {seed}, \
+         {reps} rep(s), \
          SQLite {}, {} CPUs, dir {}",
         rusqlite::version(),
         std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0),
@@ -754,7 +779,7 @@ fn main() {
     let mut outcomes = Vec::new();
     for rep in 0..reps {
         for layout in &layouts {
-            let o = run(layout, rep, records, tx_size, seed, &dir);
+            let o = run(layout, rep, &shape, &dir);
             print_row(&o);
             outcomes.push(o);
         }
