@@ -336,6 +336,9 @@ enum Kind {
     IntKey,
     /// WITHOUT ROWID clustered on (collection_id, id).
     Clustered,
+    /// Not a materialized table: every write appended to a rowid log (a delete as a row of
+    /// NULLs). The floor of any layout that writes each record's bytes once, in order.
+    AppendOnly,
 }
 
 #[derive(Clone, Copy, PartialEq, Debug)]
@@ -357,8 +360,12 @@ struct Layout {
 }
 
 fn parse_layout(spec: &str) -> Result<Layout, String> {
-    let (base, page_size) = match spec.strip_suffix("-4k") {
-        Some(b) => (b, 4096),
+    let (base, page_size) = match spec.split_once('-') {
+        Some((b, "4k")) => (b, 4096),
+        Some((b, "8k")) => (b, 8192),
+        Some((b, "16k")) => (b, 16384),
+        Some((b, "32k")) => (b, 32768),
+        Some(_) => return Err(format!("unknown page size in {spec:?} (-4k -8k -16k -32k)")),
         None => (spec, 16384),
     };
     let (kind, order, gc_every) = match base {
@@ -367,9 +374,10 @@ fn parse_layout(spec: &str) -> Result<Layout, String> {
         "L2" => (Kind::Split, Order::Key, 1),
         "L3" => (Kind::IntKey, Order::Key, 1),
         "L4" => (Kind::Clustered, Order::Key, 1),
+        "A0" => (Kind::AppendOnly, Order::Log, 1),
         _ => match base.strip_prefix("L2g").and_then(|n| n.parse::<u64>().ok()) {
             Some(n) if n > 0 => (Kind::Split, Order::Key, n),
-            _ => return Err(format!("unknown layout {spec:?} (L0 L1 L2 L2g<N> L3 L4, optional -4k suffix)")),
+            _ => return Err(format!("unknown layout {spec:?} (L0 L1 L2 L2g<N> L3 L4, optional page size suffix -4k -8k -16k -32k; 16k is Sluice's)")),
         },
     };
     Ok(Layout { name: spec.to_string(), kind, order, page_size, gc_every })
@@ -410,6 +418,11 @@ fn schema(kind: Kind) -> &'static str {
                 k INTEGER PRIMARY KEY, collection_id TEXT NOT NULL, id TEXT NOT NULL, embedding BLOB NULL,
                 metadata TEXT NULL, document TEXT NULL, last_offset INTEGER NOT NULL);"
         }
+        Kind::AppendOnly => {
+            "CREATE TABLE records (
+                collection_id TEXT NOT NULL, id TEXT NOT NULL, embedding BLOB NULL, metadata TEXT NULL,
+                document TEXT NULL, last_offset INTEGER NOT NULL);"
+        }
         Kind::Split => {
             "CREATE TABLE records (
                 collection_id TEXT NOT NULL, id TEXT NOT NULL, metadata TEXT NULL, last_offset INTEGER NOT NULL,
@@ -424,6 +437,8 @@ const UPSERT_RECORD: &str = "INSERT INTO records (collection_id, id, embedding, 
      ON CONFLICT (collection_id, id) DO UPDATE SET
          embedding = excluded.embedding, metadata = excluded.metadata,
          document = excluded.document, last_offset = excluded.last_offset";
+const APPEND_RECORD: &str = "INSERT INTO records (collection_id, id, embedding, metadata, document, last_offset)
+     VALUES (?1, ?2, ?3, ?4, ?5, ?6)";
 const DELETE_RECORD: &str = "DELETE FROM records WHERE collection_id = ?1 AND id = ?2";
 // A different (collection_id, id) under the same key updates nothing: changes() = 0.
 const UPSERT_INT: &str = "INSERT INTO records (k, collection_id, id, embedding, metadata, document, last_offset)
@@ -504,6 +519,17 @@ impl Writer {
             }
         }
         match layout.kind {
+            Kind::AppendOnly => {
+                let mut append = t.prepare_cached(APPEND_RECORD)?;
+                for (_, w) in &issued {
+                    match w.row {
+                        Some(r) => append.execute(params![w.c, w.id, r.embedding, r.metadata, r.document, r.offset])?,
+                        None => {
+                            append.execute(params![w.c, w.id, None::<Vec<u8>>, None::<String>, None::<String>, -1])?
+                        }
+                    };
+                }
+            }
             Kind::RowidUnique | Kind::Clustered => {
                 let mut upsert = t.prepare_cached(UPSERT_RECORD)?;
                 let mut delete = t.prepare_cached(DELETE_RECORD)?;
@@ -580,6 +606,13 @@ impl Writer {
                 "SELECT r.collection_id, r.id, b.embedding, r.metadata, b.document
                  FROM records r JOIN blobs b ON b.rowid = r.blob"
             }
+            // The newest row per id (SQLite takes the bare columns from the max() row).
+            Kind::AppendOnly => {
+                "SELECT collection_id, id, embedding, metadata, document FROM (
+                     SELECT collection_id, id, embedding, metadata, document, max(rowid)
+                     FROM records GROUP BY collection_id, id)
+                 WHERE metadata IS NOT NULL"
+            }
             _ => "SELECT collection_id, id, embedding, metadata, document FROM records",
         };
         let mut stmt = self.conn.prepare(sql)?;
@@ -614,7 +647,11 @@ struct Outcome {
     records: usize,
     writes: usize,
     tx_time: Duration,
+    /// CPU of the writing thread inside the transactions.
     cpu: Duration,
+    /// CPU of the checkpoint thread.
+    ckpt_cpu: Duration,
+    max_tx: Duration,
     wchar: u64,
     write_bytes: u64,
     db_size: u64,
@@ -644,6 +681,7 @@ fn run(layout: &Layout, rep: usize, shape: &Shape, dir: &Path) -> Outcome {
 
     let io0 = proc_io();
     let (mut tx_time, mut cpu, mut writes, mut done, mut wal_peak) = (Duration::ZERO, Duration::ZERO, 0, 0, 0);
+    let mut max_tx = Duration::ZERO;
     while done < records {
         let n = tx_size.min(records - done);
         let tx = workload.next_tx(n);
@@ -651,13 +689,15 @@ fn run(layout: &Layout, rep: usize, shape: &Shape, dir: &Path) -> Outcome {
         let last = done + n >= records;
         let (t0, c0) = (Instant::now(), thread_cpu());
         writer.commit(&tx, done as i64, last).expect("commit");
-        tx_time += t0.elapsed();
+        let elapsed = t0.elapsed();
+        tx_time += elapsed;
+        max_tx = max_tx.max(elapsed);
         cpu += thread_cpu() - c0;
         done += n;
         wal_peak = wal_peak.max(std::fs::metadata(&wal_path).map(|m| m.len()).unwrap_or(0));
     }
     stop.store(true, Ordering::Relaxed);
-    cpu += checkpointer.join().expect("checkpointer");
+    let ckpt_cpu = checkpointer.join().expect("checkpointer");
     // Everything in the WAL has to reach the database file some time: count that too.
     writer.conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(())).expect("final checkpoint");
     let io1 = proc_io();
@@ -685,6 +725,8 @@ fn run(layout: &Layout, rep: usize, shape: &Shape, dir: &Path) -> Outcome {
         writes,
         tx_time,
         cpu,
+        ckpt_cpu,
+        max_tx,
         wchar: io1.0 - io0.0,
         write_bytes: io1.1 - io0.1,
         db_size,
@@ -698,11 +740,13 @@ fn run(layout: &Layout, rep: usize, shape: &Shape, dir: &Path) -> Outcome {
 fn print_row(o: &Outcome) {
     let per_m = 1_000_000.0 / o.records as f64;
     println!(
-        "| {:<7} | {} | {:>9.0} | {:>6.2} | {:>7.0} | {:>7.0} | {:>7.1} | {:>7.1} | {:>14} | {} | {} |",
+        "| {:<9} | {} | {:>7.0} | {:>5.2} | {:>5.2} | {:>4.0} | {:>6.0} | {:>6.0} | {:>6.1} | {:>6.1} | {} | {} | {} |",
         o.layout,
         o.rep + 1,
         o.records as f64 / o.tx_time.as_secs_f64(),
         o.cpu.as_secs_f64() * per_m,
+        o.ckpt_cpu.as_secs_f64() * per_m,
+        o.max_tx.as_secs_f64() * 1000.0,
         o.wchar as f64 / o.records as f64,
         o.write_bytes as f64 / o.records as f64,
         o.db_size as f64 / (1 << 20) as f64,
@@ -716,7 +760,7 @@ fn print_row(o: &Outcome) {
 fn usage() -> ! {
     eprintln!(
         "usage: sqlite-layout-bench [--records N] [--tx N] [--ids N] [--reps N] [--seed N] [--dir PATH]\n\
-         \x20                          [--layouts L0,L1,L2,L2g16,L3,L4,L2-4k,...]\n\
+         \x20                          [--layouts L0,L1,L2,L2g16,L3,L4,L1-4k,L2g16-4k,...]\n\
          Runs each layout from a fresh database, repetitions interleaved; exits 1 if the\n\
          stored rows of any run differ from the model. Defaults: 1,000,000 records, 3,000 per\n\
          transaction, 1,000 ids per collection; up to 10,000 records (a smoke test) 100 per\n\
@@ -773,9 +817,9 @@ fn main() {
         dir.display()
     );
     println!(
-        "| layout  | rep | records/s | CPU-s/1M | wchar B/rec | disk B/rec | DB MiB | WAL peak MiB | load 1/5/15 before / after | row writes | digest |"
+        "| layout | rep | records/s | writer CPU-s/1M | ckpt CPU-s/1M | max tx ms | wchar B/rec | disk B/rec | DB MiB | WAL peak MiB | load 1/5/15 before / after | row writes | digest |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     let mut outcomes = Vec::new();
     for rep in 0..reps {
         for layout in &layouts {
