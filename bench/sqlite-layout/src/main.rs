@@ -740,7 +740,7 @@ fn run(layout: &Layout, rep: usize, shape: &Shape, dir: &Path) -> Outcome {
 fn print_row(o: &Outcome) {
     let per_m = 1_000_000.0 / o.records as f64;
     println!(
-        "| {:<9} | {} | {:>7.0} | {:>5.2} | {:>5.2} | {:>4.0} | {:>6.0} | {:>6.0} | {:>6.1} | {:>6.1} | {} | {} | {} |",
+        "| {:<9} | {} | {:>7.0} | {:>5.2} | {:>5.2} | {:>4.0} | {:>6.0} | {:>6.0} | {:>6.1} | {:>6.1} | {} / {} | {} | {} |",
         o.layout,
         o.rep + 1,
         o.records as f64 / o.tx_time.as_secs_f64(),
@@ -751,7 +751,8 @@ fn print_row(o: &Outcome) {
         o.write_bytes as f64 / o.records as f64,
         o.db_size as f64 / (1 << 20) as f64,
         o.wal_peak as f64 / (1 << 20) as f64,
-        format!("{} / {}", o.load_before, o.load_after),
+        o.load_before,
+        o.load_after,
         o.writes,
         if o.digest_ok { "ok" } else { "MISMATCH" },
     );
