@@ -336,6 +336,11 @@ enum Kind {
     IntKey,
     /// WITHOUT ROWID clustered on (collection_id, id).
     Clustered,
+    /// Like `Split`, but replaced blobs are never looked up or deleted one by one: every
+    /// `gc_every` transactions, once the blob table spans more than twice the live records,
+    /// the live blobs of its oldest rowids are copied to its end and that rowid range is
+    /// deleted at once (a log-structured blob store).
+    BlobLog,
     /// Not a materialized table: every write appended to a rowid log (a delete as a row of
     /// NULLs). The floor of any layout that writes each record's bytes once, in order.
     AppendOnly,
@@ -377,8 +382,11 @@ fn parse_layout(spec: &str) -> Result<Layout, String> {
         "A0" => (Kind::AppendOnly, Order::Log, 1),
         _ => match base.strip_prefix("L2g").and_then(|n| n.parse::<u64>().ok()) {
             Some(n) if n > 0 => (Kind::Split, Order::Key, n),
-            _ => return Err(format!("unknown layout {spec:?} (L0 L1 L2 L2g<N> L3 L4, optional page size suffix -4k -8k -16k -32k; 16k is Sluice's)")),
-        },
+            _ => match base.strip_prefix("L2c").and_then(|n| n.parse::<u64>().ok()) {
+                Some(n) if n > 0 => (Kind::BlobLog, Order::Key, n),
+                _ => return Err(format!("unknown layout {spec:?} (L0 L1 L2 L2g<N> L2c<N> L3 L4 A0, optional page size suffix -4k -8k -16k -32k; 16k is Sluice's)")),
+                },
+            },
     };
     Ok(Layout { name: spec.to_string(), kind, order, page_size, gc_every })
 }
@@ -423,7 +431,7 @@ fn schema(kind: Kind) -> &'static str {
                 collection_id TEXT NOT NULL, id TEXT NOT NULL, embedding BLOB NULL, metadata TEXT NULL,
                 document TEXT NULL, last_offset INTEGER NOT NULL);"
         }
-        Kind::Split => {
+        Kind::Split | Kind::BlobLog => {
             "CREATE TABLE records (
                 collection_id TEXT NOT NULL, id TEXT NOT NULL, metadata TEXT NULL, last_offset INTEGER NOT NULL,
                 blob INTEGER NOT NULL, PRIMARY KEY (collection_id, id)) WITHOUT ROWID;
@@ -466,6 +474,36 @@ const UPSERT_COLLECTION: &str =
 const READ_POSITION: &str = "SELECT next_offset FROM partitions WHERE topic = ?1 AND partition = ?2";
 const WRITE_POSITION: &str = "INSERT INTO partitions (topic, partition, next_offset, updated_at_ms) VALUES (?1, ?2, ?3, ?4)
      ON CONFLICT (topic, partition) DO UPDATE SET next_offset = excluded.next_offset, updated_at_ms = excluded.updated_at_ms";
+
+/// Keep the blob table within twice the live records: copy the live blobs of the oldest
+/// rowids to the end, then delete that whole range (its pages are freed, not rewritten).
+fn compact_blobs(t: &Connection) -> rusqlite::Result<()> {
+    let live: i64 = t.query_row("SELECT COALESCE(SUM(record_count), 0) FROM collections", [], |r| r.get(0))?;
+    let (lo, hi): (Option<i64>, Option<i64>) =
+        t.query_row("SELECT min(rowid), max(rowid) FROM blobs", [], |r| Ok((r.get(0)?, r.get(1)?)))?;
+    let (Some(lo), Some(hi)) = (lo, hi) else { return Ok(()) };
+    let span = hi - lo + 1;
+    if span <= 2 * live {
+        return Ok(());
+    }
+    let cut = lo + (span - 2 * live);
+    let moving: Vec<(String, String, i64)> = t
+        .prepare_cached("SELECT collection_id, id, blob FROM records WHERE blob < ?1")?
+        .query_map(params![cut], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?
+        .collect::<rusqlite::Result<_>>()?;
+    let mut copy = t.prepare_cached(
+        "INSERT INTO blobs (embedding, document) SELECT embedding, document FROM blobs WHERE rowid = ?1",
+    )?;
+    let mut repoint = t.prepare_cached("UPDATE records SET blob = ?1 WHERE collection_id = ?2 AND id = ?3")?;
+    let mut moving = moving;
+    moving.sort_unstable_by_key(|m| m.2);
+    for (c, id, blob) in &moving {
+        copy.execute(params![blob])?;
+        repoint.execute(params![t.last_insert_rowid(), c, id])?;
+    }
+    t.prepare_cached("DELETE FROM blobs WHERE rowid < ?1")?.execute(params![cut])?;
+    Ok(())
+}
 
 fn now_ms() -> i64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64
@@ -594,6 +632,26 @@ impl Writer {
                     }
                 }
             }
+            Kind::BlobLog => {
+                let mut insert_blob = t.prepare_cached(INSERT_BLOB)?;
+                let mut upsert = t.prepare_cached(UPSERT_SPLIT)?;
+                let mut delete = t.prepare_cached(DELETE_RECORD)?;
+                for (_, w) in &issued {
+                    match w.row {
+                        Some(r) => {
+                            let blob = insert_blob.insert(params![r.embedding, r.document])?;
+                            upsert.execute(params![w.c, w.id, r.metadata, r.offset, blob])?;
+                        }
+                        None => {
+                            delete.execute(params![w.c, w.id])?;
+                        }
+                    }
+                }
+                self.txs += 1;
+                if self.txs.is_multiple_of(layout.gc_every) {
+                    compact_blobs(&t)?;
+                }
+            }
         }
         t.prepare_cached(WRITE_POSITION)?.execute(params![TOPIC, 0, from + tx.records as i64, now])?;
         t.commit()
@@ -602,7 +660,7 @@ impl Writer {
     /// (live rows, sum of row hashes) read back from the database.
     fn digest(&self) -> rusqlite::Result<(u64, u64)> {
         let sql = match self.layout.kind {
-            Kind::Split => {
+            Kind::Split | Kind::BlobLog => {
                 "SELECT r.collection_id, r.id, b.embedding, r.metadata, b.document
                  FROM records r JOIN blobs b ON b.rowid = r.blob"
             }
