@@ -362,6 +362,9 @@ struct Layout {
     page_size: i64,
     /// Split: delete replaced blobs every this many transactions.
     gc_every: u64,
+    /// BlobLog: an index on `records(blob)`, so compaction finds the live blobs of the
+    /// oldest range without scanning `records`.
+    blob_index: bool,
 }
 
 fn parse_layout(spec: &str) -> Result<Layout, String> {
@@ -382,13 +385,14 @@ fn parse_layout(spec: &str) -> Result<Layout, String> {
         "A0" => (Kind::AppendOnly, Order::Log, 1),
         _ => match base.strip_prefix("L2g").and_then(|n| n.parse::<u64>().ok()) {
             Some(n) if n > 0 => (Kind::Split, Order::Key, n),
-            _ => match base.strip_prefix("L2c").and_then(|n| n.parse::<u64>().ok()) {
+            _ => match base.strip_prefix("L2c").or(base.strip_prefix("L2x")).and_then(|n| n.parse::<u64>().ok()) {
                 Some(n) if n > 0 => (Kind::BlobLog, Order::Key, n),
-                _ => return Err(format!("unknown layout {spec:?} (L0 L1 L2 L2g<N> L2c<N> L3 L4 A0, optional page size suffix -4k -8k -16k -32k; 16k is Sluice's)")),
+                _ => return Err(format!("unknown layout {spec:?} (L0 L1 L2 L2g<N> L2c<N> L2x<N> L3 L4 A0, optional page size suffix -4k -8k -16k -32k; 16k is Sluice's)")),
                 },
             },
     };
-    Ok(Layout { name: spec.to_string(), kind, order, page_size, gc_every })
+    let blob_index = base.starts_with("L2x");
+    Ok(Layout { name: spec.to_string(), kind, order, page_size, gc_every, blob_index })
 }
 
 const COMMON_SCHEMA: &str = "
@@ -730,6 +734,9 @@ fn run(layout: &Layout, rep: usize, shape: &Shape, dir: &Path) -> Outcome {
     configure(&conn, layout.page_size).expect("configure");
     conn.execute_batch(COMMON_SCHEMA).expect("schema");
     conn.execute_batch(schema(layout.kind)).expect("schema");
+    if layout.blob_index {
+        conn.execute_batch("CREATE INDEX records_by_blob ON records (blob);").expect("schema");
+    }
     let stop = Arc::new(AtomicBool::new(false));
     let checkpointer = spawn_checkpointer(&path, layout.page_size, stop.clone());
     conn.set_prepared_statement_cache_capacity(32);
@@ -835,7 +842,7 @@ fn main() {
     let mut reps = 2usize;
     let mut seed = 42u64;
     let mut dir = PathBuf::from("db");
-    let mut layouts = "L0,L1,L2,L2g16,L3,L4".to_string();
+    let mut layouts = "L0,L1,L1-4k,L2,L2g16,L2g64,L2c8,L2x1,L3,L4,A0".to_string();
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         let mut value = || args.next().unwrap_or_else(|| usage());
