@@ -483,8 +483,10 @@ const WRITE_POSITION: &str = "INSERT INTO partitions (topic, partition, next_off
 /// rowids to the end, then delete that whole range (its pages are freed, not rewritten).
 fn compact_blobs(t: &Connection) -> rusqlite::Result<()> {
     let live: i64 = t.query_row("SELECT COALESCE(SUM(record_count), 0) FROM collections", [], |r| r.get(0))?;
-    let (lo, hi): (Option<i64>, Option<i64>) =
-        t.query_row("SELECT min(rowid), max(rowid) FROM blobs", [], |r| Ok((r.get(0)?, r.get(1)?)))?;
+    // Two queries: SQLite answers a lone min() or max() from the b-tree's edge, but both in
+    // one query scan the whole table.
+    let lo: Option<i64> = t.query_row("SELECT min(rowid) FROM blobs", [], |r| r.get(0))?;
+    let hi: Option<i64> = t.query_row("SELECT max(rowid) FROM blobs", [], |r| r.get(0))?;
     let (Some(lo), Some(hi)) = (lo, hi) else { return Ok(()) };
     let span = hi - lo + 1;
     if span <= 2 * live {
