@@ -4,7 +4,8 @@
 //! fields in schema order, zig-zag varint longs, length-prefixed bytes and strings, union
 //! branch indexes as longs, maps as blocks) without going through `apache_avro::types::Value`.
 //! The generic apache-avro path in [`super::avro`] is its oracle in property tests and its
-//! baseline in `benches/decode.rs`.
+//! baseline in `record/benches/decode.rs`. [`super::borrowed::decode_ref`] reads the same
+//! datum in place (no owned copy) with the same checks and errors.
 //!
 //! The decoder assumes the *current* writer schema. Data written with another schema
 //! version must go through [`super::avro::GenericDecoder`], which does schema resolution.
