@@ -6,6 +6,7 @@ use crate::codec::tests::{
     bitwise_eq, encoding_pool, fuzz_seed, log_record, long, mutated_encoding, next_input, prefix, sample, string, Rng,
 };
 use crate::codec::{decode, encode};
+use crate::{LogRecord, MetaValue, Metadata};
 use proptest::prelude::*;
 
 /// Both decoders on `bytes`: the same record (bit for bit) or the very same error.
@@ -113,8 +114,11 @@ fn metadata_in_several_blocks_iterates_in_datum_order() {
 
 #[test]
 fn duplicate_keys_are_refused_past_the_inline_key_set_too() {
-    // Within the inline set, at its edge, and after the spill to a hash set.
-    for (n, dup) in [(3, (2, 0)), (INLINE_KEYS, (INLINE_KEYS - 1, 3)), (40, (INLINE_KEYS, 0)), (40, (39, 25))] {
+    // Within the inline set, at its edge, and after the spill to a hash set (of a key
+    // seen before the spill, and of one seen after).
+    for (n, dup) in
+        [(3, (2, 0)), (INLINE_KEYS, (INLINE_KEYS - 1, 3)), (40, (INLINE_KEYS, 0)), (40, (30, 2)), (40, (39, 25))]
+    {
         let bytes = many_keys(n, Some(dup));
         let e = decode_ref(&bytes).expect_err("duplicate key");
         assert_eq!(e.kind(), "duplicate_map_key", "{n} keys, {dup:?}");
@@ -155,6 +159,66 @@ fn malformed_inputs_get_the_same_error_from_both_decoders() {
     for bytes in cases {
         let outcome = agree(&bytes).unwrap_or_else(|d| panic!("input {}: {d}", hex(&bytes)));
         assert_ne!(outcome, "ok", "input {}", hex(&bytes));
+    }
+}
+
+#[test]
+fn validate_ref_refuses_each_fault_like_validate() {
+    use crate::BackfillRef;
+    let ok = || {
+        let mut r = sample();
+        r.embedding = Some(vec![0.5, -1.0, 2.0]);
+        r
+    };
+    let with_meta = |k: &str, v: MetaValue| {
+        let mut r = ok();
+        r.metadata.get_or_insert_with(Metadata::new).insert(k.to_string(), v);
+        r
+    };
+    let marker = |request_id: &str, function_id: &str| {
+        let mut r = LogRecord::data("coll", "", Operation::BackfillFn);
+        r.backfill = Some(BackfillRef { request_id: request_id.into(), function_id: function_id.into() });
+        r
+    };
+    let mut faults: Vec<(&str, LogRecord)> = vec![
+        ("empty_collection_id", LogRecord { collection_id: String::new(), ..ok() }),
+        ("collection_id_too_long", LogRecord { collection_id: "c".repeat(1025), ..ok() }),
+        ("id_too_long", LogRecord { id: "i".repeat(1025), ..ok() }),
+        ("empty_id", LogRecord { id: String::new(), ..ok() }),
+        ("backfill_without_payload", LogRecord::data("coll", "", Operation::BackfillFn)),
+        ("empty_backfill_ref", marker("", "f")),
+        ("empty_backfill_ref", marker("r", "")),
+        ("payload_on_data_operation", LogRecord { backfill: marker("r", "f").backfill, ..ok() }),
+        ("empty_embedding", LogRecord { embedding: Some(vec![]), ..ok() }),
+        ("embedding_too_large", LogRecord { embedding: Some(vec![0.0; 65537]), ..ok() }),
+        ("non_finite_embedding", LogRecord { embedding: Some(vec![0.0, f32::NAN]), ..ok() }),
+        ("non_finite_embedding", LogRecord { embedding: Some(vec![f32::NEG_INFINITY]), ..ok() }),
+        ("metadata_key_empty", with_meta("", MetaValue::Null)),
+        ("metadata_key_too_long", with_meta(&"k".repeat(1025), MetaValue::Null)),
+        ("metadata_value_too_large", with_meta("big", MetaValue::String("v".repeat(65537)))),
+        ("non_finite_metadata_double", with_meta("d", MetaValue::Double(f64::NAN))),
+        ("non_finite_metadata_double", with_meta("d", MetaValue::Double(f64::INFINITY))),
+        ("document_too_large", LogRecord { document: Some("d".repeat((1 << 20) + 1)), ..ok() }),
+        ("nul_character", LogRecord { collection_id: "c\0".into(), ..ok() }),
+        ("nul_character", LogRecord { id: "\0".into(), ..ok() }),
+        ("nul_character", marker("r\0", "f")),
+        ("nul_character", marker("r", "\0f")),
+        ("nul_character", with_meta("k\0", MetaValue::Null)),
+        ("nul_character", with_meta("k", MetaValue::String("\0".into()))),
+        ("nul_character", LogRecord { document: Some("a\0b".into()), ..ok() }),
+    ];
+    let many: Metadata = (0..65).map(|i| (format!("k{i}"), MetaValue::Long(i))).collect();
+    faults.push(("too_many_metadata_keys", LogRecord { metadata: Some(many), ..ok() }));
+    for r in [ok(), marker("r", "f")] {
+        let bytes = encode(&r);
+        assert_eq!(validate_ref(&decode_ref(&bytes).expect("decode_ref"), &Limits::DEFAULT), Ok(()));
+    }
+    for (kind, r) in faults {
+        let bytes = encode(&r);
+        let v = decode_ref(&bytes).expect("decode_ref");
+        let expected = validate(&r, &Limits::DEFAULT);
+        assert_eq!(expected.as_ref().map_err(ValidationError::kind), Err(kind));
+        assert_eq!(validate_ref(&v, &Limits::DEFAULT), expected, "{kind}");
     }
 }
 
