@@ -3,7 +3,7 @@
 //! schema resolution, and the `BackfillTask` codec.
 //!
 //! The generic path is not the processor's hot path ([`super::codec`] is): it is the oracle
-//! for the hand-written codec's property tests, the baseline of `benches/decode.rs`, the
+//! for the hand-written codec's property tests, the baseline of `record/benches/decode.rs`, the
 //! way to read data written with an older schema version, and the codec of backfill tasks
 //! (one per marker, not hot).
 

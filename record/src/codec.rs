@@ -4,7 +4,8 @@
 //! fields in schema order, zig-zag varint longs, length-prefixed bytes and strings, union
 //! branch indexes as longs, maps as blocks) without going through `apache_avro::types::Value`.
 //! The generic apache-avro path in [`super::avro`] is its oracle in property tests and its
-//! baseline in `benches/decode.rs`.
+//! baseline in `record/benches/decode.rs`. [`super::borrowed::decode_ref`] reads the same
+//! datum in place (no owned copy) with the same checks and errors.
 //!
 //! The decoder assumes the *current* writer schema. Data written with another schema
 //! version must go through [`super::avro::GenericDecoder`], which does schema resolution.
@@ -174,20 +175,22 @@ pub fn f32s_to_le_bytes(values: &[f32]) -> Vec<u8> {
     out
 }
 
-struct Reader<'a> {
-    buf: &'a [u8],
-    pos: usize,
+/// A cursor over a datum. Shared with the borrowed decoder ([`super::borrowed`]), so both
+/// decoders read every primitive the same way and refuse it with the same error.
+pub(crate) struct Reader<'a> {
+    pub(crate) buf: &'a [u8],
+    pub(crate) pos: usize,
 }
 
 impl<'a> Reader<'a> {
     #[inline]
-    fn remaining(&self) -> usize {
+    pub(crate) fn remaining(&self) -> usize {
         self.buf.len().saturating_sub(self.pos)
     }
 
     /// A zig-zag varint long, at most 10 bytes; the 10th byte may only carry bit 63.
     #[inline(always)]
-    fn long(&mut self, field: &'static str) -> Result<i64, DecodeError> {
+    pub(crate) fn long(&mut self, field: &'static str) -> Result<i64, DecodeError> {
         // Union branches, enum indexes, short lengths: almost every varint is one byte.
         if let Some(&b) = self.buf.get(self.pos) {
             if b < 0x80 {
@@ -225,7 +228,7 @@ impl<'a> Reader<'a> {
     }
 
     #[inline]
-    fn union_index(&mut self, field: &'static str, branches: u8) -> Result<u8, DecodeError> {
+    pub(crate) fn union_index(&mut self, field: &'static str, branches: u8) -> Result<u8, DecodeError> {
         let pos = self.pos;
         let index = self.long(field)?;
         match u8::try_from(index) {
@@ -237,7 +240,7 @@ impl<'a> Reader<'a> {
     /// Length-prefixed bytes, borrowed from the input. The length is checked against the
     /// remaining input before anything else, so a lying length never causes an allocation.
     #[inline]
-    fn bytes(&mut self, field: &'static str) -> Result<(&'a [u8], usize), DecodeError> {
+    pub(crate) fn bytes(&mut self, field: &'static str) -> Result<(&'a [u8], usize), DecodeError> {
         let start = self.pos;
         let len = self.long(field)?;
         let Ok(len_u) = u64::try_from(len) else {
@@ -258,9 +261,15 @@ impl<'a> Reader<'a> {
 
     #[inline]
     fn string(&mut self, field: &'static str) -> Result<String, DecodeError> {
+        self.str_ref(field).map(str::to_owned)
+    }
+
+    /// A length-prefixed UTF-8 string, borrowed from the input.
+    #[inline]
+    pub(crate) fn str_ref(&mut self, field: &'static str) -> Result<&'a str, DecodeError> {
         let (data, data_pos) = self.bytes(field)?;
         match std::str::from_utf8(data) {
-            Ok(s) => Ok(s.to_owned()),
+            Ok(s) => Ok(s),
             Err(e) => Err(DecodeError::InvalidUtf8 { field, pos: data_pos + e.valid_up_to() }),
         }
     }
@@ -271,7 +280,7 @@ impl<'a> Reader<'a> {
         f32s_from_le_bytes(data).ok_or(DecodeError::EmbeddingNotMultipleOf4 { len: data.len(), pos: data_pos })
     }
 
-    fn fixed<const N: usize>(&mut self, field: &'static str) -> Result<[u8; N], DecodeError> {
+    pub(crate) fn fixed<const N: usize>(&mut self, field: &'static str) -> Result<[u8; N], DecodeError> {
         let pos = self.pos;
         let bytes = self
             .buf
@@ -484,4 +493,4 @@ pub fn put_f32s(out: &mut Vec<u8>, values: &[f32]) {
 
 #[cfg(test)]
 #[path = "codec_tests.rs"]
-mod tests;
+pub(crate) mod tests;

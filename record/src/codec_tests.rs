@@ -10,7 +10,7 @@ use proptest::prelude::*;
 // ---------------------------------------------------------------------------------------
 
 /// Equality that compares floats by bit pattern, so NaN payloads must survive too.
-fn bitwise_eq(a: &LogRecord, b: &LogRecord) -> bool {
+pub(crate) fn bitwise_eq(a: &LogRecord, b: &LogRecord) -> bool {
     fn f32s(x: &Option<Vec<f32>>) -> Option<Vec<u32>> {
         x.as_ref().map(|v| v.iter().map(|f| f.to_bits()).collect())
     }
@@ -37,13 +37,13 @@ fn bitwise_eq(a: &LogRecord, b: &LogRecord) -> bool {
         && a.backfill == b.backfill
 }
 
-fn long(v: i64) -> Vec<u8> {
+pub(crate) fn long(v: i64) -> Vec<u8> {
     let mut out = Vec::new();
     put_long(&mut out, v);
     out
 }
 
-fn string(s: &str) -> Vec<u8> {
+pub(crate) fn string(s: &str) -> Vec<u8> {
     let mut out = Vec::new();
     put_str(&mut out, s);
     out
@@ -51,11 +51,11 @@ fn string(s: &str) -> Vec<u8> {
 
 /// `collection_id`, `id`, `operation = ADD`, `embedding = null`, `encoding = FLOAT32`:
 /// the prefix of a record, to which a test appends the metadata onward.
-fn prefix() -> Vec<u8> {
+pub(crate) fn prefix() -> Vec<u8> {
     [string("c"), string("i"), long(0), long(0), long(0)].concat()
 }
 
-fn sample() -> LogRecord {
+pub(crate) fn sample() -> LogRecord {
     let mut r = LogRecord::data("coll-1", "rec-1", Operation::Upsert);
     r.embedding = Some(vec![0.5, -1.0, f32::NAN]);
     r.metadata = Some(Metadata::from([
@@ -311,7 +311,7 @@ pub(crate) fn log_record() -> impl Strategy<Value = LogRecord> {
 
 /// A valid encoding damaged by a few edits: byte overwrites, truncation, insertion, and
 /// splicing in a maximal varint (the edits most likely to reach deep decoder states).
-fn mutated_encoding() -> impl Strategy<Value = Vec<u8>> {
+pub(crate) fn mutated_encoding() -> impl Strategy<Value = Vec<u8>> {
     let edit = (0u8..4, any::<prop::sample::Index>(), any::<u8>());
     (log_record(), prop::collection::vec(edit, 1..4)).prop_map(|(r, edits)| {
         let mut bytes = encode(&r);
@@ -384,16 +384,16 @@ proptest! {
 // ---------------------------------------------------------------------------------------
 
 /// xorshift64*: deterministic, dependency-free and fast enough for a million inputs.
-struct Rng(u64);
+pub(crate) struct Rng(pub(crate) u64);
 
 impl Rng {
-    fn next(&mut self) -> u64 {
+    pub(crate) fn next(&mut self) -> u64 {
         self.0 ^= self.0 >> 12;
         self.0 ^= self.0 << 25;
         self.0 ^= self.0 >> 27;
         self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
     }
-    fn below(&mut self, n: usize) -> usize {
+    pub(crate) fn below(&mut self, n: usize) -> usize {
         (self.next() % n.max(1) as u64) as usize
     }
 }
@@ -416,7 +416,7 @@ fn decoder_survives_a_bounded_number_of_arbitrary_inputs() {
 }
 
 /// A pool of valid encodings from the property-test strategy, to mutate.
-fn encoding_pool() -> Vec<Vec<u8>> {
+pub(crate) fn encoding_pool() -> Vec<Vec<u8>> {
     use proptest::strategy::ValueTree;
     use proptest::test_runner::{Config, TestRunner};
 
@@ -434,13 +434,13 @@ fn encoding_pool() -> Vec<Vec<u8>> {
     pool
 }
 
-fn fuzz_seed() -> u64 {
+pub(crate) fn fuzz_seed() -> u64 {
     std::env::var("SLUICE_FUZZ_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(0x5eed_u64)
 }
 
 /// The `n`-th input: arbitrary bytes, a valid encoding with 1-4 random edits, or a
 /// truncated valid encoding.
-fn next_input(n: usize, rng: &mut Rng, pool: &[Vec<u8>], input: &mut Vec<u8>) {
+pub(crate) fn next_input(n: usize, rng: &mut Rng, pool: &[Vec<u8>], input: &mut Vec<u8>) {
     input.clear();
     match n % 4 {
         // Arbitrary bytes.

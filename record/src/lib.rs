@@ -8,6 +8,7 @@
 //! alone. Everything is unit- and property-tested without a broker.
 
 pub mod avro;
+pub mod borrowed;
 pub mod codec;
 pub mod framing;
 pub mod items;
