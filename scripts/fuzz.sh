@@ -6,7 +6,7 @@
 #   FUZZ_TARGETS="jsonl_line" scripts/fuzz.sh 30
 #
 # Targets (fuzz/fuzz_targets/):
-#   decode_log_record   bytes -> record::codec::decode (+ encode/decode round trip, validate)
+#   decode_log_record   bytes -> record::codec::decode and borrowed::decode_ref (same answer; round trip, validate = validate_ref)
 #   jsonl_line          bytes -> UTF-8 -> cli::jsonl::parse_line (the `sluice produce` input)
 #   http_records_body   bytes -> record::items::parse_body + parse_items (POST .../records)
 #   decode_differential bytes -> codec::decode vs apache-avro's generic decode of
