@@ -310,35 +310,8 @@ fn metadata_ref<'a>(r: &mut Reader<'a>) -> Result<MetadataRef<'a>, DecodeError> 
     let start = r.pos;
     let mut keys = KeySet::new();
     let mut len = 0usize;
-    loop {
-        let block_pos = r.pos;
-        let count = r.long(FIELD)?;
-        if count == 0 {
-            return Ok(MetadataRef { raw: &r.buf[start..r.pos], len });
-        }
-        let entries = count.unsigned_abs();
-        let declared_size = if count < 0 {
-            let size_pos = r.pos;
-            let size = r.long(FIELD)?;
-            let Ok(size) = u64::try_from(size) else {
-                return Err(DecodeError::NegativeLength { field: FIELD, len: size, pos: size_pos });
-            };
-            Some(size)
-        } else {
-            None
-        };
-        // Every entry takes at least 2 bytes (key length, value branch).
-        let max = r.remaining();
-        if entries > (max / 2) as u64 {
-            return Err(DecodeError::LengthOverflow { field: FIELD, len: entries, max: max / 2, pos: block_pos });
-        }
-        if let Some(size) = declared_size {
-            if size > max as u64 {
-                return Err(DecodeError::LengthOverflow { field: FIELD, len: size, max, pos: block_pos });
-            }
-        }
-        let entries_start = r.pos;
-        for _ in 0..entries {
+    while let Some(block) = r.map_block(FIELD)? {
+        for _ in 0..block.entries {
             let key_pos = r.pos;
             let key = r.str_ref(KEY_FIELD)?;
             meta_value_ref(r)?;
@@ -347,13 +320,9 @@ fn metadata_ref<'a>(r: &mut Reader<'a>) -> Result<MetadataRef<'a>, DecodeError> 
             }
             len += 1;
         }
-        if let Some(declared) = declared_size {
-            let actual = r.pos - entries_start;
-            if actual as u64 != declared {
-                return Err(DecodeError::BadBlockSize { field: FIELD, declared, actual, pos: block_pos });
-            }
-        }
+        r.end_map_block(FIELD, block)?;
     }
+    Ok(MetadataRef { raw: &r.buf[start..r.pos], len })
 }
 
 #[inline]

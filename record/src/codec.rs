@@ -177,6 +177,16 @@ pub fn f32s_to_le_bytes(values: &[f32]) -> Vec<u8> {
 
 /// A cursor over a datum. Shared with the borrowed decoder ([`super::borrowed`]), so both
 /// decoders read every primitive the same way and refuse it with the same error.
+/// A map block whose header [`Reader::map_block`] read: its entry count, and what
+/// [`Reader::end_map_block`] checks once the entries are read.
+pub(crate) struct MapBlock {
+    pub(crate) entries: u64,
+    declared_size: Option<u64>,
+    /// Where the block starts (the position its errors name).
+    pos: usize,
+    entries_start: usize,
+}
+
 pub(crate) struct Reader<'a> {
     pub(crate) buf: &'a [u8],
     pub(crate) pos: usize,
@@ -296,36 +306,8 @@ impl<'a> Reader<'a> {
     fn metadata(&mut self) -> Result<Metadata, DecodeError> {
         const FIELD: &str = "metadata";
         let mut map = Metadata::new();
-        loop {
-            let block_pos = self.pos;
-            let count = self.long(FIELD)?;
-            if count == 0 {
-                return Ok(map);
-            }
-            let entries = count.unsigned_abs();
-            let declared_size = if count < 0 {
-                let size_pos = self.pos;
-                let size = self.long(FIELD)?;
-                let Ok(size) = u64::try_from(size) else {
-                    return Err(DecodeError::NegativeLength { field: FIELD, len: size, pos: size_pos });
-                };
-                Some(size)
-            } else {
-                None
-            };
-            // Every entry takes at least 2 bytes (key length, value branch): a count that
-            // cannot fit is rejected before looping, and bounds the map's allocations.
-            let max = self.remaining();
-            if entries > (max / 2) as u64 {
-                return Err(DecodeError::LengthOverflow { field: FIELD, len: entries, max: max / 2, pos: block_pos });
-            }
-            if let Some(size) = declared_size {
-                if size > max as u64 {
-                    return Err(DecodeError::LengthOverflow { field: FIELD, len: size, max, pos: block_pos });
-                }
-            }
-            let entries_start = self.pos;
-            for _ in 0..entries {
+        while let Some(block) = self.map_block(FIELD)? {
+            for _ in 0..block.entries {
                 let key_pos = self.pos;
                 let key = self.string("metadata.key")?;
                 let value = self.meta_value()?;
@@ -338,13 +320,56 @@ impl<'a> Reader<'a> {
                     }
                 }
             }
-            if let Some(declared) = declared_size {
-                let actual = self.pos - entries_start;
-                if actual as u64 != declared {
-                    return Err(DecodeError::BadBlockSize { field: FIELD, declared, actual, pos: block_pos });
-                }
+            self.end_map_block(FIELD, block)?;
+        }
+        Ok(map)
+    }
+
+    /// The header of a map block, checked: `None` for the end block (count 0). A negative
+    /// count is followed by the block's byte size. Every entry takes at least 2 bytes (key
+    /// length, value branch), so a count that cannot fit the input left is refused before
+    /// any entry is read, which also bounds what the caller allocates; so is a byte size
+    /// larger than the input left.
+    #[inline]
+    pub(crate) fn map_block(&mut self, field: &'static str) -> Result<Option<MapBlock>, DecodeError> {
+        let pos = self.pos;
+        let count = self.long(field)?;
+        if count == 0 {
+            return Ok(None);
+        }
+        let entries = count.unsigned_abs();
+        let declared_size = if count < 0 {
+            let size_pos = self.pos;
+            let size = self.long(field)?;
+            let Ok(size) = u64::try_from(size) else {
+                return Err(DecodeError::NegativeLength { field, len: size, pos: size_pos });
+            };
+            Some(size)
+        } else {
+            None
+        };
+        let max = self.remaining();
+        if entries > (max / 2) as u64 {
+            return Err(DecodeError::LengthOverflow { field, len: entries, max: max / 2, pos });
+        }
+        if let Some(size) = declared_size {
+            if size > max as u64 {
+                return Err(DecodeError::LengthOverflow { field, len: size, max, pos });
             }
         }
+        Ok(Some(MapBlock { entries, declared_size, pos, entries_start: self.pos }))
+    }
+
+    /// After a block's entries: its declared byte size, if it has one, must be what they took.
+    #[inline]
+    pub(crate) fn end_map_block(&self, field: &'static str, block: MapBlock) -> Result<(), DecodeError> {
+        if let Some(declared) = block.declared_size {
+            let actual = self.pos - block.entries_start;
+            if actual as u64 != declared {
+                return Err(DecodeError::BadBlockSize { field, declared, actual, pos: block.pos });
+            }
+        }
+        Ok(())
     }
 
     fn meta_value(&mut self) -> Result<MetaValue, DecodeError> {
