@@ -27,7 +27,7 @@ use crate::config::Config;
 use crate::kafka::dlq::{self as kdlq, DlqMessage};
 use crate::kafka::producer::{Outgoing, Producer};
 use crate::kafka::{ClientSettings, KafkaError};
-use crate::sysdb::{DlqReplayRow, Sysdb, SysdbError};
+use crate::sysdb::{now_ms, DlqReplayRow, Sysdb, SysdbError};
 
 /// Why a DLQ command failed.
 #[derive(Debug, thiserror::Error)]
@@ -272,10 +272,6 @@ pub fn select(views: Vec<DlqEntryView>, filter: &DlqFilter) -> ReplayReport {
         report.entries.truncate(n);
     }
     report
-}
-
-fn now_ms() -> i64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64)
 }
 
 #[cfg(test)]

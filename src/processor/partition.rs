@@ -303,10 +303,7 @@ impl Worker {
         if threshold == 0 {
             return true;
         }
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(i64::MAX, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
-        behind_head(threshold, self.buf.last().and_then(|m| m.timestamp_ms), now)
+        behind_head(threshold, self.buf.last().and_then(|m| m.timestamp_ms), crate::sysdb::now_ms())
     }
 
     fn accept(&mut self, m: Msg) {

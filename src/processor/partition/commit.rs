@@ -355,8 +355,7 @@ impl Worker {
         if !report.markers_accepted.is_empty() {
             self.functions.clear();
         }
-        let committed_ms =
-            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64);
+        let committed_ms = crate::sysdb::now_ms();
 
         for u in &plan.commit.collections {
             let prev = match self.known.get(&u.id) {
