@@ -324,6 +324,13 @@ pub struct BackfillConfig {
     pub concurrency: usize,
     /// Pause between two chunks of one backfill, to leave room for live processing.
     pub pause_ms: u64,
+    /// The share of wall time a backfill may take while this replica commits live
+    /// batches, in (0, 1]. After a chunk during which a live batch committed, the
+    /// worker pauses `(1 / live_share - 1)` times the chunk's duration, so live
+    /// processing keeps about `1 - live_share` of the sysdb writer and of the CPU. With
+    /// no live batch committing, chunks follow each other without a pause. `1` turns
+    /// the throttle off. It sees only this replica's live batches.
+    pub live_share: f64,
     /// How often the sysdb is scanned for `backfilling` functions that no worker runs
     /// (start-up, a crashed replica's backfill, a lost task).
     pub scan_interval_ms: u64,
@@ -337,6 +344,7 @@ impl Default for BackfillConfig {
             chunk_size: 1000,
             concurrency: 2,
             pause_ms: 0,
+            live_share: 0.1,
             scan_interval_ms: 5_000,
             relay_interval_ms: 2_000,
         }
@@ -633,6 +641,12 @@ impl Config {
         }
         if self.backfill.chunk_size == 0 || self.backfill.concurrency == 0 {
             return Err(ConfigError::Invalid("backfill.chunk_size and backfill.concurrency must be > 0".into()));
+        }
+        if !(self.backfill.live_share > 0.0 && self.backfill.live_share <= 1.0) {
+            return Err(ConfigError::Invalid(format!(
+                "backfill.live_share must be in (0, 1] (1 = no throttle), got {}",
+                self.backfill.live_share
+            )));
         }
         if self.kafka.partitions <= 0 || self.kafka.replication_factor <= 0 {
             return Err(ConfigError::Invalid("kafka.partitions and kafka.replication_factor must be > 0".into()));

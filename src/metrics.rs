@@ -781,6 +781,11 @@ impl Metrics {
         self.batches.inc();
     }
 
+    /// Batches committed by this replica so far (the backfill throttle watches it).
+    pub fn batches_committed(&self) -> u64 {
+        self.batches.get()
+    }
+
     pub fn observe_batch_duration(&self, d: Duration) {
         self.batch_duration.observe(d.as_secs_f64());
     }

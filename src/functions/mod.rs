@@ -91,6 +91,39 @@ pub trait Function: Send + Sync {
     fn name(&self) -> &'static str;
     /// Append the output deltas of one change to `out`.
     fn deltas(&self, change: &ChangeRef<'_>, out: &mut Vec<OutputDelta>);
+    /// Which stored fields of a record [`Function::deltas`] reads, besides its id, its
+    /// offset and whether it exists. A backfill reads only these from the sysdb (the
+    /// others arrive empty), so a function must not depend on a field it leaves out:
+    /// `deltas` of a change and of its [`Reads::project`]ion are equal (a property test
+    /// holds every function to it). The default reads everything.
+    fn reads(&self) -> Reads {
+        Reads::ALL
+    }
+}
+
+/// The stored fields of a record a function reads (see [`Function::reads`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Reads {
+    pub embedding: bool,
+    pub metadata: bool,
+    pub document: bool,
+}
+
+impl Reads {
+    pub const ALL: Reads = Reads { embedding: true, metadata: true, document: true };
+    /// Only the id, the offset and the record's existence.
+    pub const NOTHING: Reads = Reads { embedding: false, metadata: false, document: false };
+
+    /// `record` as a backfill with these reads sees it: the fields left out are empty.
+    pub fn project(self, record: &Record) -> Record {
+        Record {
+            id: record.id.clone(),
+            embedding: if self.embedding { record.embedding.clone() } else { None },
+            metadata: if self.metadata { record.metadata.clone() } else { Metadata::new() },
+            document: if self.document { record.document.clone() } else { None },
+            offset: record.offset,
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Error)]

@@ -162,6 +162,31 @@ proptest! {
     }
 }
 
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(200))]
+
+    /// A backfill reads only what [`super::Function::reads`] names: every function's
+    /// deltas of a change equal its deltas of the change with both records projected to
+    /// those fields. A function that reads a field it leaves out fails here.
+    #[test]
+    fn each_function_reads_no_field_it_leaves_out(entries in vec(arb_entry(), 0..60)) {
+        let log = with_offsets(&entries);
+        let records: Vec<_> = log.iter().filter(|(_, r)| r.collection_id == "c0").map(|(o, r)| (*o, r)).collect();
+        let out = fold_batch(&BTreeMap::<String, Record>::new(), None, records).expect("ordered");
+        for name in NAMES {
+            let f = registry::build(name, &BTreeMap::new()).expect("builds");
+            let reads = f.reads();
+            for c in &out.changes {
+                let (before, after) = (c.before.as_ref().map(|r| reads.project(r)), c.after.as_ref().map(|r| reads.project(r)));
+                let (mut full, mut projected) = (Vec::new(), Vec::new());
+                f.deltas(&ChangeRef { id: &c.id, before: c.before.as_ref(), after: c.after.as_ref(), offset: c.offset }, &mut full);
+                f.deltas(&ChangeRef { id: &c.id, before: before.as_ref(), after: after.as_ref(), offset: c.offset }, &mut projected);
+                prop_assert_eq!(&full, &projected, "{} of change {:?}", name, c);
+            }
+        }
+    }
+}
+
 /// Guards the generator: the cases the property must cover occur often enough.
 #[test]
 fn generated_logs_exercise_the_function_cases() {

@@ -12,7 +12,7 @@
 use std::collections::BTreeMap;
 
 use super::no_params;
-use super::{ChangeRef, Function, FunctionError, OutputDelta};
+use super::{ChangeRef, Function, FunctionError, OutputDelta, Reads};
 use crate::record::Metadata;
 
 /// Registry name.
@@ -35,6 +35,11 @@ pub fn build(params: &BTreeMap<String, String>) -> Result<Box<dyn Function>, Fun
 impl Function for RecordCounter {
     fn name(&self) -> &'static str {
         NAME
+    }
+
+    /// A count needs only whether the record exists.
+    fn reads(&self) -> Reads {
+        Reads::NOTHING
     }
 
     fn deltas(&self, change: &ChangeRef<'_>, out: &mut Vec<OutputDelta>) {

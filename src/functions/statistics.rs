@@ -44,7 +44,7 @@ use std::collections::BTreeMap;
 use sha2::{Digest, Sha256};
 
 use super::no_params;
-use super::{ChangeRef, Function, FunctionError, OutputDelta};
+use super::{ChangeRef, Function, FunctionError, OutputDelta, Reads};
 use crate::record::{MetaValue, Metadata};
 
 /// Registry name.
@@ -69,6 +69,11 @@ pub fn build(params: &BTreeMap<String, String>) -> Result<Box<dyn Function>, Fun
 impl Function for Statistics {
     fn name(&self) -> &'static str {
         NAME
+    }
+
+    /// Pairs come from the metadata alone.
+    fn reads(&self) -> Reads {
+        Reads { metadata: true, ..Reads::NOTHING }
     }
 
     fn deltas(&self, change: &ChangeRef<'_>, out: &mut Vec<OutputDelta>) {

@@ -258,7 +258,10 @@ pub enum StepResult {
     CursorMoved { cursor: Option<String> },
     /// A chunk was applied: `processed` as-of-marker records up to `cursor`; `finished`
     /// when the walk is complete (the function is now `ready`, its preimages deleted).
-    Applied { processed: usize, cursor: Option<String>, finished: bool },
+    /// `held`: how long the step's transaction ran (on SQLite, how long it held the one
+    /// writer), without the wait for it; the worker's yield to live batches is measured
+    /// from it.
+    Applied { processed: usize, cursor: Option<String>, finished: bool, held: std::time::Duration },
 }
 
 /// Position of one partition as stored.

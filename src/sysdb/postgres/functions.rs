@@ -32,7 +32,7 @@ use deadpool_postgres::Transaction;
 use tokio_postgres::Row;
 
 use super::{decode_row, invalid, PostgresSysdb, BACKEND};
-use crate::functions::{Function, FunctionStatus};
+use crate::functions::{Function, FunctionStatus, Reads};
 use crate::record::Record;
 use crate::sysdb::codec::{encode_embedding, encode_metadata, encode_params};
 use crate::sysdb::outputs::{self, FunctionState, MapWrite, OutputPlan, RawFunction, FUNCTION_COLUMNS};
@@ -359,25 +359,41 @@ async fn apply_plan(
 }
 
 /// The chunk, one statement: each branch walks its primary key in id order from the
-/// cursor and stops at `$4` rows; the merge keeps the first `$4` ids overall.
-const CHUNK_FIRST: &str = "(SELECT r.id, r.embedding, r.metadata, r.document, r.last_offset FROM records r
-         WHERE r.collection_id = $1 AND r.last_offset < $2
+/// cursor and stops at `$4` rows; the merge keeps the first `$4` ids overall. The fields
+/// the function does not read (`reads`) are selected as typed NULLs, so a chunk of
+/// `record_counter` never ships an embedding or a document.
+fn chunk_sql(after_cursor: bool, reads: Reads) -> String {
+    let col = |read: bool, alias: &str, name: &str, ty: &str| {
+        if read {
+            format!("{alias}.{name}")
+        } else {
+            format!("NULL::{ty}")
+        }
+    };
+    let cols = |a: &str| {
+        format!(
+            "{}, {}, {}",
+            col(reads.embedding, a, "embedding", "bytea"),
+            col(reads.metadata, a, "metadata", "text"),
+            col(reads.document, a, "document", "text")
+        )
+    };
+    let (r_after, p_after) =
+        if after_cursor { (" AND r.id COLLATE \"C\" > $5", " AND p.record_id COLLATE \"C\" > $5") } else { ("", "") };
+    format!(
+        "(SELECT r.id, {r}, r.last_offset FROM records r
+         WHERE r.collection_id = $1 AND r.last_offset < $2{r_after}
            AND NOT EXISTS (SELECT 1 FROM preimages p WHERE p.function_id = $3 AND p.record_id = r.id)
          ORDER BY r.id COLLATE \"C\" LIMIT $4)
      UNION ALL
-     (SELECT p.record_id, p.embedding, p.metadata, p.document, p.last_offset FROM preimages p
-         WHERE p.function_id = $3
+     (SELECT p.record_id, {p}, p.last_offset FROM preimages p
+         WHERE p.function_id = $3{p_after}
          ORDER BY p.record_id COLLATE \"C\" LIMIT $4)
-     ORDER BY 1 LIMIT $4";
-const CHUNK_AFTER: &str = "(SELECT r.id, r.embedding, r.metadata, r.document, r.last_offset FROM records r
-         WHERE r.collection_id = $1 AND r.last_offset < $2 AND r.id COLLATE \"C\" > $5
-           AND NOT EXISTS (SELECT 1 FROM preimages p WHERE p.function_id = $3 AND p.record_id = r.id)
-         ORDER BY r.id COLLATE \"C\" LIMIT $4)
-     UNION ALL
-     (SELECT p.record_id, p.embedding, p.metadata, p.document, p.last_offset FROM preimages p
-         WHERE p.function_id = $3 AND p.record_id COLLATE \"C\" > $5
-         ORDER BY p.record_id COLLATE \"C\" LIMIT $4)
-     ORDER BY 1 LIMIT $4";
+     ORDER BY 1 LIMIT $4",
+        r = cols("r"),
+        p = cols("p"),
+    )
+}
 const AS_OF_SIZE: &str = "SELECT
      (SELECT count(*) FROM records r WHERE r.collection_id = $1 AND r.last_offset < $2
         AND NOT EXISTS (SELECT 1 FROM preimages p WHERE p.function_id = $3 AND p.record_id = r.id))
@@ -391,6 +407,7 @@ async fn backfill_once(
     f: &dyn Function,
 ) -> Result<StepResult, TxError> {
     let limit = limit.max(1);
+    let began = std::time::Instant::now();
     let tx = client.transaction().await?;
     let stmt = tx
         .prepare_cached(&format!(
@@ -422,14 +439,18 @@ async fn backfill_once(
         tx.execute("UPDATE functions SET backfill_total = $2 WHERE id = $1", &[&function_id, &total]).await?;
     }
     let limit_sql = i64::try_from(limit).unwrap_or(i64::MAX);
+    let reads = f.reads();
     let rows = match &row.backfill_cursor {
         None => {
-            tx.query(&tx.prepare_cached(CHUNK_FIRST).await?, &[&row.collection_id, &marker, &function_id, &limit_sql])
-                .await?
+            tx.query(
+                &tx.prepare_cached(&chunk_sql(false, reads)).await?,
+                &[&row.collection_id, &marker, &function_id, &limit_sql],
+            )
+            .await?
         }
         Some(after) => {
             tx.query(
-                &tx.prepare_cached(CHUNK_AFTER).await?,
+                &tx.prepare_cached(&chunk_sql(true, reads)).await?,
                 &[&row.collection_id, &marker, &function_id, &limit_sql, after],
             )
             .await?
@@ -459,7 +480,7 @@ async fn backfill_once(
         tx.execute("DELETE FROM tombstones WHERE collection_id = $1", &[&row.output_collection]).await?;
     }
     tx.commit().await?;
-    Ok(StepResult::Applied { processed, cursor, finished })
+    Ok(StepResult::Applied { processed, cursor, finished, held: began.elapsed() })
 }
 
 /// A live function (not detached) found by `sql` with one text parameter.

@@ -12,7 +12,7 @@ use std::collections::HashMap;
 use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 
 use super::{decode_raw, invalid, raw_record, SqliteSysdb, BACKEND};
-use crate::functions::{Function, FunctionStatus};
+use crate::functions::{Function, FunctionStatus, Reads};
 use crate::record::Record;
 use crate::sysdb::codec::{encode_embedding, encode_metadata, encode_params};
 use crate::sysdb::outputs::{self, FunctionState, MapWrite, OutputPlan, RawFunction, FUNCTION_COLUMNS};
@@ -300,19 +300,31 @@ fn apply_plan(tx: &Connection, function_id: &str, output: &str, partition: i32, 
 }
 
 /// The next chunk of the collection as of the marker, in one statement: current records
-/// last written before the marker without a preimage, and the function's preimages.
-const CHUNK_FIRST: &str = "SELECT r.id, r.embedding, r.metadata, r.document, r.last_offset FROM records r
-     WHERE r.collection_id = ?1 AND r.last_offset < ?2
+/// last written before the marker without a preimage, and the function's preimages. The
+/// fields the function does not read (`reads`) are selected as NULL, so a chunk of
+/// `record_counter` never copies an embedding or a document out of the database.
+fn chunk_sql(after_cursor: bool, reads: Reads) -> String {
+    let col = |read: bool, alias: &str, name: &str| if read { format!("{alias}.{name}") } else { "NULL".to_string() };
+    let cols = |a: &str| {
+        format!(
+            "{}, {}, {}",
+            col(reads.embedding, a, "embedding"),
+            col(reads.metadata, a, "metadata"),
+            col(reads.document, a, "document")
+        )
+    };
+    let (r_after, p_after) = if after_cursor { (" AND r.id > ?5", " AND p.record_id > ?5") } else { ("", "") };
+    format!(
+        "SELECT r.id, {r}, r.last_offset FROM records r
+     WHERE r.collection_id = ?1 AND r.last_offset < ?2{r_after}
        AND NOT EXISTS (SELECT 1 FROM preimages p WHERE p.function_id = ?3 AND p.record_id = r.id)
      UNION ALL
-     SELECT p.record_id, p.embedding, p.metadata, p.document, p.last_offset FROM preimages p WHERE p.function_id = ?3
-     ORDER BY 1 LIMIT ?4";
-const CHUNK_AFTER: &str = "SELECT r.id, r.embedding, r.metadata, r.document, r.last_offset FROM records r
-     WHERE r.collection_id = ?1 AND r.last_offset < ?2 AND r.id > ?5
-       AND NOT EXISTS (SELECT 1 FROM preimages p WHERE p.function_id = ?3 AND p.record_id = r.id)
-     UNION ALL
-     SELECT p.record_id, p.embedding, p.metadata, p.document, p.last_offset FROM preimages p WHERE p.function_id = ?3 AND p.record_id > ?5
-     ORDER BY 1 LIMIT ?4";
+     SELECT p.record_id, {p}, p.last_offset FROM preimages p WHERE p.function_id = ?3{p_after}
+     ORDER BY 1 LIMIT ?4",
+        r = cols("r"),
+        p = cols("p"),
+    )
+}
 /// Size of the collection as of the marker.
 const AS_OF_SIZE: &str = "SELECT
      (SELECT count(*) FROM records r WHERE r.collection_id = ?1 AND r.last_offset < ?2
@@ -327,9 +339,11 @@ fn backfill_step_sync(
     function_id: &str,
     expected: Option<&str>,
     limit: usize,
+    reads: Reads,
     compute: impl FnOnce(Vec<Record>) -> Option<OutputPlan>,
 ) -> Result<StepResult> {
     let limit = limit.max(1);
+    let began = std::time::Instant::now();
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
     let Some(row) = read_function(&tx, function_id)? else { return Ok(StepResult::NotBackfilling) };
     if row.status != FunctionStatus::Backfilling {
@@ -351,11 +365,11 @@ fn backfill_step_sync(
     let limit_sql = i64::try_from(limit).unwrap_or(i64::MAX);
     let raws = match &row.backfill_cursor {
         None => tx
-            .prepare_cached(CHUNK_FIRST)?
+            .prepare_cached(&chunk_sql(false, reads))?
             .query_map(params![row.collection_id, marker, function_id, limit_sql], raw_record)?
             .collect::<rusqlite::Result<Vec<_>>>()?,
         Some(after) => tx
-            .prepare_cached(CHUNK_AFTER)?
+            .prepare_cached(&chunk_sql(true, reads))?
             .query_map(params![row.collection_id, marker, function_id, limit_sql, after], raw_record)?
             .collect::<rusqlite::Result<Vec<_>>>()?,
     };
@@ -385,7 +399,7 @@ fn backfill_step_sync(
         tx.prepare_cached("DELETE FROM tombstones WHERE collection_id = ?1")?.execute([&row.output_collection])?;
     }
     tx.commit()?;
-    Ok(StepResult::Applied { processed, cursor, finished })
+    Ok(StepResult::Applied { processed, cursor, finished, held: began.elapsed() })
 }
 
 impl SqliteSysdb {
@@ -548,8 +562,9 @@ impl SqliteSysdb {
         let (function_id, expected) = (function_id.to_string(), expected_cursor.map(str::to_string));
         let (records_tx, records_rx) = tokio::sync::oneshot::channel::<Vec<Record>>();
         let (plan_tx, plan_rx) = tokio::sync::oneshot::channel::<OutputPlan>();
+        let reads = f.reads();
         let step = self.write(move |c| {
-            backfill_step_sync(c, &function_id, expected.as_deref(), limit, move |records| {
+            backfill_step_sync(c, &function_id, expected.as_deref(), limit, reads, move |records| {
                 records_tx.send(records).ok()?;
                 plan_rx.blocking_recv().ok()
             })
