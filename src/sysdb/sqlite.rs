@@ -43,6 +43,17 @@ const PAGE_SIZE: i64 = 16 * 1024;
 /// embeddings touches several MiB of b-tree pages; the 2 MiB default thrashes.
 const CACHE_SIZE_KIB: i64 = 64 * 1024;
 
+/// Reads go through a memory map of the database file of up to this many bytes (2 GiB,
+/// the most SQLite's default build maps): a page read is a memory access instead of a
+/// 16 KiB copy out of the OS page cache. It matters where reads are scattered over a
+/// file larger than the page cache above: a `record_counter` backfill of 482k records
+/// (a ~1 GB database) took 2.3 s instead of 4.8 s. Writes still go through the WAL.
+/// The mapped pages are the OS page cache (shared, reclaimable), but they count in the
+/// process's RSS. An I/O error on a mapped read kills the process (SIGBUS) instead of
+/// failing one statement; the sysdb is authoritative and a restarted replica resumes
+/// from it, so that is a crash like any other.
+const MMAP_SIZE: i64 = 2 * 1024 * 1024 * 1024;
+
 /// The reader connection (admin API, backfill scans) gets a smaller cache: the
 /// processor reads through the writer.
 const READER_CACHE_SIZE_KIB: i64 = 16 * 1024;
@@ -200,6 +211,7 @@ fn configure(conn: &Connection, path: &str) -> Result<()> {
     // and the replica re-reads the log from there. The database is never corrupted.
     conn.pragma_update(None, "synchronous", "NORMAL")?;
     conn.pragma_update(None, "cache_size", -CACHE_SIZE_KIB)?;
+    conn.pragma_update(None, "mmap_size", MMAP_SIZE)?;
     // Checkpoints run on their own thread (`spawn_checkpointer`); the committing
     // connection checkpoints only past WAL_AUTOCHECKPOINT_PAGES instead of SQLite's 1000
     // (a batch of a few thousand records rewrites about as many 16 KiB pages, so the
@@ -1043,17 +1055,20 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let (db, _) = open_file(&dir).await;
         let Sysdb::Sqlite(s) = &db else { unreachable!() };
-        let (mode, sync, busy, page) = s
+        let (mode, sync, busy, page, mmap) = s
             .read(|c| {
                 let mode: String = c.query_row("PRAGMA journal_mode", [], |r| r.get(0))?;
                 let sync: i64 = c.query_row("PRAGMA synchronous", [], |r| r.get(0))?;
                 let busy: i64 = c.query_row("PRAGMA busy_timeout", [], |r| r.get(0))?;
                 let page: i64 = c.query_row("PRAGMA page_size", [], |r| r.get(0))?;
-                Ok((mode, sync, busy, page))
+                let mmap: i64 = c.query_row("PRAGMA mmap_size", [], |r| r.get(0))?;
+                Ok((mode, sync, busy, page, mmap))
             })
             .await
             .unwrap();
         assert_eq!(page, PAGE_SIZE);
+        // SQLite caps it at its build's maximum; memory-mapped reads must be on.
+        assert!(mmap > 0 && mmap <= MMAP_SIZE, "mmap_size {mmap}");
         assert_eq!(mode, "wal");
         assert_eq!(sync, 1, "synchronous=NORMAL");
         assert_eq!(busy, 5000);
