@@ -46,6 +46,12 @@
 #             changelog (sluice.peer.tools.LatencyProbe): receive time minus the record's
 #             timestamp (Streams keeps the input record's timestamp; under exactly_once_v2
 #             the change becomes visible when the transaction commits).
+#   backfill  scripts/bench-backfill.sh --backends sqlite --no-statistics on this run's
+#             broker: 300,000 records (--quick: 30,000) into one collection, materialized;
+#             record_counter attached with a replica running (records / (attach ->
+#             finished)); then a live backlog of a fifth of that drained without and with
+#             a backfill running (steady records/s, the drop). Nothing is pinned in this
+#             phase (the script pins nothing). Its rows join this run's JSON and goals.
 #   recovery  Sluice (SQLite) caught up under the paced load at 50%, kill -9, restart at
 #             once: restart -> first "batch committed" log line (or, without it, the
 #             sysdb position moving, polled every 50 ms), with the default
@@ -74,7 +80,7 @@
 #   MB        key + value bytes (kcat %K %S), MB = 2^20 bytes.
 #
 # Usage: scripts/bench-suite.sh [--quick] [--workloads W1,W2,...] [--peer-workloads LIST]
-#            [--no-latency] [--no-recovery] [--peer-jvm-opts "OPTS"] [--keep]
+#            [--no-latency] [--no-recovery] [--no-backfill] [--peer-jvm-opts "OPTS"] [--keep]
 #            [--phase-timeout SECONDS]
 #   --workloads       which of W1..W5 to run (default all; latency/recovery need W1)
 #   --peer-workloads  where the peer runs too (default W1,W2,W3; W4 is left out for time;
@@ -102,6 +108,7 @@ PEER_WORKLOADS="W1,W2,W3"
 RAW_WORKLOADS="W1,W2,W3"
 DO_LATENCY=true
 DO_RECOVERY=true
+DO_BACKFILL=true
 PEER_JVM_OPTS=""
 KEEP=false
 PHASE_TIMEOUT=900
@@ -118,6 +125,7 @@ while (($#)); do
     --peer-workloads) PEER_WORKLOADS="${2?}"; shift 2 ;;
     --no-latency) DO_LATENCY=false; shift ;;
     --no-recovery) DO_RECOVERY=false; shift ;;
+    --no-backfill) DO_BACKFILL=false; shift ;;
     --peer-jvm-opts) PEER_JVM_OPTS="${2?}"; shift 2 ;;
     --keep) KEEP=true; shift ;;
     --phase-timeout) PHASE_TIMEOUT="${2:?}"; shift 2 ;;
@@ -793,6 +801,18 @@ latency_peer() {
 }
 
 # ------------------------------------------------------------------ recovery --------
+backfill_phase() { # the backfill benchmark on this run's broker; its rows join RESULTS
+    local n=300000 out="$LOG_DIR/backfill.log" json
+    $QUICK && n=30000
+    timeout "$PHASE_TIMEOUT" "$REPO/scripts/bench-backfill.sh" --records "$n" --backends sqlite --no-statistics \
+        >"$out" 2>&1 || { tail -30 "$out" >&2; die "backfill phase failed (log: $out)"; }
+    json="$(sed -n 's/^JSON: //p' "$out" | tail -1)"
+    [[ -s "$json" ]] || die "backfill phase: no JSON named in $out"
+    jq -c '.rows[] | select(.kind == "live" or (.kind == "backfill" and .function == "record_counter")) | del(.samples)' \
+        "$json" >>"$RESULTS"
+    sed -n '/^== sqlite ==/,/^JSON:/p' "$out" >&2
+}
+
 recovery_variant() { # recovery_variant NAME RATE [CONFIG_FILE]
     local variant="$1" rate="$2" config="${3:-}" prefix="$BASE-rec"
     local url="sqlite://$WORK/rec.db" group="$prefix-$variant"
@@ -887,6 +907,10 @@ for w in W1 W2 W3 W4 W5; do
         bench_delete_topics "$BASE-w1\\..*"
     fi
 done
+if $DO_BACKFILL; then
+    phase "backfill: record_counter on SQLite, alone and beside a live backlog"
+    backfill_phase
+fi
 phase ""
 
 # ------------------------------------------------------------------ report ----------

@@ -303,6 +303,24 @@ def main():
         for c, s in rebuild.items():
             print(f'  rebuild from offset 0 ({LABEL[c]}): {s} s per 1M W1 records (the W1 drain, scaled to 1M)')
 
+    bf = [r for r in res if r["kind"] == "backfill"]
+    live = {r.get("with_backfill"): r for r in res if r["kind"] == "live"}
+    if bf or live:
+        print()
+        print("Backfill (scripts/bench-backfill.sh, nothing pinned)")
+        for r in bf:
+            total, secs, worker = r.get("backfill_total"), r.get("seconds"), r.get("worker_records_per_s")
+            print(f'  {r.get("function")} on {BACKEND.get(r.get("backend"), r.get("backend"))}: '
+                  + (f'{total:,} records, attach -> finished {secs:.2f} s = ' if total and secs else "")
+                  + f'{r["records_per_s"]:,} records/s'
+                  + (f' (the worker alone: {worker:,} records/s)' if worker else ""))
+        for k, what in [(False, "without a backfill"), (True, "with the backfill running")]:
+            r = live.get(k)
+            if r:
+                steady = r.get("steady_records_per_s")
+                print(f'  live backlog {what}: {r["records"]:,} records in {r["seconds"]:.2f} s'
+                      + (f', steady {steady:,} records/s' if steady else ""))
+
     goals = evaluate_goals(by, lat, res)
     print()
     print("Goals")
