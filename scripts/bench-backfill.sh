@@ -34,7 +34,8 @@
 #      the drain during which the backfill ran (worker log times) and the live rate
 #      between the polls taken while the worker ran are reported; then it waits for
 #      `ready`;
-#   6. prints a table per backend with the goals (backfill >= 300k records/s on SQLite;
+#   6. prints a table per backend with the goals (backfill >= 300k records/s on SQLite, the
+#      worker's own rate: attach -> finished adds ~0.5 s of CLI start and marker trip;
 #      live throughput drop <= 10%) and writes JSON to target/bench/backfill-<date>.json
 #      (replica logs beside it as backfill-<date>-<backend>-<phase>.log).
 #
@@ -671,7 +672,7 @@ for b in "$BACKENDS".split(","):
     pick = lambda a, b: f"{a - b:.2f}" if a is not None and b is not None else "?"
     table = [hdr]
     for r in bfs:
-        goal = ("met" if r["records_per_s"] >= GOAL_BACKFILL_SQLITE else "NOT met") if b == "sqlite" else "-"
+        goal = ("met" if (r.get("worker_records_per_s") or r["records_per_s"]) >= GOAL_BACKFILL_SQLITE else "NOT met") if b == "sqlite" else "-"
         table.append([r["function"], f'{r["backfill_total"]:,}', f'{r["seconds"]:.2f}', f'{r["records_per_s"]:,}',
                       f'{r["worker_elapsed_s"]:.2f}' if r.get("worker_elapsed_s") is not None else "?",
                       f'{r["worker_records_per_s"]:,}' if r.get("worker_records_per_s") else "?",
@@ -730,7 +731,7 @@ for b in "$BACKENDS".split(","):
                   "live_drop_pct": drop, "live_drop_pct_whole_run": drop_whole, "backfill_overlap_of_drain": ov,
                   "live_drop_goal_met": drop <= GOAL_DROP})
     if b == "sqlite" and bfs:
-        s["backfill_goal_met"] = bfs[0]["records_per_s"] >= GOAL_BACKFILL_SQLITE
+        s["backfill_goal_met"] = (bfs[0].get("worker_records_per_s") or bfs[0]["records_per_s"]) >= GOAL_BACKFILL_SQLITE
     doc["summary"][b] = s
 json.dump(doc, open(sys.argv[2], "w"), indent=2)
 print()

@@ -568,7 +568,7 @@ sysdb_digest() {
     esac | sha256sum | cut -c1-64
 }
 
-declare -A WL_TOPIC=() WL_RATE=()
+declare -A WL_TOPIC=() WL_RATE=() WL_TOTAL=()
 CHECKSUM_FAILURES=()
 
 run_workload() {
@@ -611,6 +611,7 @@ run_workload() {
              END { printf "%d %d %d\n", n, k, v }' >"$WORK/$w-count.txt"
     read -r n kb vb <"$WORK/$w-count.txt"
     ((n == total)) || die "$w: the log topic holds $n records, expected $total"
+    WL_TOTAL[$w]="$n"
     local bytes=$((kb + vb))
     if [[ "$w" == W5 ]]; then
         python3 "$REPO/scripts/bench/murmur2.py" check "$PARTITIONS" <"$WORK/$w-keys.txt" ||
@@ -892,16 +893,21 @@ for w in W1 W2 W3 W4 W5; do
             fi
         fi
         if $DO_RECOVERY; then
+            # Half the W1 rate, but never faster than the W1 log lasts through the kill
+            # and the restart (the paced producer replays W1 once; --quick's log is short).
+            rec_rate=$((WL_RATE[W1_sqlite] / 2))
+            rec_cap=$((WL_TOTAL[W1] / (RECOVERY_WARM_S + 30)))
+            ((rec_rate <= rec_cap)) || rec_rate=$rec_cap
             phase "recovery: kill -9, restart (default config)"
             if $QUICK; then
                 printf '[kafka]\nsession_timeout_ms = 6000\n' >"$WORK/rec-default.toml"
-                recovery_variant default "$((WL_RATE[W1_sqlite] / 2))" "$WORK/rec-default.toml"
+                recovery_variant default "$rec_rate" "$WORK/rec-default.toml"
             else
-                recovery_variant default "$((WL_RATE[W1_sqlite] / 2))"
+                recovery_variant default "$rec_rate"
             fi
             phase "recovery: kill -9, restart (static membership)"
             printf '[kafka]\ninstance_id = "%s-rec-static"\n' "$BASE" >"$WORK/rec-static.toml"
-            recovery_variant static "$((WL_RATE[W1_sqlite] / 2))" "$WORK/rec-static.toml"
+            recovery_variant static "$rec_rate" "$WORK/rec-static.toml"
             bench_delete_topics "$BASE-rec\\..*"
         fi
         bench_delete_topics "$BASE-w1\\..*"

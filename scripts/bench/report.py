@@ -11,7 +11,8 @@ Goals:
   - against the peer on W1-W3 (sluice on SQLite): >= 3x records/s, <= 0.33x CPU-s per 1M
     records, <= 0.25x peak RSS;
   - W4 and W5 steady records/s >= 0.9x the same backend's W1 steady records/s;
-  - backfill, when the results hold a row of kind "backfill": records/s >= 300,000 and the
+  - backfill, when the results hold a row of kind "backfill": records/s >= 300,000 (the
+    worker's own rate, 'backfill started' -> 'finished', when the row has it) and the
     live throughput drop during the backfill <= 10% (see backfill_rows).
 
 usage: report.py --meta META.json --results RESULTS.jsonl --phases PHASES.tsv --out OUT.json
@@ -161,7 +162,7 @@ def evaluate_goals(by, lat, res):
     for b in backfill_rows(res):
         name = BACKEND.get(b["backend"], b["backend"])
         goal(f'backfill-{b["backend"]}-{b["function"]}-records-per-s', f'backfill ({name}, {b["function"]}) records/s',
-             b["records_per_s"], ">=", GOAL_BACKFILL_RECORDS_PER_S, "records/s")
+             b["records_per_s"], ">=", GOAL_BACKFILL_RECORDS_PER_S, "records/s", note=b["rate_note"])
         goal(f'backfill-{b["backend"]}-{b["function"]}-live-drop', f"live records/s drop during the backfill ({name})",
              b["live_drop_pct"], "<=", GOAL_BACKFILL_LIVE_DROP_PCT, "%", note=b["live_drop_note"])
     return goals
@@ -189,8 +190,15 @@ def backfill_rows(res):
                         f'{lb[key]:,.0f} with the backfill vs {la[key]:,.0f} without')
             else:
                 note = "no live throughput measured beside the backfill"
-        out.append({"backend": backend, "function": r.get("function", "backfill"), "records_per_s": r.get("records_per_s"),
-                    "live_drop_pct": drop, "live_drop_note": note})
+        # The rate of the backfill itself (the worker's 'backfill started' -> 'finished'),
+        # when measured; attach -> finished adds a fixed ~0.5 s (the CLI starting, the
+        # marker's trip through the log), a large share of a run of a few 100k records.
+        rate, rate_note = r.get("records_per_s"), ""
+        if r.get("worker_records_per_s"):
+            rate = r["worker_records_per_s"]
+            rate_note = f'the worker\'s rate; attach -> finished: {r["records_per_s"]:,.0f} records/s'
+        out.append({"backend": backend, "function": r.get("function", "backfill"), "records_per_s": rate,
+                    "rate_note": rate_note, "live_drop_pct": drop, "live_drop_note": note})
     return out
 
 

@@ -239,6 +239,18 @@ class ReportPartial(unittest.TestCase):
             self.assertTrue(goals["backfill-sqlite-record_counter-live-drop"]["met"])
             self.assertEqual(goals["backfill-sqlite-record_counter-live-drop"]["value"], 4.0)
 
+    def test_backfill_rate_is_the_workers_when_measured(self):
+        res = results()
+        for r in res:
+            if r["kind"] == "backfill":
+                r.update({"records_per_s": 120_000, "worker_records_per_s": 310_000})
+        with tempfile.TemporaryDirectory() as tmp:
+            doc, _, _ = run_report(tmp, res)
+            g = {g["id"]: g for g in doc["goals"]}["backfill-sqlite-record_counter-records-per-s"]
+            self.assertEqual(g["value"], 310_000)
+            self.assertTrue(g["met"])
+            self.assertIn("120,000", g["note"])
+
     def test_latency_from_the_histogram(self):
         res = results()
         for r in res:
