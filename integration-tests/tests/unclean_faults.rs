@@ -291,7 +291,19 @@ fn cooperative_revoke_while_a_batch_is_in_flight() {
             ("SLUICE_LOG", debug),
         ],
     );
-    env.produce(&jsonl_lines(&first));
+    // The fail point needs a 3rd batch: produce the first records in three pieces, each
+    // after r1 committed a batch of the one before (all at once, they fit one batch).
+    let pieces: Vec<&[LogRecord]> = first.chunks(first.len().div_ceil(3)).collect();
+    for (i, piece) in pieces.iter().enumerate() {
+        env.produce(&jsonl_lines(piece));
+        if i + 1 < pieces.len() {
+            let deadline = Instant::now() + WAIT;
+            while committed_batches(&r1.log_text()).len() <= i {
+                assert!(Instant::now() < deadline, "r1 committed no batch {}:\n{}", i + 1, tail(&r1.log_text()));
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+    }
     wait_log(&r1, "fail point sleep_before_sysdb_commit reached", WAIT);
     let held_at =
         r1.log_text().lines().position(|l| l.contains("fail point sleep_before_sysdb_commit reached")).unwrap();
