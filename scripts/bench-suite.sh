@@ -2,8 +2,8 @@
 # The benchmark suite, in one command, on the local single broker (tables, goals, JSON
 # and an SVG chart of the run in target/bench/):
 #
-#   scripts/bench-suite.sh            # full run (< 20 minutes on the 2-core dev machine,
-#                                     # builds from a fresh clone included)
+#   scripts/bench-suite.sh            # full run (about 25 minutes on the 2-core dev
+#                                     # machine, the cold builds from a fresh clone included)
 #   scripts/bench-suite.sh --quick    # every phase at 1/10 size: a smoke test (~5 minutes)
 #
 # Phases (each prints its wall time; the report ends with every goal, met or missed):
@@ -32,7 +32,7 @@
 #                   (scaled: collections of 1.25M, not 10M; Sluice only). Its two sysdbs
 #                   are compared by a SQL digest of the stored rows (sysdb_digest), not
 #                   `sluice checksum` (a minute per sysdb at 10M rows)
-#             (W3-W5 at 500k records and W2 at 125k keep the whole run under 20 minutes;
+#             (W3-W5 at 500k records and W2 at 125k keep the whole run near 25 minutes;
 #             the W4/W5 goals compare steady records/s, independent of the run length)
 #   latency   after W1: Sluice (SQLite) and the peer each run caught up on a fresh topic
 #             while a paced producer (sluice.peer.tools.Replay, CPU 0) copies W1's records
