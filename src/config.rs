@@ -325,8 +325,8 @@ pub struct BackfillConfig {
     /// Pause between two chunks of one backfill, to leave room for live processing.
     pub pause_ms: u64,
     /// The share of wall time a backfill may take while this replica commits live
-    /// batches, in (0, 1]. After a chunk during which a live batch committed, the
-    /// worker pauses `(1 / live_share - 1)` times the chunk's duration, so live
+    /// batches, in (0, 1]. After each chunk, while a live batch committed within the last
+    /// second, the worker pauses `(1 / live_share - 1)` times the chunk's duration, so live
     /// processing keeps about `1 - live_share` of the sysdb writer and of the CPU. With
     /// no live batch committing, chunks follow each other without a pause. `1` turns
     /// the throttle off. It sees only this replica's live batches.

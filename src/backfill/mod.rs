@@ -152,11 +152,11 @@ impl Worker {
         let chunk = self.config.backfill.chunk_size;
         let pause = Duration::from_millis(self.config.backfill.pause_ms);
         let mut throttled = Duration::ZERO;
+        let mut live = LiveLoad::new(self.metrics.batches_committed());
         loop {
             if self.stop.is_cancelled() {
                 return;
             }
-            let live_before = self.metrics.batches_committed();
             crate::failpoint::hit("before_backfill_chunk_commit");
             match self.sysdb.backfill_step(function_id, cursor.as_deref(), chunk, f.as_ref()).await {
                 Ok(StepResult::Applied { processed, cursor: c, finished, held }) => {
@@ -175,8 +175,8 @@ impl Worker {
                         );
                         return;
                     }
-                    let live_committed = self.metrics.batches_committed() != live_before;
-                    let yield_for = live_yield(held, live_committed, self.config.backfill.live_share);
+                    let live_active = live.active(self.metrics.batches_committed(), Instant::now());
+                    let yield_for = live_yield(held, live_active, self.config.backfill.live_share);
                     if !yield_for.is_zero() {
                         throttled += yield_for;
                         tokio::select! {
@@ -219,14 +219,40 @@ impl Worker {
     }
 }
 
+/// How long after its last committed batch this replica's live processing still counts
+/// as running. Batches commit every few to a few hundred milliseconds under load; a chunk
+/// takes a few, so "a batch committed during this chunk" alone would miss most of them.
+const LIVE_WINDOW: Duration = Duration::from_secs(1);
+
+/// Whether live batches are committing, from the replica's batch counter.
+struct LiveLoad {
+    seen: u64,
+    last_change: Option<Instant>,
+}
+
+impl LiveLoad {
+    fn new(batches: u64) -> LiveLoad {
+        LiveLoad { seen: batches, last_change: None }
+    }
+
+    /// `batches`: the counter now. Live load is on if it moved within [`LIVE_WINDOW`].
+    fn active(&mut self, batches: u64, now: Instant) -> bool {
+        if batches != self.seen {
+            self.seen = batches;
+            self.last_change = Some(now);
+        }
+        self.last_change.is_some_and(|t| now.duration_since(t) < LIVE_WINDOW)
+    }
+}
+
 /// The longest single yield: a chunk that held the sysdb unusually long (the first one
 /// counts the collection) must not stop the backfill for many seconds.
 const MAX_LIVE_YIELD: Duration = Duration::from_secs(1);
 
 /// How long a backfill leaves the sysdb to live processing after a chunk whose
 /// transaction took `held` (its wait for the writer not included):
-/// `(1 / live_share - 1) * held`, at most [`MAX_LIVE_YIELD`], if a live batch committed
-/// meanwhile, else nothing. Over a stretch of live load, the backfill then takes about
+/// `(1 / live_share - 1) * held`, at most [`MAX_LIVE_YIELD`], while live batches commit
+/// (a batch within [`LIVE_WINDOW`]), else nothing. Over a stretch of live load, the backfill then takes about
 /// `live_share` of the time.
 fn live_yield(held: Duration, live_committed: bool, live_share: f64) -> Duration {
     if !(live_committed && live_share > 0.0 && live_share < 1.0) {
@@ -238,6 +264,20 @@ fn live_yield(held: Duration, live_committed: bool, live_share: f64) -> Duration
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn live_load_lasts_a_window_after_the_last_committed_batch() {
+        let t0 = Instant::now();
+        let ms = Duration::from_millis;
+        let mut live = LiveLoad::new(7);
+        assert!(!live.active(7, t0), "no batch since the start");
+        assert!(live.active(8, t0 + ms(10)));
+        // Chunks between two batches still see the load...
+        assert!(live.active(8, t0 + ms(500)));
+        // ...until a whole window passes without one.
+        assert!(!live.active(8, t0 + ms(10) + LIVE_WINDOW));
+        assert!(live.active(9, t0 + ms(2000)));
+    }
 
     #[test]
     fn a_backfill_yields_to_live_batches_in_proportion_to_its_chunks() {
