@@ -252,10 +252,10 @@ const MAX_LIVE_YIELD: Duration = Duration::from_secs(1);
 /// How long a backfill leaves the sysdb to live processing after a chunk whose
 /// transaction took `held` (its wait for the writer not included):
 /// `(1 / live_share - 1) * held`, at most [`MAX_LIVE_YIELD`], while live batches commit
-/// (a batch within [`LIVE_WINDOW`]), else nothing. Over a stretch of live load, the backfill then takes about
-/// `live_share` of the time.
-fn live_yield(held: Duration, live_committed: bool, live_share: f64) -> Duration {
-    if !(live_committed && live_share > 0.0 && live_share < 1.0) {
+/// (`live_active`: a batch within [`LIVE_WINDOW`]), else nothing. Over a stretch of live
+/// load, the backfill then takes about `live_share` of the time.
+fn live_yield(held: Duration, live_active: bool, live_share: f64) -> Duration {
+    if !(live_active && live_share > 0.0 && live_share < 1.0) {
         return Duration::ZERO;
     }
     held.mul_f64(1.0 / live_share - 1.0).min(MAX_LIVE_YIELD)
@@ -286,7 +286,7 @@ mod tests {
         // backfill holds 10 of every 100 ms.
         assert_eq!(live_yield(ms(10), true, 0.1), ms(90));
         assert_eq!(live_yield(ms(30), true, 0.25), ms(90));
-        // No live batch committed during the chunk: no pause.
+        // No live load: no pause.
         assert_eq!(live_yield(ms(10), false, 0.1), Duration::ZERO);
         // 1 turns the throttle off; an out-of-range share (refused by the config) too.
         assert_eq!(live_yield(ms(10), true, 1.0), Duration::ZERO);

@@ -24,7 +24,7 @@ use std::collections::HashMap;
 
 use super::codec::decode_params;
 use super::{CommitReport, FunctionBatch, FunctionChange, FunctionRow, SysdbError};
-use crate::functions::{ChangeRef, Function, FunctionStatus, OutputDelta};
+use crate::functions::{ChangeRef, Function, FunctionStatus, OutputDelta, Reads};
 use crate::record::{MetaValue, Metadata, Record};
 
 /// The stored state of a function that decides what a batch does, read inside the batch
@@ -295,6 +295,19 @@ pub(crate) fn report(decisions: &[Decision<'_>]) -> CommitReport {
             .collect(),
         markers_ignored: decisions.iter().map(|d| d.ignored_markers).sum(),
     }
+}
+
+/// The stored-field columns of a backfill chunk's select, for the records aliased
+/// `alias`: `embedding, metadata, document`, each one the function does not read
+/// replaced by the backend's NULL of that column's type (`nulls`, in the same order).
+pub(crate) fn chunk_columns(reads: Reads, alias: &str, nulls: [&str; 3]) -> String {
+    let col = |read: bool, name: &str, null: &str| if read { format!("{alias}.{name}") } else { null.to_string() };
+    format!(
+        "{}, {}, {}",
+        col(reads.embedding, "embedding", nulls[0]),
+        col(reads.metadata, "metadata", nulls[1]),
+        col(reads.document, "document", nulls[2])
+    )
 }
 
 /// The plan of one backfill chunk: each as-of-marker record as an insert at its own

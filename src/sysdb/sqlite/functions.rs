@@ -304,15 +304,7 @@ fn apply_plan(tx: &Connection, function_id: &str, output: &str, partition: i32, 
 /// fields the function does not read (`reads`) are selected as NULL, so a chunk of
 /// `record_counter` never copies an embedding or a document out of the database.
 fn chunk_sql(after_cursor: bool, reads: Reads) -> String {
-    let col = |read: bool, alias: &str, name: &str| if read { format!("{alias}.{name}") } else { "NULL".to_string() };
-    let cols = |a: &str| {
-        format!(
-            "{}, {}, {}",
-            col(reads.embedding, a, "embedding"),
-            col(reads.metadata, a, "metadata"),
-            col(reads.document, a, "document")
-        )
-    };
+    let cols = |alias: &str| outputs::chunk_columns(reads, alias, ["NULL"; 3]);
     let (r_after, p_after) = if after_cursor { (" AND r.id > ?5", " AND p.record_id > ?5") } else { ("", "") };
     format!(
         "SELECT r.id, {r}, r.last_offset FROM records r
@@ -325,6 +317,7 @@ fn chunk_sql(after_cursor: bool, reads: Reads) -> String {
         p = cols("p"),
     )
 }
+
 /// Size of the collection as of the marker.
 const AS_OF_SIZE: &str = "SELECT
      (SELECT count(*) FROM records r WHERE r.collection_id = ?1 AND r.last_offset < ?2
