@@ -506,15 +506,20 @@ seed_w5() {
     done
     # Small rows (no embedding); ids are the workload's: printf 'id-%06d' (at least 6
     # digits). collections.record_count = the seeded rows; log_position -1: none of them
-    # came from the log; last_offset -1 likewise.
+    # came from the log; last_offset -1 likewise. SQLite keeps a record's embedding and
+    # document in the value log `record_values` (src/sysdb/sqlite/values.rs), and
+    # `value_log.records` counts the records.
     cat >"$WORK/seed-sqlite.sql" <<EOF
 PRAGMA cache_size = -262144;
 BEGIN;
 INSERT INTO collections (id, partition, dimension, log_position, record_count, created_at_ms)
   SELECT c.column1, c.column2, NULL, -1, $n, $ms FROM (VALUES $values) AS c;
-INSERT INTO records (collection_id, id, embedding, metadata, document, last_offset)
-  SELECT c.column1, printf('id-%06d', s.value), NULL, '{"seeded":true}', 'seeded record', -1
+INSERT INTO record_values (collection_id, id, embedding, document)
+  SELECT c.column1, printf('id-%06d', s.value), NULL, 'seeded record'
   FROM (VALUES $values) AS c, generate_series(0, $((n - 1))) AS s;
+INSERT INTO records (collection_id, id, metadata, last_offset, value)
+  SELECT collection_id, id, '{"seeded":true}', -1, seq FROM record_values ORDER BY seq;
+UPDATE value_log SET records = records + (SELECT count(*) FROM records);
 COMMIT;
 EOF
     # PostgreSQL: the primary key is dropped for the bulk insert and added back (same
@@ -560,6 +565,10 @@ sysdb_digest() {
                    FROM records WHERE last_offset >= 0 ORDER BY collection_id, id"
     case "$url" in
     sqlite://*)
+        # SQLite: whole records are `records` joined with their values.
+        local whole="(SELECT r.collection_id, r.id, v.embedding, r.metadata, v.document, r.last_offset
+                      FROM records r LEFT JOIN record_values v ON v.seq = r.value)"
+        agg="${agg/FROM records/FROM $whole}" touched="${touched/FROM records/FROM $whole}"
         sqlite3 -readonly -separator $'\t' "${url#sqlite://}" "$agg; $colls; ${touched/EMB/hex(embedding)}" ;;
     *)
         local hexemb="upper(encode(embedding, 'hex'))"

@@ -297,16 +297,23 @@ pub(crate) fn report(decisions: &[Decision<'_>]) -> CommitReport {
     }
 }
 
-/// The stored-field columns of a backfill chunk's select, for the records aliased
-/// `alias`: `embedding, metadata, document`, each one the function does not read
-/// replaced by the backend's NULL of that column's type (`nulls`, in the same order).
-pub(crate) fn chunk_columns(reads: Reads, alias: &str, nulls: [&str; 3]) -> String {
-    let col = |read: bool, name: &str, null: &str| if read { format!("{alias}.{name}") } else { null.to_string() };
+/// The stored-field columns of a backfill chunk's select: `embedding, metadata,
+/// document`, each one the function does not read replaced by the backend's NULL of that
+/// column's type (`nulls`, in the same order). `aliases` names the table each column is
+/// read from, in the same order (SQLite keeps embedding and document apart from the row).
+pub(crate) fn chunk_columns(reads: Reads, aliases: [&str; 3], nulls: [&str; 3]) -> String {
+    let col = |read: bool, alias: &str, name: &str, null: &str| {
+        if read {
+            format!("{alias}.{name}")
+        } else {
+            null.to_string()
+        }
+    };
     format!(
         "{}, {}, {}",
-        col(reads.embedding, "embedding", nulls[0]),
-        col(reads.metadata, "metadata", nulls[1]),
-        col(reads.document, "document", nulls[2])
+        col(reads.embedding, aliases[0], "embedding", nulls[0]),
+        col(reads.metadata, aliases[1], "metadata", nulls[1]),
+        col(reads.document, aliases[2], "document", nulls[2])
     )
 }
 

@@ -17,7 +17,8 @@
 //! * `collections(id, partition, dimension, log_position, record_count, created_at_ms)`.
 //! * `records(collection_id, id, embedding, metadata, document, last_offset)` — the
 //!   materialized records; `embedding` is little-endian packed f32, `metadata` JSON text
-//!   (see `codec.rs`).
+//!   (see `codec.rs`). On SQLite, step 6 moves `embedding` and `document` into a value
+//!   log (below).
 //! * `gaps(...)` — data-loss gaps skipped under `on_data_loss = "skip"`.
 //! * `offset_resets(...)` — the audit trail of operator overrides.
 //!
@@ -57,6 +58,13 @@
 //! log_partition, log_offset)` — a DLQ entry (`topic` is the DLQ topic) that `sluice dlq
 //! replay` re-produced into the log, and where it landed; written after the broker
 //! acknowledged the produce, read to skip entries already replayed.
+//!
+//! Step 6, the SQLite value log (`sqlite/values.rs`): a record's embedding and document
+//! move out of `records` into `record_values(seq, collection_id, id, embedding,
+//! document)`, appended at its end and pointed at by the new `records.value`;
+//! `value_log(records)` counts the records, for the log's compaction bound. Existing
+//! values are moved in the migration's transaction. PostgreSQL's step 6 changes
+//! nothing: its records keep their values in the row.
 
 use super::SysdbError;
 
@@ -73,7 +81,8 @@ pub(crate) struct Migration {
 ///
 /// `partitions`, `collections`, `meta` are `WITHOUT ROWID`: the primary key *is* the
 /// table's b-tree, so a lookup is one b-tree search and no separate index is maintained.
-/// `records` deliberately is **not**: a `WITHOUT ROWID` row is stored in an index b-tree,
+/// `records` deliberately is **not** (and step 6 moved its large values into the value
+/// log `record_values`, written by appending): a `WITHOUT ROWID` row is stored in an index b-tree,
 /// whose cells hold at most ~1/4 of a page, so every row with an embedding of 384 dims
 /// (1.5 KiB) or more spills into an overflow page. Measured (5,000-record upsert batch,
 /// release build): 384 dims took 137-154 ms and 134 MiB as `WITHOUT ROWID` on 4 KiB
@@ -229,6 +238,44 @@ CREATE TABLE dlq_replays (
     log_offset    INTEGER NOT NULL,
     PRIMARY KEY (topic, dlq_partition, dlq_offset)
 ) WITHOUT ROWID;
+"#,
+    },
+    Migration {
+        version: 6,
+        description: "records: embedding and document in an append-only value log (SQLite)",
+        sql: r#"
+CREATE TABLE record_values (
+    seq           INTEGER PRIMARY KEY,
+    collection_id TEXT    NOT NULL,
+    id            TEXT    NOT NULL,
+    embedding     BLOB    NULL,
+    document      TEXT    NULL
+);
+
+CREATE TABLE records_v6 (
+    collection_id TEXT    NOT NULL,
+    id            TEXT    NOT NULL,
+    metadata      TEXT    NULL,
+    last_offset   INTEGER NOT NULL,
+    value         INTEGER NULL,
+    PRIMARY KEY (collection_id, id)
+);
+
+INSERT INTO record_values (seq, collection_id, id, embedding, document)
+    SELECT rowid, collection_id, id, embedding, document FROM records
+    WHERE embedding IS NOT NULL OR document IS NOT NULL ORDER BY rowid;
+INSERT INTO records_v6 (rowid, collection_id, id, metadata, last_offset, value)
+    SELECT rowid, collection_id, id, metadata, last_offset,
+           CASE WHEN embedding IS NULL AND document IS NULL THEN NULL ELSE rowid END
+    FROM records ORDER BY rowid;
+DROP TABLE records;
+ALTER TABLE records_v6 RENAME TO records;
+
+CREATE TABLE value_log (
+    one     INTEGER NOT NULL PRIMARY KEY CHECK (one = 1),
+    records INTEGER NOT NULL
+) WITHOUT ROWID;
+INSERT INTO value_log (one, records) SELECT 1, count(*) FROM records;
 "#,
     },
 ];
@@ -392,6 +439,13 @@ CREATE TABLE dlq_replays (
     PRIMARY KEY (topic, dlq_partition, dlq_offset)
 );
 "#,
+    },
+    Migration {
+        version: 6,
+        description: "records: embedding and document in an append-only value log (SQLite)",
+        // PostgreSQL keeps them in the row: an update writes a new row version anyway
+        // (MVCC appends), and large values already live out of line (TOAST).
+        sql: "SELECT 1;",
     },
 ];
 

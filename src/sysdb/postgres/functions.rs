@@ -363,7 +363,7 @@ async fn apply_plan(
 /// the function does not read (`reads`) are selected as typed NULLs, so a chunk of
 /// `record_counter` never ships an embedding or a document.
 fn chunk_sql(after_cursor: bool, reads: Reads) -> String {
-    let cols = |alias: &str| outputs::chunk_columns(reads, alias, ["NULL::bytea", "NULL::text", "NULL::text"]);
+    let cols = |alias: &str| outputs::chunk_columns(reads, [alias; 3], ["NULL::bytea", "NULL::text", "NULL::text"]);
     let (r_after, p_after) =
         if after_cursor { (" AND r.id COLLATE \"C\" > $5", " AND p.record_id COLLATE \"C\" > $5") } else { ("", "") };
     format!(

@@ -11,6 +11,7 @@ use std::collections::HashMap;
 
 use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 
+use super::values::{self, RecordWriter, RECORDS_WITH_VALUES};
 use super::{decode_raw, invalid, raw_record, SqliteSysdb, BACKEND};
 use crate::functions::{Function, FunctionStatus, Reads};
 use crate::record::Record;
@@ -133,7 +134,12 @@ fn attach_rules(tx: &Connection, new: &NewFunction) -> Result<Option<AttachOutco
 
 /// The function batches of a commit, inside its transaction (after the CAS and the
 /// record writes): status transitions, preimages, output writes.
-pub(super) fn commit_functions(tx: &Connection, batch: &BatchCommit, now: i64) -> Result<CommitReport> {
+pub(super) fn commit_functions(
+    tx: &Connection,
+    batch: &BatchCommit,
+    now: i64,
+    appended: &mut usize,
+) -> Result<CommitReport> {
     if batch.functions.is_empty() {
         return Ok(CommitReport::default());
     }
@@ -181,24 +187,19 @@ pub(super) fn commit_functions(tx: &Connection, batch: &BatchCommit, now: i64) -
             preimage.execute(params![d.function_id, id, emb, encode_metadata(&r.metadata), r.document, r.offset])?;
         }
         if !d.plan.is_empty() {
-            apply_plan(tx, d.function_id, &d.output_collection, batch.delta.partition, &d.plan)?;
+            *appended += apply_plan(tx, d.function_id, &d.output_collection, batch.delta.partition, &d.plan)?;
         }
     }
     Ok(outputs::report(&decisions))
 }
 
 /// Write a plan into the output collection (semantics: `outputs.rs`). `partition`
-/// registers the output collection if its row is missing.
-fn apply_plan(tx: &Connection, function_id: &str, output: &str, partition: i32, plan: &OutputPlan) -> Result<()> {
+/// registers the output collection if its row is missing. Returns how many values it
+/// appended to the value log.
+fn apply_plan(tx: &Connection, function_id: &str, output: &str, partition: i32, plan: &OutputPlan) -> Result<usize> {
     let mut record_offset =
         tx.prepare_cached("SELECT last_offset FROM records WHERE collection_id = ?1 AND id = ?2")?;
-    let mut upsert_record = tx.prepare_cached(
-        "INSERT INTO records (collection_id, id, embedding, metadata, document, last_offset) VALUES (?1, ?2, ?3, ?4, ?5, ?6)
-         ON CONFLICT (collection_id, id) DO UPDATE SET
-             embedding = excluded.embedding, metadata = excluded.metadata,
-             document = excluded.document, last_offset = excluded.last_offset",
-    )?;
-    let mut delete_record = tx.prepare_cached("DELETE FROM records WHERE collection_id = ?1 AND id = ?2")?;
+    let mut records = RecordWriter::new(tx)?;
     let mut count_delta = 0i64;
     let mut dimension: Option<u32> = None;
     if !plan.counts.is_empty() {
@@ -216,20 +217,13 @@ fn apply_plan(tx: &Connection, function_id: &str, output: &str, partition: i32, 
             if c.removes_at(count) {
                 drop_counter.execute(params![function_id, c.output_id])?;
                 if existing.is_some() {
-                    delete_record.execute(params![output, c.output_id])?;
+                    records.delete(output, &c.output_id)?;
                     count_delta -= 1;
                 }
             } else {
                 let last_offset = existing.map_or(c.offset, |e| e.max(c.offset));
                 let metadata = encode_metadata(&c.metadata(count));
-                upsert_record.execute(params![
-                    output,
-                    c.output_id,
-                    None::<Vec<u8>>,
-                    metadata,
-                    None::<String>,
-                    last_offset
-                ])?;
+                records.put_parts(output, &c.output_id, None, metadata, None, last_offset)?;
                 if existing.is_none() {
                     count_delta += 1;
                 }
@@ -259,15 +253,7 @@ fn apply_plan(tx: &Connection, function_id: &str, output: &str, partition: i32, 
                     if tomb.is_some() {
                         drop_tombstone.execute(params![output, r.id])?;
                     }
-                    let emb = r.embedding.as_deref().map(encode_embedding);
-                    upsert_record.execute(params![
-                        output,
-                        r.id,
-                        emb,
-                        encode_metadata(&r.metadata),
-                        r.document,
-                        r.offset
-                    ])?;
+                    records.put(output, r)?;
                     if existing.is_none() {
                         count_delta += 1;
                     }
@@ -277,7 +263,7 @@ fn apply_plan(tx: &Connection, function_id: &str, output: &str, partition: i32, 
                 }
                 MapWrite::Remove { id, offset } => {
                     if existing.is_some() {
-                        delete_record.execute(params![output, id])?;
+                        records.delete(output, id)?;
                         count_delta -= 1;
                     }
                     if plan.versioned {
@@ -296,25 +282,28 @@ fn apply_plan(tx: &Connection, function_id: &str, output: &str, partition: i32, 
         )?
         .execute(params![output, partition, dimension, count_delta, now_ms()])?;
     }
-    Ok(())
+    values::count_records(tx, count_delta)?;
+    Ok(records.appended)
 }
 
 /// The next chunk of the collection as of the marker, in one statement: current records
 /// last written before the marker without a preimage, and the function's preimages. The
 /// fields the function does not read (`reads`) are selected as NULL, so a chunk of
-/// `record_counter` never copies an embedding or a document out of the database.
+/// `record_counter` never copies an embedding or a document out of the database, and
+/// reads the value log only when the function reads one of them.
 fn chunk_sql(after_cursor: bool, reads: Reads) -> String {
-    let cols = |alias: &str| outputs::chunk_columns(reads, alias, ["NULL"; 3]);
+    let nulls = ["NULL"; 3];
     let (r_after, p_after) = if after_cursor { (" AND r.id > ?5", " AND p.record_id > ?5") } else { ("", "") };
+    let records = if reads.embedding || reads.document { RECORDS_WITH_VALUES } else { "records r" };
     format!(
-        "SELECT r.id, {r}, r.last_offset FROM records r
+        "SELECT r.id, {r}, r.last_offset FROM {records}
      WHERE r.collection_id = ?1 AND r.last_offset < ?2{r_after}
        AND NOT EXISTS (SELECT 1 FROM preimages p WHERE p.function_id = ?3 AND p.record_id = r.id)
      UNION ALL
      SELECT p.record_id, {p}, p.last_offset FROM preimages p WHERE p.function_id = ?3{p_after}
      ORDER BY 1 LIMIT ?4",
-        r = cols("r"),
-        p = cols("p"),
+        r = outputs::chunk_columns(reads, ["v", "r", "v"], nulls),
+        p = outputs::chunk_columns(reads, ["p"; 3], nulls),
     )
 }
 
@@ -379,7 +368,8 @@ fn backfill_step_sync(
             .query_row([&row.collection_id], |r| r.get(0))
             .optional()?;
         // Records exist, so the input collection has a row; 0 is never used in practice.
-        apply_plan(&tx, function_id, &row.output_collection, partition.unwrap_or(0), &plan)?;
+        let appended = apply_plan(&tx, function_id, &row.output_collection, partition.unwrap_or(0), &plan)?;
+        super::compact_values(&tx, appended)?;
     }
     tx.prepare_cached(
         "UPDATE functions SET backfill_cursor = ?2, backfill_done = backfill_done + ?3, updated_at_ms = ?4,
@@ -477,7 +467,8 @@ impl SqliteSysdb {
                     |r| r.get(0),
                 )?;
                 if live == 0 {
-                    tx.execute("DELETE FROM records WHERE collection_id = ?1", [out])?;
+                    let dropped = tx.execute("DELETE FROM records WHERE collection_id = ?1", [out])?;
+                    values::count_records(&tx, -(dropped as i64))?;
                     tx.execute("DELETE FROM tombstones WHERE collection_id = ?1", [out])?;
                     tx.execute("DELETE FROM collections WHERE id = ?1", [out])?;
                 } else {

@@ -1,0 +1,204 @@
+//! The SQLite record layout: small rows, and the large values in an append-only log.
+//!
+//! `records(collection_id, id, metadata, last_offset, value)` holds what is looked up
+//! and rewritten by key; `record_values(seq, collection_id, id, embedding, document)`
+//! holds a record's embedding and document, appended at the end of the table (`seq` is
+//! its rowid, so a new value is written at the table's last page) and pointed at by
+//! `records.value`. A record with neither embedding nor document has no value
+//! (`value` NULL).
+//!
+//! Why: with the values inside the row, every upsert of a ~1.8 KB record rewrites a
+//! random 16 KiB page, which SQLite writes twice (WAL, then the database file); a batch
+//! of a few thousand records rewrote about as many pages. Appending the values writes
+//! them once, in order, and only the small rows are rewritten in place.
+//!
+//! An overwritten or deleted record leaves its old value behind. [`compact`] keeps the
+//! log within about twice the live values: at the end of a transaction that appended
+//! values, it looks at the oldest values, copies the live ones to the end (re-pointing
+//! their records) and deletes the rest in one range. It runs inside the same
+//! transaction as the writes, so a crash leaves either both or neither: there is no
+//! pending list and no separate recovery. Liveness is a key lookup: a value is live
+//! when its record (found by the `(collection_id, id)` it carries) still points at it.
+//! The bound uses `value_log.records`, the number of rows of `records` (each has at most
+//! one live value), kept by every transaction that adds or removes records from the
+//! same counts it adds to `collections.record_count` ([`count_records`]). Triggers on
+//! `records` would keep it too, but a statement that fires a trigger needs a statement
+//! journal: measured, that copied one 16 KiB page per record written.
+
+use rusqlite::{params, CachedStatement, Connection};
+
+use super::Result;
+use crate::record::Record;
+use crate::sysdb::codec::encode_metadata;
+
+/// The columns of a whole record, `records r` joined with its value `v`, in the order
+/// `raw_record` reads them.
+pub(super) const RECORD_COLUMNS: &str = "r.id, v.embedding, r.metadata, v.document, r.last_offset";
+
+/// `records r` with its value; every read of whole records uses it.
+pub(super) const RECORDS_WITH_VALUES: &str = "records r LEFT JOIN record_values v ON v.seq = r.value";
+
+/// The log may span this many values beyond twice the live ones before compaction
+/// starts (a small database is never compacted value by value).
+const SLACK: i64 = 4096;
+
+/// At most this many times the values a transaction appended are examined by its
+/// compaction (at least [`MIN_EXAMINED`]): the log catches up over several
+/// transactions after a burst of deletes instead of stalling one of them.
+const EXAMINE_PER_APPENDED: i64 = 2;
+const MIN_EXAMINED: i64 = 1024;
+
+/// The prepared statements that write records in one transaction, and how many values
+/// they appended (what [`compact`] is told).
+pub(super) struct RecordWriter<'c> {
+    append_value: CachedStatement<'c>,
+    upsert: CachedStatement<'c>,
+    delete: CachedStatement<'c>,
+    bytes: Vec<u8>,
+    pub appended: usize,
+}
+
+impl<'c> RecordWriter<'c> {
+    pub fn new(tx: &'c Connection) -> Result<Self> {
+        Ok(RecordWriter {
+            append_value: tx.prepare_cached(
+                "INSERT INTO record_values (collection_id, id, embedding, document) VALUES (?1, ?2, ?3, ?4)",
+            )?,
+            upsert: tx.prepare_cached(
+                "INSERT INTO records (collection_id, id, metadata, last_offset, value) VALUES (?1, ?2, ?3, ?4, ?5)
+                 ON CONFLICT (collection_id, id) DO UPDATE SET
+                     metadata = excluded.metadata, last_offset = excluded.last_offset, value = excluded.value",
+            )?,
+            delete: tx.prepare_cached("DELETE FROM records WHERE collection_id = ?1 AND id = ?2")?,
+            bytes: Vec::new(),
+            appended: 0,
+        })
+    }
+
+    /// Insert or replace the record `id` of `collection`.
+    pub fn put(&mut self, collection: &str, record: &Record) -> Result<()> {
+        self.put_parts(
+            collection,
+            &record.id,
+            record.embedding.as_deref(),
+            encode_metadata(&record.metadata),
+            record.document.as_deref(),
+            record.offset,
+        )
+    }
+
+    pub fn put_parts(
+        &mut self,
+        collection: &str,
+        id: &str,
+        embedding: Option<&[f32]>,
+        metadata: Option<String>,
+        document: Option<&str>,
+        offset: i64,
+    ) -> Result<()> {
+        let value = if embedding.is_some() || document.is_some() {
+            let emb = embedding.map(|v| {
+                self.bytes.clear();
+                crate::record::codec::put_f32s(&mut self.bytes, v);
+                self.bytes.as_slice()
+            });
+            self.appended += 1;
+            Some(self.append_value.insert(params![collection, id, emb, document])?)
+        } else {
+            None
+        };
+        self.upsert.execute(params![collection, id, metadata, offset, value])?;
+        Ok(())
+    }
+
+    /// Remove the record `id` of `collection` (nothing if absent); its value is left to
+    /// [`compact`].
+    pub fn delete(&mut self, collection: &str, id: &str) -> Result<()> {
+        self.delete.execute(params![collection, id])?;
+        Ok(())
+    }
+}
+
+/// Add `delta` to the number of records the value log's bound is computed from.
+pub(super) fn count_records(tx: &Connection, delta: i64) -> Result<()> {
+    if delta != 0 {
+        tx.prepare_cached("UPDATE value_log SET records = records + ?1")?.execute([delta])?;
+    }
+    Ok(())
+}
+
+/// What one compaction did.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Compaction {
+    /// Values examined (the range deleted).
+    pub examined: i64,
+    /// Live values among them, copied to the end.
+    pub moved: i64,
+}
+
+/// Keep the value log within about twice the live values (see the module docs), after a
+/// transaction that appended `appended` values. Runs inside the caller's transaction.
+pub(super) fn compact(tx: &Connection, appended: usize) -> Result<Compaction> {
+    let live: i64 = tx.prepare_cached("SELECT records FROM value_log")?.query_row([], |r| r.get(0))?;
+    // Two statements: SQLite answers a lone min() or max() of the rowid from the edge of
+    // the b-tree, but both in one statement scan the table.
+    let lo: Option<i64> = tx.prepare_cached("SELECT min(seq) FROM record_values")?.query_row([], |r| r.get(0))?;
+    let hi: Option<i64> = tx.prepare_cached("SELECT max(seq) FROM record_values")?.query_row([], |r| r.get(0))?;
+    let (Some(lo), Some(hi)) = (lo, hi) else { return Ok(Compaction::default()) };
+    let excess = (hi - lo + 1) - 2 * live - SLACK;
+    if excess <= 0 {
+        return Ok(Compaction::default());
+    }
+    let examined = excess.min((appended as i64 * EXAMINE_PER_APPENDED).max(MIN_EXAMINED));
+    let cut = lo + examined;
+    let live_values: Vec<(i64, i64)> = tx
+        .prepare_cached(
+            "SELECT v.seq, r.rowid FROM record_values v
+             JOIN records r ON r.collection_id = v.collection_id AND r.id = v.id AND r.value = v.seq
+             WHERE v.seq < ?1 ORDER BY v.seq",
+        )?
+        .query_map(params![cut], |r| Ok((r.get(0)?, r.get(1)?)))?
+        .collect::<rusqlite::Result<_>>()?;
+    {
+        let mut copy = tx.prepare_cached(
+            "INSERT INTO record_values (collection_id, id, embedding, document)
+             SELECT collection_id, id, embedding, document FROM record_values WHERE seq = ?1",
+        )?;
+        let mut repoint = tx.prepare_cached("UPDATE records SET value = ?1 WHERE rowid = ?2")?;
+        for (seq, row) in &live_values {
+            let moved = copy.insert(params![seq])?;
+            repoint.execute(params![moved, row])?;
+        }
+    }
+    tx.prepare_cached("DELETE FROM record_values WHERE seq < ?1")?.execute(params![cut])?;
+    Ok(Compaction { examined, moved: live_values.len() as i64 })
+}
+
+/// The layout's invariants, checked (tests only): every record's value exists and
+/// carries its key, and the count of records is exact.
+#[cfg(test)]
+pub(super) fn check_layout(c: &Connection) -> std::result::Result<(), String> {
+    let q = |sql: &str| -> i64 { c.query_row(sql, [], |r| r.get(0)).unwrap() };
+    let dangling = q("SELECT count(*) FROM records r WHERE r.value IS NOT NULL AND NOT EXISTS
+         (SELECT 1 FROM record_values v WHERE v.seq = r.value AND v.collection_id = r.collection_id AND v.id = r.id)");
+    if dangling != 0 {
+        return Err(format!("{dangling} records point at a missing or foreign value"));
+    }
+    let records = q("SELECT count(*) FROM records");
+    let counted = q("SELECT records FROM value_log");
+    if records != counted {
+        return Err(format!("value_log counts {counted} records, there are {records}"));
+    }
+    Ok(())
+}
+
+/// Values in the log, live or not (tests only).
+#[cfg(test)]
+pub(super) fn log_span(c: &Connection) -> (i64, i64) {
+    c.query_row(
+        "SELECT COALESCE(max(seq) - min(seq) + 1, 0), (SELECT records FROM value_log) FROM record_values",
+        [],
+        |r| Ok((r.get(0)?, r.get(1)?)),
+    )
+    .unwrap()
+}
