@@ -1026,7 +1026,8 @@ mod tests {
         }
         let (span, live) = values::log_span(&conn);
         assert!(live > 0);
-        assert!(span <= 2 * live + 4096 + 2 * 200, "the value log spans {span} values for {live} live ones");
+        let bound = values::SPACE_FACTOR * live + values::SLACK + 2 * 200;
+        assert!(span <= bound, "the value log spans {span} values for {live} live ones");
         let moved: i64 = conn
             .query_row(
                 "SELECT count(*) FROM records WHERE collection_id = 'static' AND value > ?1",
