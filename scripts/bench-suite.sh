@@ -77,6 +77,9 @@
 #             CPU over the run, and PostgreSQL server CPU for the PostgreSQL contender,
 #             are extra columns (they do part of the work).
 #   peak RSS  VmHWM at caught-up (sluice from /proc, the peer of itself); tools: %M.
+#             For sluice also the largest RssAnon seen at its position polls (every
+#             POLL_S): VmHWM counts the pages of the SQLite file it memory-maps (page
+#             cache, shared and reclaimable); RssAnon is the memory it allocates.
 #   MB        key + value bytes (kcat %K %S), MB = 2^20 bytes.
 #
 # Usage: scripts/bench-suite.sh [--quick] [--workloads W1,W2,...] [--peer-workloads LIST]
@@ -349,7 +352,7 @@ drain_sluice() {
     env $(sluice_env "$prefix" "$url" "$group") timeout 300 "$SLUICE" init --partitions "$PARTITIONS" >/dev/null 2>&1 ||
         die "sluice init on $name failed"
     measured_begin
-    local b0 p0 t0 t1="" pid deadline polls=0 pos
+    local b0 p0 t0 t1="" pid deadline polls=0 pos anon anon_max=0
     b0="$(broker_cpu)"
     p0="$(pg_cpu)"
     t0="$(now)"
@@ -360,6 +363,8 @@ drain_sluice() {
     while :; do
         kill -0 "$pid" 2>/dev/null || { tail -30 "$logf" >&2; die "$w: sluice process ($name) exited before catching up"; }
         polls=$((polls + 1))
+        anon="$(awk '/^RssAnon:/ { print $2 }' "/proc/$pid/status" 2>/dev/null || true)"
+        ((${anon:-0} <= anon_max)) || anon_max="$anon"
         pos="$(sysdb_position "$url" "$topic")"
         if [[ "$pos" == "$PARTITIONS $total" ]]; then t1="$(now)"; break; fi
         if (($(date +%s) > deadline)); then
@@ -397,9 +402,9 @@ drain_sluice() {
     ((rc == 0)) || log "WARNING: $w sluice/$name exited with $rc after SIGTERM"
     result "$(jq -cn --arg w "$w" --arg c "sluice-$name" --argjson n "$total" --arg s "$secs" --arg cpu "$cpu" \
         --argjson rss "$rss" --arg a "$assign_s" --arg b "$(fsub "$b1" "$b0")" --arg p "$(fsub "$p1" "$p0")" \
-        --argjson rc "$rc" --argjson e "$errors" --argjson dlq "$dlq" --argjson polls "$polls" \
+        --argjson rc "$rc" --argjson e "$errors" --argjson dlq "$dlq" --argjson polls "$polls" --argjson anon "$anon_max" \
         '{kind: "drain", workload: $w, contender: $c, records: $n, seconds: ($s|tonumber), cpu_s: ($cpu|tonumber),
-          rss_kb: $rss, assign_s: ($a|tonumber? // null), broker_cpu_s: ($b|tonumber), exit_code: $rc,
+          rss_kb: $rss, rss_anon_max_kb: $anon, assign_s: ($a|tonumber? // null), broker_cpu_s: ($b|tonumber), exit_code: $rc,
           error_log_lines: $e, dlq_records: $dlq, polls: $polls}
          + (if $c == "sluice-postgres" then {postgres_server_cpu_s: ($p|tonumber)} else {} end)')"
     # the maximum rate, for the latency and recovery phases: records / (caught up - assigned)

@@ -269,9 +269,11 @@ def main():
                            "steady rec/s", "broker CPU-s"]))
         s, p = by.get((w, "sluice-sqlite")), by.get((w, "peer"))
         if s and p:
+            anon = (f' (allocated memory only, RssAnon sampled: {s["rss_anon_max_kb"] / 1024:.0f} MB, '
+                    f'{s["rss_anon_max_kb"] / 1024 / p["peak_rss_mb"]:.2f}x)') if s.get("rss_anon_max_kb") else ""
             print(f'  sluice SQLite / peer: records/s {s["records_per_s"] / p["records_per_s"]:.2f}x, '
                   f'CPU-s/1M {s["cpu_s_per_1m_records"] / p["cpu_s_per_1m_records"]:.2f}x, '
-                  f'peak RSS {s["peak_rss_mb"] / p["peak_rss_mb"]:.2f}x')
+                  f'peak RSS {s["peak_rss_mb"] / p["peak_rss_mb"]:.2f}x{anon}')
         ck = checks_by_w.get(w)
         if ck:
             print(f'  checksums: {"MATCH" if ck["match"] else "DIFFER"}: ' + "; ".join(ck["values"]))
