@@ -331,7 +331,7 @@ fn commit_group_sync(conn: &mut Connection, group: &[PendingCommit]) -> Result<V
         outcomes.push(outcome);
     }
     if outcomes.iter().any(Result::is_ok) {
-        compact_values(&tx, appended)?;
+        values::compact(&tx, appended)?;
         tx.commit()?;
     }
     Ok(outcomes)
@@ -384,17 +384,6 @@ fn apply_batch(tx: &Connection, batch: &BatchCommit, now: i64, appended: &mut us
     let report = functions::commit_functions(tx, batch, now, appended)?;
     write_next_offset(tx, &batch.topic, batch.delta.partition, batch.delta.to, now)?;
     Ok(report)
-}
-
-/// Compact the value log at the end of a write transaction that appended `appended`
-/// values. It is part of the transaction (no savepoint: one would copy every page the
-/// transaction already changed into a sub-journal), so if it fails, the transaction
-/// fails like any of its writes, and is retried.
-fn compact_values(tx: &Connection, appended: usize) -> Result<()> {
-    if appended > 0 {
-        values::compact(tx, appended)?;
-    }
-    Ok(())
 }
 
 type RawRecord = (String, Option<Vec<u8>>, Option<String>, Option<String>, i64);
@@ -937,9 +926,9 @@ mod tests {
 
     /// The value log under a long run of overwrites and deletes: after every commit the
     /// records read back are exactly the model's, every record points at a value that
-    /// carries its key, and the count of records the log's bound uses is exact. The log stays within its bound, and records written once at
-    /// the start and never again survive the compactions that copied their values
-    /// forward.
+    /// carries its key, and the count of records the log's bound uses is exact. The log
+    /// stays within its bound, and records written once at the start and never again
+    /// survive the compactions that copied their values forward.
     #[test]
     fn the_value_log_keeps_every_record_exact_and_stays_bounded() {
         use crate::record::{MetaValue, Metadata};

@@ -369,7 +369,7 @@ fn backfill_step_sync(
             .optional()?;
         // Records exist, so the input collection has a row; 0 is never used in practice.
         let appended = apply_plan(&tx, function_id, &row.output_collection, partition.unwrap_or(0), &plan)?;
-        super::compact_values(&tx, appended)?;
+        values::compact(&tx, appended)?;
     }
     tx.prepare_cached(
         "UPDATE functions SET backfill_cursor = ?2, backfill_done = backfill_done + ?3, updated_at_ms = ?4,

@@ -13,9 +13,9 @@
 //! them once, in order, and only the small rows are rewritten in place.
 //!
 //! An overwritten or deleted record leaves its old value behind. [`compact`] keeps the
-//! log within about [`SPACE_FACTOR`] times the live values: at the end of a transaction that appended
-//! values, it looks at the oldest values, copies the live ones to the end (re-pointing
-//! their records) and deletes the rest in one range. It runs inside the same
+//! log within about [`SPACE_FACTOR`] times the live values: at the end of a transaction
+//! that appended values, it looks at the oldest values, copies the live ones to the end
+//! (re-pointing their records) and deletes the rest in one range. It runs inside the same
 //! transaction as the writes, so a crash leaves either both or neither: there is no
 //! pending list and no separate recovery. Liveness is a key lookup: a value is live
 //! when its record (found by the `(collection_id, id)` it carries) still points at it.
@@ -41,10 +41,11 @@ pub(super) const RECORDS_WITH_VALUES: &str = "records r LEFT JOIN record_values 
 /// The log may span this many times the records (plus [`SLACK`]) before compaction
 /// copies anything. The less room, the more live values each compaction copies: under
 /// uniform overwrites the fraction f of the tail still live solves f = e^(-factor(1-f)),
-/// about 20% at 2 and 6% at 3, so each appended value costs 0.25 or 0.06 copies. Measured on a 1M-record W1 drain: 2 copied enough to cost 0.9-1.4 more
-/// CPU-s per 1M records than 3 (17.7-18.2 against 16.3-17.4), and wrote 6.1-6.5 KB per
-/// record against 4.7-5.0. The price of 3 is space: the value log holds up to three
-/// times the live embeddings and documents.
+/// about 20% at 2 and 6% at 3, so each appended value costs 0.25 or 0.06 copies.
+/// Measured on a 1M-record W1 drain: 2 cost 0.9-1.4 more CPU-s per 1M records than 3
+/// (17.7-18.2 against 16.3-17.4) and wrote 6.1-6.5 KB per record against 4.7-5.0. The
+/// price of 3 is space: the value log holds up to three times the live embeddings and
+/// documents.
 pub(super) const SPACE_FACTOR: i64 = 3;
 
 /// The log may span this many values beyond [`SPACE_FACTOR`] times the records before
@@ -136,27 +137,24 @@ pub(super) fn count_records(tx: &Connection, delta: i64) -> Result<()> {
     Ok(())
 }
 
-/// What one compaction did.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub(super) struct Compaction {
-    /// Values examined (the range deleted).
-    pub examined: i64,
-    /// Live values among them, copied to the end.
-    pub moved: i64,
-}
-
-/// Keep the value log within about [`SPACE_FACTOR`] times the live values (see the module docs), after a
-/// transaction that appended `appended` values. Runs inside the caller's transaction.
-pub(super) fn compact(tx: &Connection, appended: usize) -> Result<Compaction> {
+/// Keep the value log within about [`SPACE_FACTOR`] times the live values (see the
+/// module docs), after a transaction that appended `appended` values (none: nothing to
+/// do). It runs inside the caller's transaction and opens no savepoint (one would copy
+/// every page the transaction already changed into a sub-journal), so if it fails, the
+/// transaction fails like any of its writes, and is retried.
+pub(super) fn compact(tx: &Connection, appended: usize) -> Result<()> {
+    if appended == 0 {
+        return Ok(());
+    }
     let live: i64 = tx.prepare_cached("SELECT records FROM value_log")?.query_row([], |r| r.get(0))?;
     // Two statements: SQLite answers a lone min() or max() of the rowid from the edge of
     // the b-tree, but both in one statement scan the table.
     let lo: Option<i64> = tx.prepare_cached("SELECT min(seq) FROM record_values")?.query_row([], |r| r.get(0))?;
     let hi: Option<i64> = tx.prepare_cached("SELECT max(seq) FROM record_values")?.query_row([], |r| r.get(0))?;
-    let (Some(lo), Some(hi)) = (lo, hi) else { return Ok(Compaction::default()) };
+    let (Some(lo), Some(hi)) = (lo, hi) else { return Ok(()) };
     let excess = (hi - lo + 1) - SPACE_FACTOR * live - SLACK;
     if excess <= 0 {
-        return Ok(Compaction::default());
+        return Ok(());
     }
     let examined = excess.min((appended as i64 * EXAMINE_PER_APPENDED).max(MIN_EXAMINED));
     let cut = lo + examined;
@@ -180,7 +178,7 @@ pub(super) fn compact(tx: &Connection, appended: usize) -> Result<Compaction> {
         }
     }
     tx.prepare_cached("DELETE FROM record_values WHERE seq < ?1")?.execute(params![cut])?;
-    Ok(Compaction { examined, moved: live_values.len() as i64 })
+    Ok(())
 }
 
 /// The layout's invariants, checked (tests only): every record's value exists and
