@@ -11,7 +11,14 @@ The `sluice_end_to_end_latency_seconds` histogram (same definition, measured in 
 process) is read from a /metrics scrape and its quantiles interpolated linearly within
 buckets (Prometheus histogram_quantile), as a cross-check.
 
-usage: latency.py --log FILE --timestamps FILE --topic T [--metrics FILE]
+With --warmup-ms W, the records whose CreateTime falls in the first W ms of the paced
+run (from the earliest CreateTime) are left out of the figures, which then describe the
+steady state; `whole_run` gives the figures over every record beside them. The paced
+producer is a JVM that starts sending at full rate on the broker's core: in its first
+second it falls behind its own schedule, records that already have their CreateTime wait
+in its buffer, and that wait would be counted as the contender's.
+
+usage: latency.py --log FILE --timestamps FILE --topic T [--metrics FILE] [--warmup-ms W]
 prints one JSON object.
 """
 import argparse
@@ -66,6 +73,7 @@ def main():
     ap.add_argument("--timestamps", required=True)
     ap.add_argument("--topic", required=True)
     ap.add_argument("--metrics")
+    ap.add_argument("--warmup-ms", type=float, default=0.0)
     a = ap.parse_args()
     batches = {}  # partition -> sorted [(from, to, commit_ms)]
     for line in open(a.log):
@@ -83,7 +91,7 @@ def main():
     for p, bs in batches.items():
         bs.sort()
         starts[p] = [b[0] for b in bs]
-    lat, unmatched = [], 0
+    lat, unmatched = [], 0  # lat: (CreateTime, latency)
     for line in open(a.timestamps):
         parts = line.split()
         if len(parts) != 3:
@@ -94,15 +102,18 @@ def main():
         if bs is None or i < 0 or not (bs[i][0] <= o < bs[i][1]):
             unmatched += 1
             continue
-        lat.append(bs[i][2] - ts)
+        lat.append((ts, bs[i][2] - ts))
     nb = sum(len(b) for b in batches.values())
+    matched = len(lat)
     out = {"method": "per record: 'batch committed' log time of its batch - CreateTime", "unmatched": unmatched,
-           "batches": nb, "records_per_batch": round((len(lat) + unmatched) / nb, 1) if nb else None}
+           "batches": nb, "records_per_batch": round((matched + unmatched) / nb, 1) if nb else None,
+           "warmup_ms": a.warmup_ms}
     if lat:
-        lat.sort()
-        out.update({"n": len(lat), "p50_ms": round(quantile(lat, 0.5), 1), "p90_ms": round(quantile(lat, 0.9), 1),
-                    "p99_ms": round(quantile(lat, 0.99), 1), "p999_ms": round(quantile(lat, 0.999), 1),
-                    "max_ms": round(lat[-1], 1), "mean_ms": round(sum(lat) / len(lat), 1)})
+        first = min(ts for ts, _ in lat)
+        whole = sorted(v for _, v in lat)
+        steady = sorted(v for ts, v in lat if ts >= first + a.warmup_ms)
+        out.update(figures(steady))
+        out["whole_run"] = figures(whole)
     else:
         out["n"] = 0
     if a.metrics:
@@ -112,7 +123,16 @@ def main():
             out["histogram"] = None
     json.dump(out, sys.stdout)
     print()
-    return 0 if lat and unmatched == 0 else 1
+    return 0 if out["n"] and unmatched == 0 else 1
+
+
+def figures(lat):
+    """n and percentiles (ms) of sorted latencies"""
+    if not lat:
+        return {"n": 0}
+    return {"n": len(lat), "p50_ms": round(quantile(lat, 0.5), 1), "p90_ms": round(quantile(lat, 0.9), 1),
+            "p99_ms": round(quantile(lat, 0.99), 1), "p999_ms": round(quantile(lat, 0.999), 1),
+            "max_ms": round(lat[-1], 1), "mean_ms": round(sum(lat) / len(lat), 1)}
 
 
 if __name__ == "__main__":

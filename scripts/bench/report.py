@@ -299,6 +299,12 @@ def main():
                   f'p50 {h["p50_ms"]} ms, p99 {h["p99_ms"]} ms over {h["count"]:,} records')
         print("  sluice: per record, the commit log line of its batch - CreateTime; peer: read_committed consumer of its"
               " changelog, receive time - record timestamp")
+        for c in LATENCY_ORDER:
+            l = lat.get(c) or {}
+            if l.get("warmup_s"):
+                whole = l.get("whole_run") or {"n": l.get("all_n"), "p50_ms": l.get("all_p50_ms"), "p99_ms": l.get("all_p99_ms")}
+                print(f'  {LABEL[c]}: records stamped in the first {l["warmup_s"]} s (the paced producer\'s warm-up) left out;'
+                      f' over all {whole.get("n") or 0:,}: p50 {whole.get("p50_ms")} ms, p99 {whole.get("p99_ms")} ms')
     rebuild = {}
     for c in ["sluice-sqlite", "sluice-postgres"]:
         d = by.get(("W1", c))

@@ -28,17 +28,21 @@ import org.apache.kafka.common.serialization.ByteArrayDeserializer;
  *
  * <pre>
  * java -cp kafka-streams-peer.jar sluice.peer.tools.LatencyProbe --bootstrap B --topic T
- *     --stop-file PATH [--idle-ms 2000] [--fetch-wait-ms 20]
+ *     --stop-file PATH [--idle-ms 2000] [--fetch-wait-ms 20] [--warmup-ms 0]
  * </pre>
  * Waits for the topic to exist, reads it from the beginning until PATH exists and no
  * record arrived for idle-ms. stdout: {@code latency: n=N p50_ms=.. p90_ms=.. p99_ms=..
- * p999_ms=.. max_ms=.. mean_ms=..}.
+ * p999_ms=.. max_ms=.. mean_ms=.. warmup_ms=W all_n=.. all_p50_ms=.. all_p99_ms=..}: the
+ * figures leave out the records stamped in the first W ms (from the earliest timestamp),
+ * the paced producer's own warm-up, as scripts/bench/latency.py does for Sluice; the
+ * {@code all_} ones count every record.
  */
 public final class LatencyProbe {
     public static void main(String[] argv) throws Exception {
         String bootstrap = "127.0.0.1:9092", topic = null, stopFile = null;
         long idleMs = 2000;
         String fetchWait = "20";
+        long warmupMs = 0;
         for (int i = 0; i < argv.length; i++) {
             switch (argv[i]) {
                 case "--bootstrap" -> bootstrap = argv[++i];
@@ -46,6 +50,7 @@ public final class LatencyProbe {
                 case "--stop-file" -> stopFile = argv[++i];
                 case "--idle-ms" -> idleMs = Long.parseLong(argv[++i]);
                 case "--fetch-wait-ms" -> fetchWait = argv[++i];
+                case "--warmup-ms" -> warmupMs = Long.parseLong(argv[++i]);
                 default -> {
                     System.err.println("unknown argument " + argv[i]);
                     System.exit(2);
@@ -65,6 +70,7 @@ public final class LatencyProbe {
         cp.put(ConsumerConfig.FETCH_MAX_WAIT_MS_CONFIG, fetchWait);
         cp.put(ConsumerConfig.MAX_POLL_RECORDS_CONFIG, "5000");
         long[] lat = new long[1 << 16];
+        long[] stamp = new long[1 << 16];
         int n = 0;
         try (KafkaConsumer<byte[], byte[]> consumer = new KafkaConsumer<>(cp)) {
             List<TopicPartition> parts = new ArrayList<>();
@@ -91,7 +97,9 @@ public final class LatencyProbe {
                 for (ConsumerRecord<byte[], byte[]> r : batch) {
                     if (n == lat.length) {
                         lat = Arrays.copyOf(lat, n * 2);
+                        stamp = Arrays.copyOf(stamp, n * 2);
                     }
+                    stamp[n] = r.timestamp();
                     lat[n++] = now - r.timestamp();
                 }
                 if (!batch.isEmpty()) {
@@ -105,15 +113,33 @@ public final class LatencyProbe {
             System.out.println("latency: n=0");
             System.exit(1);
         }
-        long[] s = Arrays.copyOf(lat, n);
+        long first = Long.MAX_VALUE;
+        for (int i = 0; i < n; i++) {
+            first = Math.min(first, stamp[i]);
+        }
+        long[] steady = new long[n];
+        int m = 0;
+        for (int i = 0; i < n; i++) {
+            if (stamp[i] >= first + warmupMs) {
+                steady[m++] = lat[i];
+            }
+        }
+        long[] s = Arrays.copyOf(steady, m);
+        long[] all = Arrays.copyOf(lat, n);
         Arrays.sort(s);
+        Arrays.sort(all);
+        if (m == 0) {
+            System.out.println("latency: n=0");
+            System.exit(1);
+        }
         double sum = 0;
         for (long x : s) {
             sum += x;
         }
         System.out.println(String.format(Locale.ROOT,
-                "latency: n=%d p50_ms=%d p90_ms=%d p99_ms=%d p999_ms=%d max_ms=%d mean_ms=%.1f", n, q(s, 0.50),
-                q(s, 0.90), q(s, 0.99), q(s, 0.999), s[n - 1], sum / n));
+                "latency: n=%d p50_ms=%d p90_ms=%d p99_ms=%d p999_ms=%d max_ms=%d mean_ms=%.1f warmup_ms=%d all_n=%d all_p50_ms=%d all_p99_ms=%d",
+                m, q(s, 0.50), q(s, 0.90), q(s, 0.99), q(s, 0.999), s[m - 1], sum / m, warmupMs, n, q(all, 0.50),
+                q(all, 0.99)));
     }
 
     /** Nearest-rank quantile. */
