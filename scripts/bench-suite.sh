@@ -43,7 +43,10 @@
 #             rate on the broker's core, and in its first second it falls behind its own
 #             schedule with records that already carry their CreateTime (measured: with
 #             the topic set to LogAppendTime, the broker received 9.5-12.5k instead of 28k
-#             records in that second, and 42-48k in the next). Sluice: per record,
+#             records in that second, and 42-48k in the next). Sluice then runs a
+#             second time on a topic stamped with LogAppendTime: broker append ->
+#             materialized, its own share without the producer's and the broker's
+#             delays (printed beside the goals, which stay on CreateTime). Sluice: per record,
 #             the JSON-log time of the "batch committed" line of the batch holding its
 #             offset (debug, logged right after the sysdb commit) minus the record's
 #             CreateTime (kcat %T); the
@@ -747,11 +750,20 @@ paced() {
                  w, b / w, r / w, (b + r) / w, c / w }')"
 }
 
+# latency_sluice RATE [append]: with "append", the topic stamps its records with
+# LogAppendTime, so the figures run from the broker's append to the commit: Sluice's own
+# share, without the paced producer's delays (result kind "latency_log_append").
 latency_sluice() {
-    local rate="$1" prefix="$BASE-lat-sluice"
-    local url="sqlite://$WORK/lat-sluice.db" group="$prefix-sqlite" logf="$WORK/latency-sluice.log" port
+    local rate="$1" mode="${2:-create}" name=lat-sluice kind=latency
+    [[ "$mode" == append ]] && name=lat-sluice-append kind=latency_log_append
+    local prefix="$BASE-$name"
+    local url="sqlite://$WORK/$name.db" group="$prefix-sqlite" logf="$WORK/$name.log" port
     port="$(free_port)"
     env $(sluice_env "$prefix" "$url" "$group") timeout 300 "$SLUICE" init --partitions "$PARTITIONS" >/dev/null 2>&1 || die "init (latency) failed"
+    if [[ "$mode" == append ]]; then
+        timeout 60 "$KTOOL" configs --bootstrap-server "$BS" --alter --entity-type topics --entity-name "$prefix.log" \
+            --add-config message.timestamp.type=LogAppendTime >/dev/null || die "latency: cannot set LogAppendTime on $prefix.log"
+    fi
     measured_begin
     env $(sluice_env "$prefix" "$url" "$group") SLUICE_HTTP="127.0.0.1:$port" SLUICE_LOG="info,rdkafka=warn,sluice::processor=debug" \
         "${CONTENDER_PIN[@]}" "$SLUICE" --log-format json process 2>"$logf" &
@@ -759,27 +771,27 @@ latency_sluice() {
     BG_PIDS+=("$pid")
     wait_log "$logf" '"partition starts"' "$PARTITIONS" 60 "$pid" || { tail -20 "$logf" >&2; die "latency: sluice did not start"; }
     log "latency: sluice running; paced producer at $rate records/s for $LAT_WARMUP_S + $LAT_SECONDS s"
-    paced "$prefix.log" "$rate" "$((LAT_WARMUP_S + LAT_SECONDS))" "$pid" latency-sluice
+    paced "$prefix.log" "$rate" "$((LAT_WARMUP_S + LAT_SECONDS))" "$pid" "$name"
     local sent="$SENT" load="$LOAD"
     local deadline=$(($(date +%s) + 120))
     until [[ "$(sysdb_position "$url" "$prefix.log")" == "$PARTITIONS $sent" ]]; do
         (($(date +%s) < deadline)) || die "latency: sluice did not catch up with the $sent paced records"
         sleep 0.1
     done
-    curl -fsS "http://127.0.0.1:$port/metrics" >"$WORK/lat-sluice.metrics" || log "WARNING: cannot scrape /metrics"
+    curl -fsS "http://127.0.0.1:$port/metrics" >"$WORK/$name.metrics" || log "WARNING: cannot scrape /metrics"
     local cpu
     cpu="$(pid_cpu "$pid")"
     measured_end
     stop_pid "$pid" 30
     cp "$logf" "$LOG_DIR/"
-    timeout 120 kcat -C -b "$BS" -t "$prefix.log" -e -o beginning -q -f '%p %o %T\n' >"$WORK/lat-sluice.ts"
-    python3 "$REPO/scripts/bench/latency.py" --log "$logf" --timestamps "$WORK/lat-sluice.ts" --topic "$prefix.log" \
-        --metrics "$WORK/lat-sluice.metrics" --warmup-ms "$((LAT_WARMUP_S * 1000))" >"$WORK/lat-sluice.json" ||
+    timeout 120 kcat -C -b "$BS" -t "$prefix.log" -e -o beginning -q -f '%p %o %T\n' >"$WORK/$name.ts"
+    python3 "$REPO/scripts/bench/latency.py" --log "$logf" --timestamps "$WORK/$name.ts" --topic "$prefix.log" \
+        --metrics "$WORK/$name.metrics" --warmup-ms "$((LAT_WARMUP_S * 1000))" >"$WORK/$name.json" ||
         log "WARNING: latency: no per-record latencies from the log (no 'batch committed' debug lines?); the histogram's are used"
-    log "latency: sluice $(jq -c . "$WORK/lat-sluice.json")"
-    result "$(jq -c --arg r "$rate" --argjson sent "$sent" --argjson s "$LAT_SECONDS" --argjson w "$LAT_WARMUP_S" --arg cpu "$cpu" --argjson load "$load" \
-        '{kind: "latency", contender: "sluice-sqlite", rate: ($r|tonumber), records: $sent, seconds: $s, warmup_s: $w, cpu_s: ($cpu|tonumber),
-          load: $load} + .' "$WORK/lat-sluice.json")"
+    log "latency ($mode time): sluice $(jq -c . "$WORK/$name.json")"
+    result "$(jq -c --arg r "$rate" --argjson sent "$sent" --argjson s "$LAT_SECONDS" --argjson w "$LAT_WARMUP_S" --arg cpu "$cpu" --argjson load "$load" --arg kind "$kind" \
+        '{kind: $kind, contender: "sluice-sqlite", rate: ($r|tonumber), records: $sent, seconds: $s, warmup_s: $w, cpu_s: ($cpu|tonumber),
+          load: $load} + .' "$WORK/$name.json")"
     bench_delete_topics "$prefix\\..*"
 }
 
@@ -910,6 +922,8 @@ for w in W1 W2 W3 W4 W5; do
         if $DO_LATENCY; then
             phase "latency at 50% load: sluice (SQLite)"
             latency_sluice "$((WL_RATE[W1_sqlite] / 2))"
+            phase "latency at 50% load: sluice (SQLite), from the broker's append"
+            latency_sluice "$((WL_RATE[W1_sqlite] / 2))" append
             if in_list W1 "$PEER_WORKLOADS"; then
                 phase "latency at 50% load: peer"
                 latency_peer "$((WL_RATE[W1_peer] / 2))"

@@ -215,6 +215,7 @@ def main():
     drains = [r for r in res if r["kind"] == "drain"]
     checks_by_w = {r["workload"]: r for r in res if r["kind"] == "checksums"}
     lat = {r["contender"]: r for r in res if r["kind"] == "latency"}
+    lat_append = next((r for r in res if r["kind"] == "latency_log_append"), None)
     rec = {r["variant"]: r for r in res if r["kind"] == "recovery"}
     phases = []
     for line in open(a.phases):
@@ -305,6 +306,11 @@ def main():
                 whole = l.get("whole_run") or {"n": l.get("all_n"), "p50_ms": l.get("all_p50_ms"), "p99_ms": l.get("all_p99_ms")}
                 print(f'  {LABEL[c]}: records stamped in the first {l["warmup_s"]} s (the paced producer\'s warm-up) left out;'
                       f' over all {whole.get("n") or 0:,}: p50 {whole.get("p50_ms")} ms, p99 {whole.get("p99_ms")} ms')
+        if lat_append and lat_append.get("n"):
+            la = lat_append
+            print(f'  sluice (SQLite) from the broker\'s append (a second run, topic with LogAppendTime, {la["rate"]:,.0f} records/s):'
+                  f' p50 {la.get("p50_ms")} ms, p90 {la.get("p90_ms")} ms, p99 {la.get("p99_ms")} ms, max {la.get("max_ms")} ms'
+                  ' -- Sluice\'s own share, without the paced producer\'s and the broker\'s delays before the append')
     rebuild = {}
     for c in ["sluice-sqlite", "sluice-postgres"]:
         d = by.get(("W1", c))
@@ -367,7 +373,7 @@ def main():
     print(f'  builds: cargo release {b["cargo_release"]:.1f} s, mvn package {b["mvn_package"]:.1f} s (in parallel)')
 
     doc = dict(meta)
-    doc.update({"workloads": workloads, "rows": drains, "checksums": checks_by_w, "latency": lat, "recovery": rec,
+    doc.update({"workloads": workloads, "rows": drains, "checksums": checks_by_w, "latency": lat, "latency_log_append": lat_append, "recovery": rec,
                 "backfill": [r for r in res if r["kind"] in ("backfill", "live")],
                 "rebuild_s_per_1m": rebuild, "goals": goals, "checks": checks, "phases": phases, "phases_total_s": round(total, 1)})
     json.dump(doc, open(a.out, "w"), indent=2)
