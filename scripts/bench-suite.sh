@@ -754,8 +754,12 @@ paced() {
 # LogAppendTime, so the figures run from the broker's append to the commit: Sluice's own
 # share, without the paced producer's delays (result kind "latency_log_append").
 latency_sluice() {
-    local rate="$1" mode="${2:-create}" name=lat-sluice kind=latency
-    [[ "$mode" == append ]] && name=lat-sluice-append kind=latency_log_append
+    local rate="$1" mode="${2:-create}" name=lat-sluice kind=latency method=""
+    if [[ "$mode" == append ]]; then
+        name=lat-sluice-append kind=latency_log_append
+        # kcat's %T is then the broker's append time, not the producer's CreateTime
+        method="per record: 'batch committed' log time of its batch - LogAppendTime (the broker's append)"
+    fi
     local prefix="$BASE-$name"
     local url="sqlite://$WORK/$name.db" group="$prefix-sqlite" logf="$WORK/$name.log" port
     port="$(free_port)"
@@ -789,9 +793,9 @@ latency_sluice() {
         --metrics "$WORK/$name.metrics" --warmup-ms "$((LAT_WARMUP_S * 1000))" >"$WORK/$name.json" ||
         log "WARNING: latency: no per-record latencies from the log (no 'batch committed' debug lines?); the histogram's are used"
     log "latency ($mode time): sluice $(jq -c . "$WORK/$name.json")"
-    result "$(jq -c --arg r "$rate" --argjson sent "$sent" --argjson s "$LAT_SECONDS" --argjson w "$LAT_WARMUP_S" --arg cpu "$cpu" --argjson load "$load" --arg kind "$kind" \
+    result "$(jq -c --arg r "$rate" --argjson sent "$sent" --argjson s "$LAT_SECONDS" --argjson w "$LAT_WARMUP_S" --arg cpu "$cpu" --argjson load "$load" --arg kind "$kind" --arg m "$method" \
         '{kind: $kind, contender: "sluice-sqlite", rate: ($r|tonumber), records: $sent, seconds: $s, warmup_s: $w, cpu_s: ($cpu|tonumber),
-          load: $load} + .' "$WORK/$name.json")"
+          load: $load} + . + (if $m == "" then {} else {method: $m} end)' "$WORK/$name.json")"
     bench_delete_topics "$prefix\\..*"
 }
 
