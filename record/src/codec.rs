@@ -510,9 +510,13 @@ fn put_str(out: &mut Vec<u8>, s: &str) {
 /// Appends floats as little-endian f32 bytes (the one packing of embeddings: the wire
 /// format and the sysdb's storage format are the same).
 pub fn put_f32s(out: &mut Vec<u8>, values: &[f32]) {
-    out.reserve(values.len() * 4);
-    for v in values {
-        out.extend_from_slice(&v.to_le_bytes());
+    // As in `f32s_from_le_bytes`: fixed-size chunks over a slice already sized, so the
+    // loop is a vectorized copy. One `extend_from_slice` per value checks the capacity
+    // each time and stays scalar (measured: 4% of a W1 drain's CPU).
+    let start = out.len();
+    out.resize(start + values.len() * 4, 0);
+    for (dst, v) in out[start..].chunks_exact_mut(4).zip(values) {
+        dst.copy_from_slice(&v.to_le_bytes());
     }
 }
 
