@@ -145,3 +145,8 @@ fn init_logs(
     tracing::info!(endpoint = %telemetry.url(), service = %config.telemetry.service_name, sample_ratio = config.telemetry.sample_ratio, "exporting traces over OTLP/HTTP");
     Ok(Some(telemetry))
 }
+
+/// mimalloc instead of the system allocator: the write path allocates a record's parts
+/// on a partition's worker and frees them after the commit (see Cargo.toml).
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;

@@ -52,6 +52,12 @@
 //! (the `after` of an insert or merge, and the `before` of an id changed twice or
 //! more in the batch; the first `before` is moved out of the view's answer).
 //!
+//! [`fold_final`] is the same fold for a collection without attached functions, which
+//! needs only each id's state at the end of the batch: it takes the log records and
+//! the stored records by value and moves their fields (an insert moves the log
+//! record's, a merge updates the stored record in place), so nothing is copied. The
+//! property tests hold it to [`fold_batch`]'s final states and accounting.
+//!
 //! The reference model in [`model`] is the independent oracle the property tests
 //! (and end-to-end tests) compare this fold against.
 
@@ -229,36 +235,17 @@ where
 {
     let mut out = BatchOutcome { dimension, ..BatchOutcome::default() };
     let mut overlay: HashMap<&'a str, Slot> = HashMap::new();
-    let mut first: Option<(&'a str, i64)> = None;
+    let mut order = Order::default();
 
     for (offset, rec) in records {
-        match first {
-            None => first = Some((rec.collection_id.as_str(), offset)),
-            Some((collection, previous)) => {
-                if rec.collection_id != collection {
-                    return Err(FoldError::MixedCollections {
-                        expected: collection.to_owned(),
-                        found: rec.collection_id.clone(),
-                        offset,
-                    });
-                }
-                if offset <= previous {
-                    return Err(FoldError::OffsetNotIncreasing { previous, offset });
-                }
-                first = Some((collection, offset));
-            }
-        }
-
+        order.check(rec, offset)?;
         let Some(op) = DataOp::of(rec.operation) else {
             out.controls.push(offset);
             continue;
         };
-
-        if let (Some(expected), Some(embedding)) = (out.dimension, rec.embedding.as_ref()) {
-            if embedding.len() != expected {
-                out.rejected.push(Rejected { offset, id: rec.id.clone(), expected, actual: embedding.len() });
-                continue;
-            }
+        if let Some(rejected) = rejection(out.dimension, offset, rec) {
+            out.rejected.push(rejected);
+            continue;
         }
 
         let slot = overlay.entry(rec.id.as_str()).or_insert_with(|| Slot::Base(view.get(&rec.id)));
@@ -266,30 +253,20 @@ where
             Slot::Base(base) => base.as_ref(),
             Slot::Changed(i) => out.changes[*i].after.as_ref(),
         };
-
-        let after = match (op, current) {
-            (DataOp::Add, Some(_)) => Err(IgnoreReason::AddExisting),
-            (DataOp::Update, None) => Err(IgnoreReason::UpdateMissing),
-            (DataOp::Delete, None) => Err(IgnoreReason::DeleteMissing),
-            (DataOp::Add | DataOp::Upsert, None) => Ok(Some(insert(offset, rec))),
-            (DataOp::Update | DataOp::Upsert, Some(live)) => Ok(Some(merge(live, offset, rec))),
-            (DataOp::Delete, Some(_)) => Ok(None),
-        };
-        let after = match after {
-            Ok(after) => after,
+        let step = match Step::of(op, current.is_some()) {
+            Ok(step) => step,
             Err(reason) => {
                 out.ignored.push((offset, reason));
                 continue;
             }
         };
-
-        if out.dimension.is_none() {
-            // An applied insert or merge stores the embedding it carries; a DELETE's
-            // embedding is never stored and fixes nothing.
-            if let (Some(_), Some(embedding)) = (&after, &rec.embedding) {
-                out.dimension = Some(embedding.len());
-            }
-        }
+        step.fix_dimension(&mut out.dimension, rec);
+        let after = match (step, current) {
+            (Step::Insert, _) => Some(insert(offset, rec)),
+            (Step::Merge, Some(live)) => Some(merge(live, offset, rec)),
+            (Step::Merge, None) => unreachable!("Step::of merges only a live id"),
+            (Step::Remove, _) => None,
+        };
 
         let before = match slot {
             Slot::Base(base) => base.take(),
@@ -307,6 +284,182 @@ enum Slot {
     Base(Option<Record>),
     /// Changed in this batch; the current state is `changes[i].after`.
     Changed(usize),
+}
+
+/// What [`fold_final`] produced: the state each changed id ends the batch in, with the
+/// same accounting as [`BatchOutcome`] but without the per-record changes. Every record
+/// of the batch is in exactly one of: some id's state, `ignored`, `rejected`, `controls`.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct FinalOutcome {
+    /// Per id changed in the batch, in id order.
+    pub states: Vec<FinalState>,
+    /// Ignored data records: `(offset, reason)`, in offset order.
+    pub ignored: Vec<(i64, IgnoreReason)>,
+    /// Records rejected for a dimension mismatch, in offset order.
+    pub rejected: Vec<Rejected>,
+    /// Offsets of the BACKFILL_FN control records, in offset order.
+    pub controls: Vec<i64>,
+    /// The collection's embedding dimension after the batch.
+    pub dimension: Option<usize>,
+}
+
+/// One id changed by a batch, as [`fold_final`] leaves it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FinalState {
+    /// The record's id.
+    pub id: String,
+    /// Whether the id was live before the batch (the view had it).
+    pub was_live: bool,
+    /// Its state at the end of the batch (`None`: deleted).
+    pub after: Option<Record>,
+}
+
+/// [`fold_batch`] for a caller that needs only where each id ends, not the changes on
+/// the way (a collection without attached functions): the same semantics and errors,
+/// and the same final states as [`BatchOutcome::final_states`], without copying.
+///
+/// - `take`: hands over the record `id` as it is before the batch (`None`: absent). It
+///   is called at most once per id, so a caller can move records out of what it
+///   preloaded.
+/// - `records`: as for [`fold_batch`], but owned: an insert moves the log record's
+///   fields into the new record, a merge moves them into the live one in place.
+///
+/// # Errors
+///
+/// As [`fold_batch`]: a record out of offset order or of another collection refuses
+/// the whole batch.
+pub fn fold_final(
+    mut take: impl FnMut(&str) -> Option<Record>,
+    dimension: Option<usize>,
+    records: impl IntoIterator<Item = (i64, LogRecord)>,
+) -> Result<FinalOutcome, FoldError> {
+    let mut out = FinalOutcome { dimension, ..FinalOutcome::default() };
+    let mut slots: HashMap<String, FinalSlot> = HashMap::new();
+    let mut order = Order::default();
+
+    for (offset, rec) in records {
+        order.check(&rec, offset)?;
+        let Some(op) = DataOp::of(rec.operation) else {
+            out.controls.push(offset);
+            continue;
+        };
+        if let Some(rejected) = rejection(out.dimension, offset, &rec) {
+            out.rejected.push(rejected);
+            continue;
+        }
+
+        let slot = match slots.get_mut(rec.id.as_str()) {
+            Some(slot) => slot,
+            None => {
+                let base = take(&rec.id);
+                slots.entry(rec.id.clone()).or_insert(FinalSlot { was_live: base.is_some(), state: base, changed: false })
+            }
+        };
+        let step = match Step::of(op, slot.state.is_some()) {
+            Ok(step) => step,
+            Err(reason) => {
+                out.ignored.push((offset, reason));
+                continue;
+            }
+        };
+        step.fix_dimension(&mut out.dimension, &rec);
+        slot.changed = true;
+        match (step, slot.state.as_mut()) {
+            (Step::Insert, _) => slot.state = Some(insert_owned(offset, rec)),
+            (Step::Merge, Some(live)) => merge_into(live, offset, rec),
+            (Step::Merge, None) => unreachable!("Step::of merges only a live id"),
+            (Step::Remove, _) => slot.state = None,
+        }
+    }
+
+    out.states = slots
+        .into_iter()
+        .filter(|(_, slot)| slot.changed)
+        .map(|(id, slot)| FinalState { id, was_live: slot.was_live, after: slot.state })
+        .collect();
+    out.states.sort_unstable_by(|a, b| a.id.cmp(&b.id));
+    Ok(out)
+}
+
+/// The state of one id inside [`fold_final`].
+struct FinalSlot {
+    /// Whether the view had the id.
+    was_live: bool,
+    /// Its current state (`None`: absent).
+    state: Option<Record>,
+    /// Whether a record of the batch was applied to it.
+    changed: bool,
+}
+
+/// The batch's ordering rules: one collection, offsets strictly increasing.
+#[derive(Default)]
+struct Order {
+    /// The collection of the first record and the offset of the last one.
+    last: Option<(String, i64)>,
+}
+
+impl Order {
+    fn check(&mut self, rec: &LogRecord, offset: i64) -> Result<(), FoldError> {
+        match &mut self.last {
+            None => self.last = Some((rec.collection_id.clone(), offset)),
+            Some((collection, previous)) => {
+                if rec.collection_id != *collection {
+                    return Err(FoldError::MixedCollections {
+                        expected: collection.clone(),
+                        found: rec.collection_id.clone(),
+                        offset,
+                    });
+                }
+                if offset <= *previous {
+                    return Err(FoldError::OffsetNotIncreasing { previous: *previous, offset });
+                }
+                *previous = offset;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A data record carrying an embedding of another length than the collection's fixed
+/// dimension: rejected whatever its operation (module doc).
+fn rejection(dimension: Option<usize>, offset: i64, rec: &LogRecord) -> Option<Rejected> {
+    match (dimension, rec.embedding.as_ref()) {
+        (Some(expected), Some(embedding)) if embedding.len() != expected => {
+            Some(Rejected { offset, id: rec.id.clone(), expected, actual: embedding.len() })
+        }
+        _ => None,
+    }
+}
+
+/// What an applied data record does to its id (the module doc's table).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Step {
+    Insert,
+    Merge,
+    Remove,
+}
+
+impl Step {
+    /// The table: the step for `op` on an id that is `live` or absent, or why the
+    /// record is ignored.
+    fn of(op: DataOp, live: bool) -> Result<Step, IgnoreReason> {
+        match (op, live) {
+            (DataOp::Add, true) => Err(IgnoreReason::AddExisting),
+            (DataOp::Update, false) => Err(IgnoreReason::UpdateMissing),
+            (DataOp::Delete, false) => Err(IgnoreReason::DeleteMissing),
+            (DataOp::Add | DataOp::Upsert, false) => Ok(Step::Insert),
+            (DataOp::Update | DataOp::Upsert, true) => Ok(Step::Merge),
+            (DataOp::Delete, true) => Ok(Step::Remove),
+        }
+    }
+
+    /// An applied insert or merge stores the embedding it carries and so fixes a
+    /// dimension not fixed yet; a DELETE's embedding is never stored and fixes nothing.
+    fn fix_dimension(self, dimension: &mut Option<usize>, rec: &LogRecord) {
+        if let (None, Some(embedding), false) = (*dimension, &rec.embedding, self == Step::Remove) {
+            *dimension = Some(embedding.len());
+        }
+    }
 }
 
 /// The data operations, so the fold's table match is exhaustive without a
@@ -333,35 +486,55 @@ impl DataOp {
 
 /// A fresh record from `rec` alone; `Null` metadata values are dropped.
 fn insert(offset: i64, rec: &LogRecord) -> Record {
-    let metadata: Metadata = rec
-        .metadata
-        .iter()
-        .flatten()
-        .filter(|(_, v)| !matches!(v, MetaValue::Null))
-        .map(|(k, v)| (k.clone(), v.clone()))
-        .collect();
+    let mut metadata = Metadata::new();
+    apply_metadata(&mut metadata, rec.metadata.iter().flatten().map(|(k, v)| (k.clone(), v.clone())));
     Record { id: rec.id.clone(), embedding: rec.embedding.clone(), metadata, document: rec.document.clone(), offset }
+}
+
+/// [`insert`], moving `rec`'s fields instead of cloning them.
+fn insert_owned(offset: i64, rec: LogRecord) -> Record {
+    let mut metadata = Metadata::new();
+    apply_metadata(&mut metadata, rec.metadata.into_iter().flatten());
+    Record { id: rec.id, embedding: rec.embedding, metadata, document: rec.document, offset }
 }
 
 /// `live` merged with `rec`: metadata key by key (`Null` removes the key), document
 /// and embedding replaced when `rec` carries them. Clones each field once.
 fn merge(live: &Record, offset: i64, rec: &LogRecord) -> Record {
     let mut metadata = live.metadata.clone();
-    for (key, value) in rec.metadata.iter().flatten() {
-        match value {
-            MetaValue::Null => {
-                metadata.remove(key);
-            }
-            value => {
-                metadata.insert(key.clone(), value.clone());
-            }
-        }
-    }
+    apply_metadata(&mut metadata, rec.metadata.iter().flatten().map(|(k, v)| (k.clone(), v.clone())));
     Record {
         id: live.id.clone(),
         embedding: rec.embedding.as_ref().or(live.embedding.as_ref()).cloned(),
         metadata,
         document: rec.document.as_ref().or(live.document.as_ref()).cloned(),
         offset,
+    }
+}
+
+/// [`merge`] in place, moving `rec`'s fields into `live`.
+fn merge_into(live: &mut Record, offset: i64, rec: LogRecord) {
+    apply_metadata(&mut live.metadata, rec.metadata.into_iter().flatten());
+    if let Some(embedding) = rec.embedding {
+        live.embedding = Some(embedding);
+    }
+    if let Some(document) = rec.document {
+        live.document = Some(document);
+    }
+    live.offset = offset;
+}
+
+/// Metadata updates applied key by key: a `Null` value removes its key, any other
+/// value sets it.
+fn apply_metadata(metadata: &mut Metadata, updates: impl IntoIterator<Item = (String, MetaValue)>) {
+    for (key, value) in updates {
+        match value {
+            MetaValue::Null => {
+                metadata.remove(&key);
+            }
+            value => {
+                metadata.insert(key, value);
+            }
+        }
     }
 }

@@ -140,6 +140,7 @@ fn fold_in_batches(entries: &[Entry]) -> Result<BTreeMap<String, Folded>, TestCa
             let out = fold_batch(&state.store, state.dimension, batch.iter().copied())
                 .map_err(|e| TestCaseError::fail(e.to_string()))?;
             check_batch_outcome(&state.store, &batch, &out)?;
+            check_fold_final(&state.store, state.dimension, &batch, &out)?;
 
             for (id, after) in out.final_states() {
                 match after {
@@ -203,6 +204,43 @@ fn check_batch_outcome(
         };
     }
     prop_assert_eq!(replay, applied);
+    Ok(())
+}
+
+/// `fold_final` over the same batch, from the same store, ends where `fold_batch` does
+/// (state, and whether each id was live before), with the same accounting, and takes
+/// each id from the store at most once.
+fn check_fold_final(
+    start: &BTreeMap<String, Record>,
+    dimension: Option<usize>,
+    batch: &[(i64, &LogRecord)],
+    out: &BatchOutcome,
+) -> Result<(), TestCaseError> {
+    let mut store = start.clone();
+    let mut asked: Vec<String> = Vec::new();
+    let fin = fold_final(
+        |id| {
+            asked.push(id.to_string());
+            store.remove(id)
+        },
+        dimension,
+        batch.iter().map(|(o, r)| (*o, (*r).clone())),
+    )
+    .map_err(|e| TestCaseError::fail(e.to_string()))?;
+    let distinct: std::collections::BTreeSet<&String> = asked.iter().collect();
+    prop_assert_eq!(distinct.len(), asked.len(), "an id was taken twice: {:?}", asked);
+    let expected: Vec<(String, bool, Option<Record>)> = out
+        .final_states()
+        .into_iter()
+        .map(|(id, after)| (id.to_string(), start.contains_key(id), after.cloned()))
+        .collect();
+    let got: Vec<(String, bool, Option<Record>)> =
+        fin.states.into_iter().map(|s| (s.id, s.was_live, s.after)).collect();
+    prop_assert_eq!(got, expected);
+    prop_assert_eq!(&fin.ignored, &out.ignored);
+    prop_assert_eq!(&fin.rejected, &out.rejected);
+    prop_assert_eq!(&fin.controls, &out.controls);
+    prop_assert_eq!(fin.dimension, out.dimension);
     Ok(())
 }
 

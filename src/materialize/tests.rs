@@ -383,6 +383,22 @@ fn records_of_two_collections_refuse_the_batch() {
     assert_eq!(err, FoldError::MixedCollections { expected: C.into(), found: "other".into(), offset: 2 });
 }
 
+#[test]
+fn fold_final_refuses_what_fold_batch_refuses() {
+    let (a, b) = (log(Operation::Add, "a"), log(Operation::BackfillFn, "b"));
+    let other = LogRecord::data("other", "a", Operation::Add);
+    let refused = |records: Vec<(i64, LogRecord)>| fold_final(|_| None, None, records).unwrap_err();
+    assert_eq!(
+        refused(vec![(5, a.clone()), (4, b.clone())]),
+        FoldError::OffsetNotIncreasing { previous: 5, offset: 4 }
+    );
+    assert_eq!(refused(vec![(5, a.clone()), (5, b)]), FoldError::OffsetNotIncreasing { previous: 5, offset: 5 });
+    assert_eq!(
+        refused(vec![(1, a), (2, other)]),
+        FoldError::MixedCollections { expected: C.into(), found: "other".into(), offset: 2 }
+    );
+}
+
 // ---- outcome and view ----------------------------------------------------------------
 
 #[test]

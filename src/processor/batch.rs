@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use crate::config::UnknownCollections;
 use crate::kafka::Msg;
-use crate::materialize::{fold_batch, BatchOutcome, FoldError, IgnoreReason, RecordView};
+use crate::materialize::{fold_batch, fold_final, BatchOutcome, FoldError, IgnoreReason, Rejected};
 use crate::positions::{IncompatibleDelta, PositionDelta};
 use crate::record::avro::WriterSchemas;
 use crate::record::framing::{unframe, Framing};
@@ -224,9 +224,53 @@ pub struct BatchCounts {
     pub controls: u64,
 }
 
-/// Fold one collection's records over its current records and produce its update.
-/// Returns `None` for the update if nothing of the collection was applied.
+/// What folding one collection's records gives the rest of the batch.
+#[derive(Debug)]
+pub struct Folded {
+    /// The collection's update; `None` if nothing of the collection was applied.
+    pub update: Option<CollectionUpdate>,
+    /// Data records applied (neither rejected nor control records; ignored ones count:
+    /// they were applied as no-ops).
+    pub applied: u64,
+}
+
+/// Fold one collection's records over its current records and produce its update, for
+/// a collection without attached functions: the records and the current state are
+/// moved into the update, nothing is copied ([`fold_final`]).
 pub fn fold_collection(
+    id: &str,
+    row: Option<&CollectionRow>,
+    partition: i32,
+    records: Vec<(i64, LogRecord)>,
+    mut current: HashMap<String, Record>,
+    counts: &mut BatchCounts,
+    dlq: &mut Vec<DlqEntry>,
+) -> Result<Folded, FoldError> {
+    let dimension = row.and_then(|r| r.dimension).map(|d| d as usize);
+    let ops: Vec<(i64, Operation)> = records.iter().map(|(o, r)| (*o, r.operation)).collect();
+    let outcome = fold_final(|rid| current.remove(rid), dimension, records)?;
+    let summary = Summary { rejected: &outcome.rejected, ignored: &outcome.ignored, controls: outcome.controls.len() };
+    let Some(log_position) = account(id, &ops, &summary, counts, dlq) else {
+        return Ok(Folded { update: None, applied: 0 });
+    };
+    let mut record_count_delta = 0i64;
+    let writes: Vec<(String, Option<Record>)> = outcome
+        .states
+        .into_iter()
+        .map(|s| {
+            record_count_delta += i64::from(s.after.is_some()) - i64::from(s.was_live);
+            (s.id, s.after)
+        })
+        .collect();
+    let applied = applied_count(&ops, outcome.rejected.len());
+    let update = collection_update(id, row, partition, outcome.dimension, log_position, record_count_delta, writes);
+    Ok(Folded { update: Some(update), applied })
+}
+
+/// [`fold_collection`] for a collection with attached functions: their deltas need
+/// every change of the batch, so this keeps the [`BatchOutcome`] (and copies what it
+/// writes out of it).
+pub fn fold_collection_with_changes(
     id: &str,
     row: Option<&CollectionRow>,
     partition: i32,
@@ -234,10 +278,46 @@ pub fn fold_collection(
     current: &HashMap<String, Record>,
     counts: &mut BatchCounts,
     dlq: &mut Vec<DlqEntry>,
-) -> Result<(Option<CollectionUpdate>, BatchOutcome), FoldError> {
+) -> Result<(Folded, BatchOutcome), FoldError> {
     let dimension = row.and_then(|r| r.dimension).map(|d| d as usize);
     let outcome = fold_batch(current, dimension, records.iter().map(|(o, r)| (*o, r)))?;
-    for rj in &outcome.rejected {
+    let ops: Vec<(i64, Operation)> = records.iter().map(|(o, r)| (*o, r.operation)).collect();
+    let summary = Summary { rejected: &outcome.rejected, ignored: &outcome.ignored, controls: outcome.controls.len() };
+    let Some(log_position) = account(id, &ops, &summary, counts, dlq) else {
+        return Ok((Folded { update: None, applied: 0 }, outcome));
+    };
+    let mut record_count_delta = 0i64;
+    let writes: Vec<(String, Option<Record>)> = outcome
+        .final_states()
+        .into_iter()
+        .map(|(rid, state)| {
+            let was = current.contains_key(rid);
+            record_count_delta += i64::from(state.is_some()) - i64::from(was);
+            (rid.to_string(), state.cloned())
+        })
+        .collect();
+    let applied = applied_count(&ops, outcome.rejected.len());
+    let update = collection_update(id, row, partition, outcome.dimension, log_position, record_count_delta, writes);
+    Ok((Folded { update: Some(update), applied }, outcome))
+}
+
+/// The parts of a fold's outcome the accounting reads (both folds have them).
+struct Summary<'a> {
+    rejected: &'a [Rejected],
+    ignored: &'a [(i64, IgnoreReason)],
+    controls: usize,
+}
+
+/// Count a folded collection's records and send its rejected ones to the DLQ. Returns
+/// the offset of its last applied record (`None`: none was applied).
+fn account(
+    id: &str,
+    ops: &[(i64, Operation)],
+    outcome: &Summary<'_>,
+    counts: &mut BatchCounts,
+    dlq: &mut Vec<DlqEntry>,
+) -> Option<i64> {
+    for rj in outcome.rejected {
         dlq.push(DlqEntry {
             offset: rj.offset,
             kind: kinds::DIMENSION_MISMATCH,
@@ -247,42 +327,47 @@ pub fn fold_collection(
             ),
         });
     }
-    for (_, reason) in &outcome.ignored {
+    for (_, reason) in outcome.ignored {
         *counts.ignored.entry(IgnoreReason::label(*reason)).or_default() += 1;
     }
-    counts.controls += outcome.controls.len() as u64;
-    let rejected: std::collections::HashSet<i64> = outcome.rejected.iter().map(|r| r.offset).collect();
+    counts.controls += outcome.controls as u64;
+    // Both lists are in offset order: walk them together.
+    let mut rejected = outcome.rejected.iter().map(|r| r.offset).peekable();
     let mut last_applied = None;
-    for (o, r) in records {
-        if !rejected.contains(o) {
-            last_applied = Some(*o);
-            if r.operation != Operation::BackfillFn {
-                *counts.by_operation.entry(r.operation.symbol()).or_default() += 1;
-            }
+    for (o, op) in ops {
+        if rejected.next_if_eq(o).is_some() {
+            continue;
+        }
+        last_applied = Some(*o);
+        if *op != Operation::BackfillFn {
+            *counts.by_operation.entry(op.symbol()).or_default() += 1;
         }
     }
-    let Some(log_position) = last_applied else {
-        return Ok((None, outcome));
-    };
-    let mut record_count_delta = 0i64;
-    let writes: Vec<(String, Option<Record>)> = outcome
-        .final_states()
-        .into_iter()
-        .map(|(rid, state)| {
-            let was = RecordView::get(current, rid).is_some();
-            record_count_delta += i64::from(state.is_some()) - i64::from(was);
-            (rid.to_string(), state.cloned())
-        })
-        .collect();
-    let update = CollectionUpdate {
+    last_applied
+}
+
+/// Data records applied: all data records but the rejected ones.
+fn applied_count(ops: &[(i64, Operation)], rejected: usize) -> u64 {
+    (ops.iter().filter(|(_, op)| op.is_data()).count() - rejected) as u64
+}
+
+fn collection_update(
+    id: &str,
+    row: Option<&CollectionRow>,
+    partition: i32,
+    dimension: Option<usize>,
+    log_position: i64,
+    record_count_delta: i64,
+    writes: Vec<(String, Option<Record>)>,
+) -> CollectionUpdate {
+    CollectionUpdate {
         id: id.to_string(),
         partition: row.map(|r| r.partition).unwrap_or(partition),
-        dimension: outcome.dimension.map(|d| d as u32),
+        dimension: dimension.map(|d| d as u32),
         log_position: log_position.max(row.map(|r| r.log_position).unwrap_or(-1)),
         record_count_delta,
         writes,
-    };
-    Ok((Some(update), outcome))
+    }
 }
 
 /// The ids a batch of one collection must read, each with whether the fold may need the
@@ -450,8 +535,7 @@ mod tests {
         ];
         let mut counts = BatchCounts::default();
         let mut dlq = Vec::new();
-        let (u, _) = fold_collection("c", None, 0, &records, &HashMap::new(), &mut counts, &mut dlq).unwrap();
-        let u = u.unwrap();
+        let u = fold_collection("c", None, 0, records, HashMap::new(), &mut counts, &mut dlq).unwrap().update.unwrap();
         assert_eq!((u.log_position, u.record_count_delta, u.writes.len()), (9, 2, 2));
         assert_eq!(counts.ignored.get("add_existing"), Some(&1));
         assert_eq!(counts.ignored.get("delete_missing"), Some(&1));

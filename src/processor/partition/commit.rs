@@ -19,6 +19,7 @@ use super::{batch_span, RangeOutcome, Worker, DLQ_LOG, FATAL_ATTEMPTS};
 use crate::failpoint;
 use crate::kafka::producer::Outgoing;
 use crate::kafka::Msg;
+use crate::materialize::FoldError;
 use crate::metrics;
 use crate::positions::{self, IncompatibleDelta, PositionDelta};
 use crate::processor::batch::{self, kinds, BatchCounts, BatchError, DlqEntry, Known};
@@ -285,20 +286,31 @@ impl Worker {
             attached_by.push(attached);
         }
         let mut current_all = self.shared.sysdb.get_records_many(wanted).await?;
-        for ((id, (row, records)), attached) in routed.collections.iter().zip(&attached_by) {
-            let current = current_all.remove(id).unwrap_or_default();
-            let (update, outcome) =
-                batch::fold_collection(id, row.as_ref(), self.partition, records, &current, &mut counts, &mut dlq)
-                    .map_err(|e| BatchError::Bug(format!("fold of collection {id:?}: {e}")))?;
-            if let Some(u) = update {
-                let data = records.iter().filter(|(_, r)| r.operation.is_data()).count();
-                applied.push((id.clone(), (data - outcome.rejected.len()) as u64));
-                updates.push(u);
-            }
-            if !attached.is_empty() {
-                let markers = functions::markers(records);
+        for ((id, (row, records)), attached) in routed.collections.into_iter().zip(&attached_by) {
+            let current = current_all.remove(&id).unwrap_or_default();
+            let bug = |e: FoldError| BatchError::Bug(format!("fold of collection {id:?}: {e}"));
+            let folded = if attached.is_empty() {
+                batch::fold_collection(&id, row.as_ref(), self.partition, records, current, &mut counts, &mut dlq)
+                    .map_err(bug)?
+            } else {
+                let (folded, outcome) = batch::fold_collection_with_changes(
+                    &id,
+                    row.as_ref(),
+                    self.partition,
+                    &records,
+                    &current,
+                    &mut counts,
+                    &mut dlq,
+                )
+                .map_err(bug)?;
+                let markers = functions::markers(&records);
                 function_batches.extend(functions::function_batches(attached, &outcome, &markers));
                 tasks.extend(functions::tasks(attached, &markers, &self.shared.topic, self.partition, now_ms));
+                folded
+            };
+            if let Some(u) = folded.update {
+                applied.push((id, folded.applied));
+                updates.push(u);
             }
         }
         dlq.sort_by_key(|d| d.offset);
