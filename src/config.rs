@@ -189,15 +189,18 @@ impl Default for SysdbConfig {
 #[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct ProcessorConfig {
-    /// A batch closes at this many records...
+    /// A batch closes at this many records (default 20,000)...
     pub batch_max_records: usize,
     /// ...or this many payload bytes...
     pub batch_max_bytes: usize,
-    /// ...or, once nothing more waits for the worker, this long after its first record
-    /// arrived (default 5), while the partition is behind (see `batch_linger_behind_ms`).
+    /// ...or, once nothing more waits for the worker, after lingering for more records:
+    /// while the partition is behind (see `batch_linger_behind_ms`), a batch lingers a
+    /// tenth of its newest record's age, at most this long after its first record
+    /// arrived (default 100). The wait a batch adds stays a tenth of the delay its
+    /// records already have, and a partition deep in a backlog commits few large
+    /// batches (measured on a W1 drain: 13% less CPU per record than a fixed 5 ms).
     /// Under load the records that arrive during a commit form the next batch, up to the
-    /// limits above, so batches grow with the load. 0 never lingers (measured on W1: ~20%
-    /// fewer records per second at saturation, from smaller batches).
+    /// limits above, so batches grow with the load. 0 never lingers.
     pub batch_linger_ms: u64,
     /// A batch lingers only while its newest record is at least this many milliseconds
     /// old by its Kafka timestamp, i.e. while the partition is behind the head of its log
@@ -217,9 +220,9 @@ pub struct ProcessorConfig {
 impl Default for ProcessorConfig {
     fn default() -> Self {
         ProcessorConfig {
-            batch_max_records: 5_000,
+            batch_max_records: 20_000,
             batch_max_bytes: 16 << 20,
-            batch_linger_ms: 5,
+            batch_linger_ms: 100,
             batch_linger_behind_ms: 20,
             unknown_collections: UnknownCollections::Register,
             on_data_loss: OnDataLoss::Halt,

@@ -181,12 +181,11 @@ impl Worker {
     }
 
     pub async fn run(mut self, mut inbox: mpsc::Receiver<WorkerMsg>) {
-        let linger = Duration::from_millis(self.shared.config.processor.batch_linger_ms);
         let stop = self.stop.clone();
         loop {
             // Caught up, a batch closes as soon as the inbox is empty (a deadline already
-            // passed); behind, it lingers to grow.
-            let deadline = self.first_at.map(|t| if self.behind() { t + linger } else { t });
+            // passed); behind, it lingers to grow, the longer the further behind.
+            let deadline = self.first_at.map(|t| t + self.linger());
             let msg = tokio::select! {
                 biased;
                 _ = stop.cancelled() => {
@@ -295,15 +294,16 @@ impl Worker {
         }
     }
 
-    /// Whether the partition is behind the head of its log: the newest buffered record is
-    /// at least `batch_linger_behind_ms` old (a record without a timestamp counts as
-    /// behind, and so does everything when the setting is 0).
-    fn behind(&self) -> bool {
-        let threshold = self.shared.config.processor.batch_linger_behind_ms;
-        if threshold == 0 {
-            return true;
-        }
-        behind_head(threshold, self.buf.last().and_then(|m| m.timestamp_ms), crate::sysdb::now_ms())
+    /// How long the open batch may wait for more records after its first one arrived
+    /// ([`linger_for`] over the newest buffered record).
+    fn linger(&self) -> Duration {
+        let p = &self.shared.config.processor;
+        linger_for(
+            p.batch_linger_ms,
+            p.batch_linger_behind_ms,
+            self.buf.last().and_then(|m| m.timestamp_ms),
+            crate::sysdb::now_ms(),
+        )
     }
 
     fn accept(&mut self, m: Msg) {
@@ -481,9 +481,27 @@ fn batch_span(topic: &str, partition: i32) -> Span {
 /// Whether a batch whose newest record has timestamp `newest_ms` is behind the head of
 /// its log at `now_ms`: that record is at least `threshold_ms` old (no timestamp, or a
 /// threshold of 0, counts as behind).
-fn behind_head(threshold_ms: u64, newest_ms: Option<i64>, now_ms: i64) -> bool {
-    let Some(newest) = newest_ms else { return true };
-    threshold_ms == 0 || now_ms.saturating_sub(newest) >= i64::try_from(threshold_ms).unwrap_or(i64::MAX)
+/// A batch lingers a tenth of how late its newest record already is: the wait it adds
+/// stays small next to the delay its records have, and a partition deep in a backlog
+/// commits few large batches (on W1, lingering up to 100 ms instead of 5 cut the CPU per
+/// record by 13%: each transaction rewrites fewer pages per record).
+pub const LINGER_SHARE_OF_LAG: i64 = 10;
+
+/// The linger of a batch whose newest record has the Kafka timestamp `newest_ms`:
+/// none while that record is less than `threshold_ms` old (the partition is at the head
+/// of its log: latency is one commit), else a [`LINGER_SHARE_OF_LAG`]th of its age, at
+/// most `max_ms`. A record without a timestamp, or a threshold of 0, lingers `max_ms`.
+fn linger_for(max_ms: u64, threshold_ms: u64, newest_ms: Option<i64>, now_ms: i64) -> Duration {
+    let max = Duration::from_millis(max_ms);
+    let Some(newest) = newest_ms else { return max };
+    if threshold_ms == 0 {
+        return max;
+    }
+    let age = now_ms.saturating_sub(newest);
+    if age < i64::try_from(threshold_ms).unwrap_or(i64::MAX) {
+        return Duration::ZERO;
+    }
+    max.min(Duration::from_millis(u64::try_from(age / LINGER_SHARE_OF_LAG).unwrap_or(0)))
 }
 
 /// What a worker's inbox gave.
@@ -516,16 +534,22 @@ async fn recv_until(inbox: &mut mpsc::Receiver<WorkerMsg>, deadline: Option<Inst
 
 #[cfg(test)]
 mod tests {
-    use super::behind_head;
+    use std::time::Duration;
+
+    use super::linger_for;
 
     #[test]
-    fn a_batch_lingers_only_behind_the_head_of_its_log() {
+    fn a_batch_lingers_only_behind_the_head_of_its_log_and_longer_the_further_behind() {
         let now = 1_000_000;
-        assert!(!behind_head(20, Some(now - 3), now), "fresh: commit at once");
-        assert!(!behind_head(20, Some(now + 50), now), "a producer clock ahead: fresh");
-        assert!(behind_head(20, Some(now - 20), now), "20 ms old: behind");
-        assert!(behind_head(20, Some(now - 60_000), now), "a backlog: behind");
-        assert!(behind_head(20, None, now), "no timestamp: keep the configured linger");
-        assert!(behind_head(0, Some(now), now), "0: always linger");
+        let ms = Duration::from_millis;
+        assert_eq!(linger_for(100, 20, Some(now - 3), now), ms(0), "fresh: commit at once");
+        assert_eq!(linger_for(100, 20, Some(now + 50), now), ms(0), "a producer clock ahead: fresh");
+        assert_eq!(linger_for(100, 20, Some(now - 20), now), ms(2), "20 ms old: behind, a tenth");
+        assert_eq!(linger_for(100, 20, Some(now - 400), now), ms(40), "400 ms old: a tenth");
+        assert_eq!(linger_for(100, 20, Some(now - 60_000), now), ms(100), "a backlog: the most");
+        assert_eq!(linger_for(5, 20, Some(now - 60_000), now), ms(5), "the most is the setting");
+        assert_eq!(linger_for(100, 20, None, now), ms(100), "no timestamp: the configured linger");
+        assert_eq!(linger_for(100, 0, Some(now), now), ms(100), "0: always linger");
+        assert_eq!(linger_for(0, 20, Some(now - 60_000), now), ms(0), "0: never linger");
     }
 }
