@@ -352,7 +352,11 @@ pub fn fold_final(
             Some(slot) => slot,
             None => {
                 let base = take(&rec.id);
-                slots.entry(rec.id.clone()).or_insert(FinalSlot { was_live: base.is_some(), state: base, changed: false })
+                slots.entry(rec.id.clone()).or_insert(FinalSlot {
+                    was_live: base.is_some(),
+                    state: base,
+                    changed: false,
+                })
             }
         };
         let step = match Step::of(op, slot.state.is_some()) {
