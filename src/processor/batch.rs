@@ -249,8 +249,9 @@ pub fn fold_collection(
     let dimension = row.and_then(|r| r.dimension).map(|d| d as usize);
     let ops: Vec<(i64, Operation)> = records.iter().map(|(o, r)| (*o, r.operation)).collect();
     let outcome = fold_final(|rid| current.remove(rid), dimension, records)?;
-    let summary = Summary { rejected: &outcome.rejected, ignored: &outcome.ignored, controls: outcome.controls.len() };
-    let Some(log_position) = account(id, &ops, &summary, counts, dlq) else {
+    let Some(log_position) =
+        account(id, &ops, &outcome.rejected, &outcome.ignored, outcome.controls.len(), counts, dlq)
+    else {
         return Ok(Folded { update: None, applied: 0 });
     };
     let mut record_count_delta = 0i64;
@@ -282,8 +283,9 @@ pub fn fold_collection_with_changes(
     let dimension = row.and_then(|r| r.dimension).map(|d| d as usize);
     let outcome = fold_batch(current, dimension, records.iter().map(|(o, r)| (*o, r)))?;
     let ops: Vec<(i64, Operation)> = records.iter().map(|(o, r)| (*o, r.operation)).collect();
-    let summary = Summary { rejected: &outcome.rejected, ignored: &outcome.ignored, controls: outcome.controls.len() };
-    let Some(log_position) = account(id, &ops, &summary, counts, dlq) else {
+    let Some(log_position) =
+        account(id, &ops, &outcome.rejected, &outcome.ignored, outcome.controls.len(), counts, dlq)
+    else {
         return Ok((Folded { update: None, applied: 0 }, outcome));
     };
     let mut record_count_delta = 0i64;
@@ -301,23 +303,20 @@ pub fn fold_collection_with_changes(
     Ok((Folded { update: Some(update), applied }, outcome))
 }
 
-/// The parts of a fold's outcome the accounting reads (both folds have them).
-struct Summary<'a> {
-    rejected: &'a [Rejected],
-    ignored: &'a [(i64, IgnoreReason)],
-    controls: usize,
-}
-
-/// Count a folded collection's records and send its rejected ones to the DLQ. Returns
-/// the offset of its last applied record (`None`: none was applied).
+/// Count a folded collection's records (`ops`: each record's offset and operation, in
+/// offset order) and send its rejected ones to the DLQ; `rejected`, `ignored` and
+/// `controls` come from either fold's outcome. Returns the offset of its last applied
+/// record (`None`: none was applied).
 fn account(
     id: &str,
     ops: &[(i64, Operation)],
-    outcome: &Summary<'_>,
+    rejected: &[Rejected],
+    ignored: &[(i64, IgnoreReason)],
+    controls: usize,
     counts: &mut BatchCounts,
     dlq: &mut Vec<DlqEntry>,
 ) -> Option<i64> {
-    for rj in outcome.rejected {
+    for rj in rejected {
         dlq.push(DlqEntry {
             offset: rj.offset,
             kind: kinds::DIMENSION_MISMATCH,
@@ -327,12 +326,12 @@ fn account(
             ),
         });
     }
-    for (_, reason) in outcome.ignored {
+    for (_, reason) in ignored {
         *counts.ignored.entry(IgnoreReason::label(*reason)).or_default() += 1;
     }
-    counts.controls += outcome.controls as u64;
+    counts.controls += controls as u64;
     // Both lists are in offset order: walk them together.
-    let mut rejected = outcome.rejected.iter().map(|r| r.offset).peekable();
+    let mut rejected = rejected.iter().map(|r| r.offset).peekable();
     let mut last_applied = None;
     for (o, op) in ops {
         if rejected.next_if_eq(o).is_some() {

@@ -478,14 +478,11 @@ fn batch_span(topic: &str, partition: i32) -> Span {
     info_span!(parent: None, "batch", topic = %topic, partition, from = Empty, to = Empty, records = Empty, outcome = Empty)
 }
 
-/// Whether a batch whose newest record has timestamp `newest_ms` is behind the head of
-/// its log at `now_ms`: that record is at least `threshold_ms` old (no timestamp, or a
-/// threshold of 0, counts as behind).
 /// A batch lingers a tenth of how late its newest record already is: the wait it adds
 /// stays small next to the delay its records have, and a partition deep in a backlog
 /// commits few large batches (on W1, lingering up to 100 ms instead of 5 cut the CPU per
 /// record by 13%: each transaction rewrites fewer pages per record).
-pub const LINGER_SHARE_OF_LAG: i64 = 10;
+const LINGER_SHARE_OF_LAG: i64 = 10;
 
 /// The linger of a batch whose newest record has the Kafka timestamp `newest_ms`:
 /// none while that record is less than `threshold_ms` old (the partition is at the head
