@@ -561,8 +561,18 @@ fn commit_pending(
 /// Retries (500 ms apart) of the watermark and group-offset reads of an assignment.
 const ASSIGN_INFO_RETRIES: u32 = 60;
 
-/// How many messages one `Messages` event carries at most.
+/// How many messages one `Messages` event carries at most...
 const CHUNK: usize = 512;
+
+/// ...and how many payload bytes (a message larger than this is a chunk of its own).
+/// Every buffer between the consumer and the workers holds a bounded number of chunks,
+/// so this turns their bounds into bytes whatever the record size.
+pub const CHUNK_BYTES: usize = 1 << 20;
+
+/// Whether a chunk of `messages` messages and `bytes` bytes (keys and payloads) is full.
+fn chunk_is_full(messages: usize, bytes: usize) -> bool {
+    messages >= CHUNK || bytes >= CHUNK_BYTES
+}
 
 /// How often the consumer's positions are compared with what was handed over.
 const POSITION_INTERVAL: Duration = Duration::from_millis(200);
@@ -751,8 +761,9 @@ fn poll_loop(consumer: BaseConsumer<Ctx>, commands: std_mpsc::Receiver<Command>)
 
         // 3. Poll.
         let mut chunk: Vec<Msg> = Vec::new();
+        let mut chunk_bytes = 0;
         let mut timeout = Duration::from_millis(100);
-        while chunk.len() < CHUNK {
+        while !chunk_is_full(chunk.len(), chunk_bytes) {
             match consumer.poll(timeout) {
                 None => break,
                 Some(Ok(m)) => {
@@ -762,6 +773,7 @@ fn poll_loop(consumer: BaseConsumer<Ctx>, commands: std_mpsc::Receiver<Command>)
                         st.generations.get(&m.partition()).copied()
                     };
                     if let Some(generation) = generation {
+                        chunk_bytes += m.payload_len() + m.key().map_or(0, <[u8]>::len);
                         chunk.push(Msg {
                             partition: m.partition(),
                             offset: m.offset(),
@@ -844,5 +856,19 @@ fn flush_overflow(consumer: &BaseConsumer<Ctx>) {
         st.backpressure_paused = false;
         let ps = st.runnable(st.assigned.iter().copied());
         let _ = consumer.resume(&ctx.tpl(ps));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{chunk_is_full, CHUNK, CHUNK_BYTES};
+
+    #[test]
+    fn a_chunk_closes_at_512_messages_or_1_mib_and_a_larger_message_is_a_chunk_of_its_own() {
+        assert!(!chunk_is_full(0, 0));
+        assert!(!chunk_is_full(CHUNK - 1, CHUNK_BYTES - 1), "below both bounds: room for more");
+        assert!(chunk_is_full(CHUNK, 0), "512 small messages");
+        assert!(chunk_is_full(CHUNK - 1, CHUNK_BYTES), "1 MiB in fewer messages");
+        assert!(chunk_is_full(1, CHUNK_BYTES + 5), "one message over 1 MiB: alone");
     }
 }
