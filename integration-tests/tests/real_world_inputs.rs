@@ -65,6 +65,10 @@ fn transaction(p: &ThreadedProducer<DefaultProducerContext>, topic: &str, record
     if commit {
         p.commit_transaction(Duration::from_secs(30)).expect("commit_transaction");
     } else {
+        // Deliver the records first: aborted records must be in the log for the consumer
+        // to step over, and an abort while partitions are still being added to the
+        // transaction can be refused by the broker ("invalid state").
+        p.flush(Duration::from_secs(30)).expect("flush before abort_transaction");
         p.abort_transaction(Duration::from_secs(30)).expect("abort_transaction");
     }
 }
