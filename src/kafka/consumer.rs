@@ -564,10 +564,10 @@ const ASSIGN_INFO_RETRIES: u32 = 60;
 /// How many messages one `Messages` event carries at most...
 const CHUNK: usize = 512;
 
-/// ...and how many payload bytes (a message larger than this is a chunk of its own).
-/// Every buffer between the consumer and the workers holds a bounded number of chunks,
-/// so this turns their bounds into bytes whatever the record size.
-pub const CHUNK_BYTES: usize = 1 << 20;
+/// ...and how many bytes of keys and payloads (a message larger than this is a chunk of
+/// its own). Every buffer between the consumer and the workers holds a bounded number of
+/// chunks, so this turns their bounds into bytes whatever the record size.
+const CHUNK_BYTES: usize = 1 << 20;
 
 /// Whether a chunk of `messages` messages and `bytes` bytes (keys and payloads) is full.
 fn chunk_is_full(messages: usize, bytes: usize) -> bool {
