@@ -194,16 +194,17 @@ pub struct ProcessorConfig {
     /// ...or this many payload bytes (default 16 MiB)...
     ///
     /// Memory: what is in flight is bounded in bytes. Per partition: the batch being
-    /// committed (its payload and its decoded records, about twice this value) and
-    /// about 40 chunks waiting for its worker (8 in its inbox, 32 more before the partition
-    /// is paused at the consumer); a chunk is at most 512 messages and 1 MiB. Per
-    /// process: librdkafka's prefetch (`queued.max.messages.kbytes`, 16 MiB unless set
-    /// under `[librdkafka]`) and fetch buffers, up to 256 chunks on their way to the
-    /// partitions' workers (taken at once unless a backlog built up), and on SQLite the
-    /// page caches (82 MiB). With P partitions the worst case is about
-    /// P x (2 x `batch_max_bytes` + 40 MiB) + 400 MiB; measured peaks are far below it
-    /// (a W1 drain on 8 partitions: 330-570 MB). A lower value lowers the bound and
-    /// costs CPU per record (2 MiB: a fifth to a third more per record on W1).
+    /// committed (its payload and its decoded records, about twice this value), about 10
+    /// chunks waiting for its worker (8 in its inbox, 2 more before the consumer stops
+    /// reading the partition; a chunk is at most 512 messages and 1 MiB), and librdkafka's
+    /// queue of the partition (`queued.max.messages.kbytes`, 4 MiB unless set under
+    /// `[librdkafka]`, overshot by at most one fetch of it). Per process: up to 32 chunks
+    /// on their way to the partitions' workers, fetch buffers, and on SQLite the page
+    /// caches (82 MiB). With P partitions that is about
+    /// P x (2 x `batch_max_bytes` + 16 MiB) + 150 MiB, before the allocator's own
+    /// retention. Measured peaks of a W1 drain on 8 partitions: 520-620 MB at 16 MiB,
+    /// 340-370 MB at 4 MiB. A lower value lowers the bound and costs CPU per record
+    /// (4 MiB: about a sixth more per record on W1).
     pub batch_max_bytes: usize,
     /// ...or, once nothing more waits for the worker, after lingering for more records:
     /// while the partition is behind (see `batch_linger_behind_ms`), a batch lingers a

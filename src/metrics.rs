@@ -230,7 +230,7 @@ impl Collector for ConsumerCollector {
         )?;
         let m = encoder.encode_descriptor(
             "consumer_backpressure_pauses",
-            "Times the consumer paused its partitions because the processor's queue was full",
+            "Times the consumer stopped reading because the processor's queue was full",
             None,
             MetricType::Counter,
         )?;

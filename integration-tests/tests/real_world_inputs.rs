@@ -358,12 +358,13 @@ fn an_out_of_range_fetch_halts_only_the_partition_whose_records_are_gone() {
         return;
     }
     // Partition 0's first batch (200 records, the test default) stalls 10 s before its
-    // commit; meanwhile its backlog pauses its fetching far below the end of its 4000
-    // records, whatever the speed of the machine. Fetches return about one small record
-    // batch each. Partition 1's records wait 4 s in their batch.
-    let env = Env::sqlite("oor")
-        .with_processor("batch_linger_ms = 4000\nbatch_linger_behind_ms = 0")
-        .with_sections("[librdkafka]\n\"max.partition.fetch.bytes\" = \"256\"\n");
+    // commit; meanwhile its backlog stops the reading of it, and its librdkafka queue
+    // (1 KiB here) stops its fetching far below the end of its 4000 records, whatever the
+    // speed of the machine. Fetches return about one small record batch each. Partition
+    // 1's records wait 4 s in their batch.
+    let env = Env::sqlite("oor").with_processor("batch_linger_ms = 4000\nbatch_linger_behind_ms = 0").with_sections(
+        "[librdkafka]\n\"max.partition.fetch.bytes\" = \"256\"\n\"queued.max.messages.kbytes\" = \"1\"\n",
+    );
     env.run(&["init", "--partitions", "2"]);
     let topic = env.log_topic();
     let on = |p: u32| -> String {
@@ -408,8 +409,8 @@ fn an_out_of_range_fetch_halts_only_the_partition_whose_records_are_gone() {
     r.wait_for_log("fail point sleep_before_sysdb_commit reached", Duration::from_secs(60));
     let p1_records = recs(&c1, 20, 82);
     send(&p1_records);
-    // Partition 1's records are fetched and wait in their batch; partition 0 is paused
-    // below its high watermark. Delete everything below both high watermarks.
+    // Partition 1's records are fetched and wait in their batch; partition 0 is fetched
+    // no further, far below its high watermark. Delete everything below both high watermarks.
     std::thread::sleep(Duration::from_millis(1000));
     let highs: Vec<(i32, i64)> = (0..2).map(|p| (p, sluice_high(&topic, p))).collect();
     delete_records_before(&topic, &highs);

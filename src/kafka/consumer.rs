@@ -16,20 +16,30 @@
 //! every message fetched before it. Each assignment and seek bumps the partition's
 //! *generation*; messages carry it and the processor drops stale ones.
 //!
-//! Back-pressure: when the channel is full the thread keeps the overflow locally, pauses
-//! its partitions and keeps polling (heartbeats and rebalances go on; item 7); it resumes
-//! once the channel is half empty (hysteresis).
+//! Partition queues: every partition gets its own librdkafka queue before it is assigned
+//! (`split_partition_queue`), so none of its messages ever reaches the shared consumer
+//! queue, which then carries only callbacks and errors. The thread takes at most one
+//! chunk from each partition's queue in turn, so busy partitions reach their workers
+//! interleaved, not one after another as a fetch response lists them.
+//!
+//! Back-pressure is not reading: a partition whose worker is behind (`Throttle`), or
+//! every partition while the channel is full, is simply not polled. librdkafka stops
+//! fetching a partition once its queue holds `queued.max.messages.kbytes` (which applies
+//! per partition with partition queues), and nothing it prefetched is thrown away, as a
+//! pause would. Heartbeats and rebalances go on (item 7). Only halted partitions are
+//! paused.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{mpsc as std_mpsc, Arc, Mutex};
+use std::sync::{mpsc as std_mpsc, Arc, Mutex, OnceLock, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use rdkafka::config::RDKafkaLogLevel;
+use rdkafka::consumer::base_consumer::PartitionQueue;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, RebalanceProtocol};
 use rdkafka::error::{KafkaError as RdError, KafkaResult, RDKafkaErrorCode};
-use rdkafka::message::Message;
+use rdkafka::message::{BorrowedMessage, Message};
 use rdkafka::types::RDKafkaRespErr;
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 use tokio::sync::{mpsc, oneshot};
@@ -100,8 +110,8 @@ pub enum Command {
     /// Halted partitions: paused until resumed (back-pressure never resumes them).
     Pause(Vec<i32>),
     Resume(Vec<i32>),
-    /// Back-pressure from one slow partition: pause it (or resume it) without touching
-    /// the others.
+    /// Back-pressure from one slow partition: stop reading its queue (or read it again)
+    /// without touching the others. Not a pause: what librdkafka prefetched stays.
     Throttle {
         partition: i32,
         on: bool,
@@ -114,13 +124,19 @@ pub enum Command {
     Shutdown,
 }
 
-/// Sends commands to the consumer thread; cheap to clone.
+/// Sends commands to the consumer thread and wakes it; cheap to clone.
 #[derive(Debug, Clone)]
-pub struct Commander(std_mpsc::Sender<Command>);
+pub struct Commander {
+    commands: std_mpsc::Sender<Command>,
+    wake: std_mpsc::SyncSender<()>,
+}
 
 impl Commander {
     pub fn send(&self, cmd: Command) {
-        let _ = self.0.send(cmd);
+        // The thread only goes away on shutdown; a send error then is harmless. A full
+        // wake channel means a wake-up is already pending.
+        let _ = self.commands.send(cmd);
+        let _ = self.wake.try_send(());
     }
 }
 
@@ -137,7 +153,7 @@ pub struct ConsumerStats {
 
 /// Handle of the consumer thread.
 pub struct ConsumerHandle {
-    commands: std_mpsc::Sender<Command>,
+    commands: Commander,
     thread: Option<JoinHandle<()>>,
     pub stats: Arc<ConsumerStats>,
 }
@@ -147,6 +163,8 @@ impl ConsumerHandle {
     pub fn start(settings: ConsumerSettings) -> Result<(ConsumerHandle, mpsc::Receiver<Event>), KafkaError> {
         let (tx, rx) = mpsc::channel(settings.channel_capacity.max(4));
         let (cmd_tx, cmd_rx) = std_mpsc::channel();
+        // Wake-ups of the thread: a command, or a partition queue that received messages.
+        let (wake_tx, wake_rx) = std_mpsc::sync_channel(1);
         let stats = Arc::new(ConsumerStats::default());
         let metadata = MetadataClient::new(&settings.client, Some(&settings.group))?;
         let ctx = Ctx {
@@ -155,7 +173,7 @@ impl ConsumerHandle {
             state: Mutex::new(State::default()),
             metadata,
             stats: stats.clone(),
-            capacity: settings.channel_capacity.max(4),
+            consumer: OnceLock::new(),
         };
         let mut c = settings.client.client_config();
         c.set("group.id", &settings.group)
@@ -171,9 +189,15 @@ impl ConsumerHandle {
             .set("partition.assignment.strategy", if settings.cooperative { "cooperative-sticky" } else { "range" })
             .set_log_level(RDKafkaLogLevel::Warning);
         if !settings.client.librdkafka.contains_key("queued.max.messages.kbytes") {
-            // Prefetch bound per partition (librdkafka default 65536 KiB): the processor
-            // applies back-pressure itself; a large prefetch only costs memory.
-            c.set("queued.max.messages.kbytes", "16384");
+            // Prefetch bound, per partition with partition queues (librdkafka default
+            // 65536 KiB): records wait here while their worker is behind.
+            c.set("queued.max.messages.kbytes", PREFETCH_KBYTES.to_string());
+        }
+        if !settings.client.librdkafka.contains_key("fetch.queue.backoff.ms") {
+            // Once a partition's queue holds its bound, librdkafka fetches it again only
+            // after this delay (default 1000 ms): a worker that falls behind for a moment
+            // then waited a whole second for records the broker had.
+            c.set("fetch.queue.backoff.ms", FETCH_QUEUE_BACKOFF_MS.to_string());
         }
         if let Some(id) = &settings.instance_id {
             c.set("group.instance.id", id);
@@ -184,25 +208,28 @@ impl ConsumerHandle {
             .map_err(|e| super::broker_err(format!("subscribe to {}", settings.topic), e))?;
         let thread = std::thread::Builder::new()
             .name("sluice-consumer".into())
-            .spawn(move || poll_loop(consumer, cmd_rx))
+            .spawn({
+                let wake_tx = wake_tx.clone();
+                move || poll_loop(consumer, cmd_rx, wake_tx, wake_rx)
+            })
             .map_err(|e| KafkaError::Config(format!("cannot spawn consumer thread: {e}")))?;
-        Ok((ConsumerHandle { commands: cmd_tx, thread: Some(thread), stats }, rx))
+        let commands = Commander { commands: cmd_tx, wake: wake_tx };
+        Ok((ConsumerHandle { commands, thread: Some(thread), stats }, rx))
     }
 
     pub fn send(&self, cmd: Command) {
-        // The thread only goes away on shutdown; a send error then is harmless.
-        let _ = self.commands.send(cmd);
+        self.commands.send(cmd);
     }
 
     /// A cloneable sender of commands, for the partition workers.
     pub fn commander(&self) -> Commander {
-        Commander(self.commands.clone())
+        self.commands.clone()
     }
 
     /// Leave the group and join the thread, waiting at most `timeout` (the thread is
     /// detached after that).
     pub fn shutdown(mut self, timeout: Duration) {
-        let _ = self.commands.send(Command::Shutdown);
+        self.commands.send(Command::Shutdown);
         if let Some(t) = self.thread.take() {
             if !super::join_within(t, timeout) {
                 warn!("consumer thread did not stop within {timeout:?}; leaving it behind");
@@ -226,7 +253,6 @@ struct State {
     handed: HashMap<i32, i64>,
     /// Last position reported with [`Event::Position`], per partition.
     reported: HashMap<i32, i64>,
-    backpressure_paused: bool,
 }
 
 impl State {
@@ -237,12 +263,8 @@ impl State {
         self.next_generation
     }
 
-    /// Partitions that may fetch now: assigned, not halted, not throttled, and no
-    /// channel-wide back-pressure.
+    /// Partitions whose queue may be read now: not halted, not throttled.
     fn runnable(&self, partitions: impl IntoIterator<Item = i32>) -> Vec<i32> {
-        if self.backpressure_paused {
-            return Vec::new();
-        }
         partitions.into_iter().filter(|p| !self.held.contains(p) && !self.throttled.contains(p)).collect()
     }
 }
@@ -253,7 +275,9 @@ struct Ctx {
     state: Mutex<State>,
     metadata: MetadataClient,
     stats: Arc<ConsumerStats>,
-    capacity: usize,
+    /// The consumer itself, for splitting partition queues inside the rebalance callback
+    /// (set once the poll thread owns it; weak, as the consumer owns this context).
+    consumer: OnceLock<Weak<BaseConsumer<Ctx>>>,
 }
 
 impl Ctx {
@@ -322,6 +346,19 @@ impl Ctx {
                 error!(%e, partition = d.partition, "cannot set the starting offset");
             }
         }
+        // Each partition's own queue before the assignment starts its fetch: librdkafka then
+        // never forwards its messages to the shared queue (the flag stays set across
+        // revokes), so no message of it can be read out of order from two queues.
+        match self.consumer.get().and_then(Weak::upgrade) {
+            Some(c) => {
+                for d in &decisions {
+                    if c.split_partition_queue(&self.topic, d.partition).is_none() {
+                        error!(partition = d.partition, "cannot give the partition its own queue");
+                    }
+                }
+            }
+            None => error!("the consumer is not set up for partition queues; its messages use the shared queue"),
+        }
         let assigned = match consumer.rebalance_protocol() {
             RebalanceProtocol::Cooperative => consumer.incremental_assign(tpl),
             _ => consumer.assign(tpl),
@@ -331,13 +368,10 @@ impl Ctx {
             self.send_blocking(Event::Fatal(format!("assign failed: {e}")));
             return;
         }
+        // Halted partitions stay paused.
         let held: Vec<i32> = decisions.iter().filter(|d| d.paused).map(|d| d.partition).collect();
-        // Halted partitions stay paused; so do all new ones while back-pressure holds the
-        // others (they are resumed together when it ends).
-        let backpressure = self.state().backpressure_paused;
-        let to_pause: Vec<i32> = decisions.iter().filter(|d| d.paused || backpressure).map(|d| d.partition).collect();
-        if !to_pause.is_empty() {
-            if let Err(e) = consumer.pause(&self.tpl(to_pause.iter().copied())) {
+        if !held.is_empty() {
+            if let Err(e) = consumer.pause(&self.tpl(held.iter().copied())) {
                 error!(%e, "cannot pause partitions at assignment");
             }
         }
@@ -687,8 +721,28 @@ fn out_of_range_partitions(consumer: &BaseConsumer<Ctx>) -> Vec<i32> {
         .collect()
 }
 
-fn poll_loop(consumer: BaseConsumer<Ctx>, commands: std_mpsc::Receiver<Command>) {
+/// The shared queue is polled this often at least, for callbacks (rebalances) and errors,
+/// when no partition queue wakes the thread.
+const IDLE_WAIT: Duration = Duration::from_millis(100);
+
+/// While the channel to the processor is full, how often the thread looks for room.
+const FULL_WAIT: Duration = Duration::from_millis(2);
+
+/// librdkafka's prefetch bound per partition (`queued.max.messages.kbytes`), unless set
+/// under `[librdkafka]`.
+const PREFETCH_KBYTES: usize = 4096;
+
+/// librdkafka's `fetch.queue.backoff.ms`, unless set under `[librdkafka]`.
+const FETCH_QUEUE_BACKOFF_MS: u64 = 10;
+
+fn poll_loop(
+    consumer: BaseConsumer<Ctx>,
+    commands: std_mpsc::Receiver<Command>,
+    wake_tx: std_mpsc::SyncSender<()>,
+    wake: std_mpsc::Receiver<()>,
+) {
     let consumer = Arc::new(consumer);
+    let _ = consumer.context().consumer.set(Arc::downgrade(&consumer));
     let (commit_tx, commit_rx) = std_mpsc::channel();
     let committer = {
         let consumer = Arc::clone(&consumer);
@@ -704,6 +758,8 @@ fn poll_loop(consumer: BaseConsumer<Ctx>, commands: std_mpsc::Receiver<Command>)
     let ctx = consumer.context();
     let mut last_position_check = Instant::now();
     let mut seeks: HashMap<i32, PendingSeek> = HashMap::new();
+    let mut queues: BTreeMap<i32, PartitionQueue<Ctx>> = BTreeMap::new();
+    let mut blocked = false;
     let mut shutting_down = false;
     loop {
         // 1. Commands.
@@ -722,17 +778,14 @@ fn poll_loop(consumer: BaseConsumer<Ctx>, commands: std_mpsc::Receiver<Command>)
                     for p in &ps {
                         st.held.remove(p);
                     }
-                    let ps = st.runnable(ps);
                     let _ = consumer.resume(&ctx.tpl(ps));
                 }
                 Command::Throttle { partition, on } => {
                     let mut st = ctx.state();
                     if on {
                         st.throttled.insert(partition);
-                        let _ = consumer.pause(&ctx.tpl([partition]));
-                    } else if st.throttled.remove(&partition) {
-                        let ps = st.runnable([partition]);
-                        let _ = consumer.resume(&ctx.tpl(ps));
+                    } else {
+                        st.throttled.remove(&partition);
                     }
                 }
                 Command::Seek { partition, offset } => try_seek(&consumer, &mut seeks, partition, offset, 0),
@@ -756,66 +809,130 @@ fn poll_loop(consumer: BaseConsumer<Ctx>, commands: std_mpsc::Receiver<Command>)
             try_seek(&consumer, &mut seeks, p, offset, attempts);
         }
 
-        // 2. Flush overflow; pause/resume for back-pressure.
-        flush_overflow(&consumer);
+        // 2. The shared queue: callbacks (a rebalance runs here), errors, and the messages
+        //    of a partition that could not get its own queue.
+        let mut more = take_chunk(&consumer, || consumer.poll(Duration::ZERO));
+        sync_queues(&consumer, &mut queues, &wake_tx);
 
-        // 3. Poll.
-        let mut chunk: Vec<Msg> = Vec::new();
-        let mut chunk_bytes = 0;
-        let mut timeout = Duration::from_millis(100);
-        while !chunk_is_full(chunk.len(), chunk_bytes) {
-            match consumer.poll(timeout) {
-                None => break,
-                Some(Ok(m)) => {
-                    let generation = {
-                        let mut st = ctx.state();
-                        st.handed.insert(m.partition(), m.offset() + 1);
-                        st.generations.get(&m.partition()).copied()
-                    };
-                    if let Some(generation) = generation {
-                        chunk_bytes += m.payload_len() + m.key().map_or(0, <[u8]>::len);
-                        chunk.push(Msg {
-                            partition: m.partition(),
-                            offset: m.offset(),
-                            generation,
-                            key: m.key().map(<[u8]>::to_vec),
-                            payload: m.payload().map(<[u8]>::to_vec),
-                            timestamp_ms: m.timestamp().to_millis(),
-                        });
-                    }
-                }
-                Some(Err(RdError::MessageConsumption(RDKafkaErrorCode::AutoOffsetReset)))
-                | Some(Err(RdError::MessageConsumption(RDKafkaErrorCode::OffsetOutOfRange))) => {
-                    let partitions = out_of_range_partitions(&consumer);
-                    warn!(?partitions, "fetch offset out of range: records were deleted before they were processed");
-                    if !partitions.is_empty() {
-                        push(ctx, Event::OffsetOutOfRange { partitions });
-                    }
-                }
-                Some(Err(e)) => {
-                    if matches!(e, RdError::MessageConsumptionFatal(_)) {
-                        push(ctx, Event::Fatal(e.to_string()));
-                    }
-                    warn!(%e, "consumer error");
+        // 3. One chunk from each partition that may be read, while the channel has room.
+        let room = flush_overflow(ctx);
+        if !room && !blocked {
+            ctx.stats.backpressure_pauses.fetch_add(1, Ordering::Relaxed);
+        }
+        blocked = !room;
+        if room {
+            let runnable = ctx.state().runnable(queues.keys().copied());
+            for p in runnable {
+                if let Some(q) = queues.get(&p) {
+                    more |= take_chunk(&consumer, || q.poll(Duration::ZERO));
                 }
             }
-            timeout = Duration::ZERO;
-        }
-        if !chunk.is_empty() {
-            push(ctx, Event::Messages(chunk));
         }
         if last_position_check.elapsed() >= POSITION_INTERVAL {
             last_position_check = Instant::now();
             report_positions(&consumer);
         }
+
+        // 4. Nothing more waiting: sleep until a partition queue receives messages, a
+        //    command arrives, or the shared queue is due.
+        if !more {
+            let next_seek = seeks.values().map(|s| s.next_at.saturating_duration_since(Instant::now())).min();
+            let wait = if room { IDLE_WAIT } else { FULL_WAIT };
+            let _ = wake.recv_timeout(next_seek.map_or(wait, |s| s.min(wait)));
+        }
     }
     // Leave the group: dropping closes the consumer queue and polls until closed, which
     // runs the revoke path through our callback. It is unbounded, which
     // is why it happens here, on our own thread: `ConsumerHandle::shutdown` waits for it
-    // with a timeout and leaves the thread behind if it hangs. The group-commit thread
-    // has ended, so this is the last reference.
+    // with a timeout and leaves the thread behind if it hangs. The partition queues and
+    // the group-commit thread hold the other references; both are gone now.
+    drop(queues);
     drop(consumer);
     info!("consumer stopped");
+}
+
+/// Take up to one chunk of messages from `next` (a queue polled without waiting) and queue
+/// it for the processor. Returns whether the chunk filled up, i.e. more may be waiting.
+fn take_chunk<'q>(
+    consumer: &BaseConsumer<Ctx>,
+    mut next: impl FnMut() -> Option<KafkaResult<BorrowedMessage<'q>>>,
+) -> bool {
+    let ctx = consumer.context();
+    let mut chunk: Vec<Msg> = Vec::new();
+    let mut chunk_bytes = 0;
+    while !chunk_is_full(chunk.len(), chunk_bytes) {
+        match next() {
+            None => break,
+            Some(Ok(m)) => {
+                let generation = {
+                    let mut st = ctx.state();
+                    st.handed.insert(m.partition(), m.offset() + 1);
+                    st.generations.get(&m.partition()).copied()
+                };
+                if let Some(generation) = generation {
+                    chunk_bytes += m.payload_len() + m.key().map_or(0, <[u8]>::len);
+                    chunk.push(Msg {
+                        partition: m.partition(),
+                        offset: m.offset(),
+                        generation,
+                        key: m.key().map(<[u8]>::to_vec),
+                        payload: m.payload().map(<[u8]>::to_vec),
+                        timestamp_ms: m.timestamp().to_millis(),
+                    });
+                }
+            }
+            Some(Err(RdError::MessageConsumption(RDKafkaErrorCode::AutoOffsetReset)))
+            | Some(Err(RdError::MessageConsumption(RDKafkaErrorCode::OffsetOutOfRange))) => {
+                let partitions = out_of_range_partitions(consumer);
+                warn!(?partitions, "fetch offset out of range: records were deleted before they were processed");
+                if !partitions.is_empty() {
+                    push(ctx, Event::OffsetOutOfRange { partitions });
+                }
+            }
+            Some(Err(e)) => {
+                if matches!(e, RdError::MessageConsumptionFatal(_)) {
+                    push(ctx, Event::Fatal(e.to_string()));
+                }
+                warn!(%e, "consumer error");
+            }
+        }
+    }
+    let full = chunk_is_full(chunk.len(), chunk_bytes);
+    if !chunk.is_empty() {
+        push(ctx, Event::Messages(chunk));
+    }
+    full
+}
+
+/// Keep one queue handle per assigned partition: a new one for each partition assigned
+/// since the last call (its queue was split off before the assignment, see `on_assign`),
+/// none for revoked ones. Each queue wakes the thread when messages arrive in it.
+fn sync_queues(
+    consumer: &Arc<BaseConsumer<Ctx>>,
+    queues: &mut BTreeMap<i32, PartitionQueue<Ctx>>,
+    wake: &std_mpsc::SyncSender<()>,
+) {
+    let ctx = consumer.context();
+    let assigned: Vec<i32> = {
+        let st = ctx.state();
+        if st.assigned.len() == queues.len() && queues.keys().all(|p| st.assigned.contains(p)) {
+            return;
+        }
+        queues.retain(|p, _| st.assigned.contains(p));
+        st.assigned.iter().copied().filter(|p| !queues.contains_key(p)).collect()
+    };
+    for p in assigned {
+        match consumer.split_partition_queue(&ctx.topic, p) {
+            Some(mut q) => {
+                let wake = wake.clone();
+                q.set_nonempty_callback(move || {
+                    let _ = wake.try_send(());
+                });
+                queues.insert(p, q);
+            }
+            None => error!(partition = p, "cannot give the partition its own queue; it is read from the shared one"),
+        }
+    }
 }
 
 /// Queue an event without blocking: into the channel if it has room and nothing is
@@ -831,8 +948,9 @@ fn push(ctx: &Ctx, ev: Event) {
     }
 }
 
-fn flush_overflow(consumer: &BaseConsumer<Ctx>) {
-    let ctx = consumer.context();
+/// Move the overflow into the channel as far as it has room. Returns whether the channel
+/// can take more (nothing overflows and it has room left).
+fn flush_overflow(ctx: &Ctx) -> bool {
     let mut st = ctx.state();
     while let Some(ev) = st.overflow.pop_front() {
         match ctx.events.try_send(ev) {
@@ -847,16 +965,7 @@ fn flush_overflow(consumer: &BaseConsumer<Ctx>) {
             }
         }
     }
-    if !st.overflow.is_empty() && !st.backpressure_paused {
-        let ps: Vec<i32> = st.assigned.iter().copied().collect();
-        st.backpressure_paused = true;
-        ctx.stats.backpressure_pauses.fetch_add(1, Ordering::Relaxed);
-        let _ = consumer.pause(&ctx.tpl(ps));
-    } else if st.overflow.is_empty() && st.backpressure_paused && ctx.events.capacity() * 2 >= ctx.capacity {
-        st.backpressure_paused = false;
-        let ps = st.runnable(st.assigned.iter().copied());
-        let _ = consumer.resume(&ctx.tpl(ps));
-    }
+    st.overflow.is_empty() && ctx.events.capacity() > 0
 }
 
 #[cfg(test)]

@@ -32,10 +32,11 @@ use start::{resolve_start, HaltReason, Start};
 /// Inbox size of a worker, in message chunks.
 const WORKER_INBOX: usize = 8;
 
-/// Backlogged message chunks of one worker at which its partition is paused at the
-/// consumer (and resumed when the backlog is empty again). Bounds a worker's backlog to
-/// about this many chunks beyond its inbox.
-const BACKLOG_PAUSE_AT: usize = 32;
+/// Backlogged message chunks of one worker at which the consumer stops reading its
+/// partition (and reads it again once the backlog is empty). Bounds a worker's backlog to
+/// about this many chunks beyond its inbox; the partition's records then wait in
+/// librdkafka's queue of it, and nothing is fetched twice.
+const BACKLOG_PAUSE_AT: usize = 2;
 
 /// How often the router moves backlogged messages into inboxes that have room, while any
 /// backlog exists: a worker empties its small inbox in one go, and what waits should reach
@@ -48,9 +49,9 @@ const GAUGE_REFRESH: Duration = Duration::from_secs(5);
 struct WorkerHandle {
     inbox: mpsc::Sender<WorkerMsg>,
     /// What did not fit in the inbox, in order; at `BACKLOG_PAUSE_AT` chunks the
-    /// partition is paused at the consumer, so this stays bounded.
+    /// consumer stops reading the partition, so this stays bounded.
     backlog: VecDeque<WorkerMsg>,
-    /// Whether the partition is paused at the consumer because of `backlog`.
+    /// Whether the consumer stopped reading the partition because of `backlog`.
     throttled: bool,
     /// Tells the worker to commit what it holds (bounded) and exit.
     stop: CancellationToken,
@@ -60,8 +61,9 @@ struct WorkerHandle {
 }
 
 /// The assigned partitions' workers. The router never waits on a worker: a message that
-/// does not fit in a worker's inbox waits in that worker's backlog and its partition is
-/// paused, so one stuck partition never stops the others, a revoke or a shutdown.
+/// does not fit in a worker's inbox waits in that worker's backlog and the consumer stops
+/// reading its partition, so one stuck partition never stops the others, a revoke or a
+/// shutdown.
 struct Workers {
     map: HashMap<i32, WorkerHandle>,
     commander: crate::kafka::consumer::Commander,
@@ -75,9 +77,8 @@ impl Workers {
         let Some(w) = self.map.get_mut(&partition) else { return };
         if !w.backlog.is_empty() {
             w.backlog.push_back(msg);
-            // Pause the partition only once a real backlog built up: pausing throws away
-            // what the consumer prefetched for it and resuming fetches it again, so
-            // pausing at the first full inbox made every busy partition churn.
+            // The consumer stops reading the partition; its records wait in librdkafka's
+            // queue of it (bounded there), and nothing is thrown away or fetched twice.
             if w.backlog.len() >= BACKLOG_PAUSE_AT && !w.throttled {
                 w.throttled = true;
                 self.commander.send(Command::Throttle { partition, on: true });
@@ -91,7 +92,7 @@ impl Workers {
         }
     }
 
-    /// Move backlogs into inboxes as room frees up; resume partitions whose backlog emptied.
+    /// Move backlogs into inboxes as room frees up; read again the partitions whose backlog emptied.
     fn drain_backlogs(&mut self) {
         for (&p, w) in self.map.iter_mut() {
             if w.backlog.is_empty() {
@@ -185,9 +186,9 @@ pub async fn run(
         session_timeout_ms: config.kafka.session_timeout_ms,
         instance_id: config.kafka.instance_id.clone(),
         max_poll_interval_ms: config.kafka.max_poll_interval_ms,
-        // 16 halved throughput on small records (W3: 80k -> 17k records/s): a full channel
-        // pauses the partitions, and every pause/resume costs a refetch.
-        channel_capacity: 256,
+        // A full channel only stops the reading (nothing is paused or fetched twice), so
+        // it needs no more room than keeps the router busy.
+        channel_capacity: 32,
     })?;
     metrics.attach_consumer(consumer.stats.clone());
     health.consumer_started();
