@@ -164,6 +164,30 @@ impl Progress {
     }
 }
 
+/// How long `sluice produce` retries the log topic's metadata while no broker answers (a
+/// broker restarting, a leader election); a topic the brokers say does not exist fails at
+/// once.
+const PRODUCE_METADATA_PATIENCE: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// The log topic's partition count, retried with the retry policy while the request fails
+/// (for at most [`PRODUCE_METADATA_PATIENCE`]).
+fn log_topic_partitions(settings: &crate::kafka::ClientSettings, topic: &str) -> Result<i32> {
+    let deadline = std::time::Instant::now() + PRODUCE_METADATA_PATIENCE;
+    let mut delays = crate::retry::default_backoff();
+    loop {
+        match MetadataClient::new(settings, None).and_then(|m| m.topic_partitions(topic)) {
+            Ok(Some(n)) => return Ok(n),
+            Ok(None) => bail!("the topic {topic} does not exist"),
+            Err(e) if std::time::Instant::now() < deadline => {
+                let wait = delays.next().unwrap_or(std::time::Duration::from_secs(5));
+                tracing::warn!(%e, retry_in = ?wait, "cannot read the log topic's metadata; retrying");
+                std::thread::sleep(wait);
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
 /// `sluice produce`: the input is opened and checked before any broker contact; then the
 /// broker and the log topic; then each line is validated (stop at the first invalid line,
 /// or write it to `rejects` and go on) and produced in chunks.
@@ -198,7 +222,7 @@ pub async fn produce(
         let settings = crate::kafka::ClientSettings::from_config(config);
         let t = topic.clone();
         let s = settings.clone();
-        tokio::task::spawn_blocking(move || crate::kafka::admin::partition_count(&s, &t))
+        tokio::task::spawn_blocking(move || log_topic_partitions(&s, &t))
             .await?
             .with_context(|| format!("the log topic {topic} is not usable (create it with `sluice init`)"))?;
         Some(Producer::new(&settings, &[])?)
