@@ -523,11 +523,22 @@ fn eager_rebalance_protocol_two_replicas_one_killed() {
     let r1 = env.spawn_replica("r1", &[]);
     let mut r2 = env.spawn_replica("r2", &[]);
     env.produce(&jsonl_lines(&a));
-    // Kill r2 only once it holds partitions (a non-empty assignment), and r1 the rest.
-    let non_empty = |log: &str| rebalances(log, "assigned").last().is_some_and(|p| !p.is_empty());
-    wait_until("r2 never held partitions", Duration::from_secs(60), || non_empty(&r2.log_text()), || r2.log_text());
-    wait_until("r1 never held partitions", Duration::from_secs(60), || non_empty(&r1.log_text()), || r1.log_text());
-    let r2_held = rebalances(&r2.log_text(), "assigned").last().unwrap().clone();
+    // Kill r2 only once the two split the partitions: their last assignments are both
+    // non-empty and together the four partitions, each once (one generation's split; a
+    // replica that joined alone first holds all four for a while).
+    let last = |log: &str| rebalances(log, "assigned").last().cloned().unwrap_or_default();
+    wait_until(
+        "r1 and r2 never split the partitions",
+        Duration::from_secs(60),
+        || {
+            let (p1, p2) = (last(&r1.log_text()), last(&r2.log_text()));
+            let mut both: Vec<i32> = p1.iter().chain(&p2).copied().collect();
+            both.sort_unstable();
+            !p1.is_empty() && !p2.is_empty() && both == vec![0, 1, 2, 3]
+        },
+        || format!("r1:\n{}\nr2:\n{}", r1.log_text(), r2.log_text()),
+    );
+    let r2_held = last(&r2.log_text());
     let r1_before = rebalances(&r1.log_text(), "revoked").len();
     r2.kill9();
     env.produce(&jsonl_lines(&b));
