@@ -115,7 +115,15 @@ node_pid() {
     [[ -f "$dir/pid" ]] || return 1
     pid="$(cat "$dir/pid")"
     [[ "$pid" =~ ^[0-9]+$ && -r "/proc/$pid/cmdline" ]] || return 1
-    cmd="$(tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null)" || return 1
+    # A node that was just started passes through two exec calls (bash -> nohup -> java);
+    # while the kernel swaps a process's image its cmdline reads empty for a moment, which
+    # is not an exit. Read again briefly before judging.
+    local k
+    for ((k = 0; k < 40; k++)); do
+        cmd="$(tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null)" || return 1
+        [[ -n "$cmd" ]] && break
+        sleep 0.05
+    done
     [[ "$cmd" == *kafka.Kafka* && "$cmd" == *"$dir/server.properties"* ]] || return 1
     echo "$pid"
 }
