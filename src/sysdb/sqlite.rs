@@ -1070,6 +1070,10 @@ mod tests {
         }
         let values: i64 = conn.query_row("SELECT count(*) FROM record_values", [], |r| r.get(0)).unwrap();
         assert_eq!(values, 2, "two records had a value, one had none");
+        // Step 7: the small rows are clustered on their key (one b-tree, no rowid), so a
+        // batch of one partition's collections rewrites only that partition's pages.
+        let err = conn.query_row("SELECT rowid FROM records", [], |r| r.get::<_, i64>(0)).unwrap_err();
+        assert!(err.to_string().contains("no such column: rowid"), "{err}");
     }
 
     /// One group transaction, four batches: each keeps its own outcome. A conflicting

@@ -158,23 +158,23 @@ pub(super) fn compact(tx: &Connection, appended: usize) -> Result<()> {
     }
     let examined = excess.min((appended as i64 * EXAMINE_PER_APPENDED).max(MIN_EXAMINED));
     let cut = lo + examined;
-    let live_values: Vec<(i64, i64)> = tx
+    let live_values: Vec<(i64, String, String)> = tx
         .prepare_cached(
-            "SELECT v.seq, r.rowid FROM record_values v
+            "SELECT v.seq, v.collection_id, v.id FROM record_values v
              JOIN records r ON r.collection_id = v.collection_id AND r.id = v.id AND r.value = v.seq
              WHERE v.seq < ?1 ORDER BY v.seq",
         )?
-        .query_map(params![cut], |r| Ok((r.get(0)?, r.get(1)?)))?
+        .query_map(params![cut], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?
         .collect::<rusqlite::Result<_>>()?;
     {
         let mut copy = tx.prepare_cached(
             "INSERT INTO record_values (collection_id, id, embedding, document)
              SELECT collection_id, id, embedding, document FROM record_values WHERE seq = ?1",
         )?;
-        let mut repoint = tx.prepare_cached("UPDATE records SET value = ?1 WHERE rowid = ?2")?;
-        for (seq, row) in &live_values {
+        let mut repoint = tx.prepare_cached("UPDATE records SET value = ?1 WHERE collection_id = ?2 AND id = ?3")?;
+        for (seq, collection, id) in &live_values {
             let moved = copy.insert(params![seq])?;
-            repoint.execute(params![moved, row])?;
+            repoint.execute(params![moved, collection, id])?;
         }
     }
     tx.prepare_cached("DELETE FROM record_values WHERE seq < ?1")?.execute(params![cut])?;
