@@ -341,6 +341,32 @@ enum Kind {
     /// the live blobs of its oldest rowids are copied to its end and that rowid range is
     /// deleted at once (a log-structured blob store).
     BlobLog,
+    /// Sluice's layout since its value log (`src/sysdb/sqlite/values.rs`): small rows
+    /// clustered on (collection_id, id) pointing at `record_values`, an append-only log of
+    /// (collection_id, id, embedding, document); at the end of every transaction that
+    /// appended values, the oldest values are examined (at least 1,024, twice what it
+    /// appended) once the log spans more than 3x the live records + 4,096: the live ones,
+    /// found by a key lookup, are copied to the end and re-pointed, the range deleted.
+    Values,
+    /// `Values` whose small rows are not rewritten in place by every transaction: each
+    /// transaction appends its row changes (upserts and deletes) to `record_delta`, a rowid
+    /// table with no index, so a small transaction writes the delta's last page or two
+    /// instead of one `records` page per row. Once the delta holds `delta_rows` rows, the
+    /// transaction that crosses it merges the delta into `records` (the newest change per
+    /// key, in key order, so the pages of many transactions' rows are rewritten once),
+    /// empties it, and compacts the value log (whose liveness lookup reads `records`,
+    /// complete only right after a merge). A reader of a key would look in the delta first
+    /// (in Sluice, an in-memory map of the unmerged changes); nothing reads here, as in the
+    /// other layouts.
+    ValuesDelta,
+    /// `Values` with a keyed delta: `record_delta` is clustered on (collection_id, id) like
+    /// `records` and holds the newest change of each key since the last merge (a delete
+    /// as a NULL `last_offset`), written by upsert. It stays small (at most `delta_rows`
+    /// keys), so a small transaction rewrites a few of its pages instead of one `records`
+    /// page per row, and a reader finds a key's state in SQL (the delta, else `records`),
+    /// with no in-memory overlay. The transaction that finds `delta_rows` or more keys in it
+    /// merges it into `records` in key order, empties it and compacts the value log.
+    ValuesKeyedDelta,
     /// Not a materialized table: every write appended to a rowid log (a delete as a row of
     /// NULLs). The floor of any layout that writes each record's bytes once, in order.
     AppendOnly,
@@ -362,6 +388,8 @@ struct Layout {
     page_size: i64,
     /// Split: delete replaced blobs every this many transactions.
     gc_every: u64,
+    /// ValuesDelta: merge the delta into `records` once it holds this many rows.
+    delta_rows: u64,
     /// BlobLog: an index on `records(blob)`, so compaction finds the live blobs of the
     /// oldest range without scanning `records`.
     blob_index: bool,
@@ -382,17 +410,27 @@ fn parse_layout(spec: &str) -> Result<Layout, String> {
         "L2" => (Kind::Split, Order::Key, 1),
         "L3" => (Kind::IntKey, Order::Key, 1),
         "L4" => (Kind::Clustered, Order::Key, 1),
+        "V" => (Kind::Values, Order::Key, 1),
         "A0" => (Kind::AppendOnly, Order::Log, 1),
         _ => match base.strip_prefix("L2g").and_then(|n| n.parse::<u64>().ok()) {
             Some(n) if n > 0 => (Kind::Split, Order::Key, n),
             _ => match base.strip_prefix("L2c").or(base.strip_prefix("L2x")).and_then(|n| n.parse::<u64>().ok()) {
                 Some(n) if n > 0 => (Kind::BlobLog, Order::Key, n),
-                _ => return Err(format!("unknown layout {spec:?} (L0 L1 L2 L2g<N> L2c<N> L2x<N> L3 L4 A0, optional page size suffix -4k -8k -16k -32k; 16k is Sluice's)")),
+                _ => match base.strip_prefix("Vd").and_then(|n| n.parse::<u64>().ok()) {
+                    Some(n) if n > 0 => (Kind::ValuesDelta, Order::Key, n),
+                    _ if base.starts_with("Vk") => match base["Vk".len()..].parse::<u64>() {
+                        Ok(n) if n > 0 => (Kind::ValuesKeyedDelta, Order::Key, n),
+                        _ => return Err(format!("unknown layout {spec:?}")),
+                    },
+                    _ => return Err(format!("unknown layout {spec:?} (L0 L1 L2 L2g<N> L2c<N> L2x<N> L3 L4 V Vd<N> Vk<N> A0, optional page size suffix -4k -8k -16k -32k; 16k is Sluice's)")),
+                },
                 },
             },
     };
     let blob_index = base.starts_with("L2x");
-    Ok(Layout { name: spec.to_string(), kind, order, page_size, gc_every, blob_index })
+    let (gc_every, delta_rows) =
+        if matches!(kind, Kind::ValuesDelta | Kind::ValuesKeyedDelta) { (1, gc_every) } else { (gc_every, 0) };
+    Ok(Layout { name: spec.to_string(), kind, order, page_size, gc_every, delta_rows, blob_index })
 }
 
 const COMMON_SCHEMA: &str = "
@@ -441,6 +479,32 @@ fn schema(kind: Kind) -> &'static str {
                 blob INTEGER NOT NULL, PRIMARY KEY (collection_id, id)) WITHOUT ROWID;
              CREATE TABLE blobs (rowid INTEGER PRIMARY KEY, embedding BLOB NULL, document TEXT NULL);"
         }
+        Kind::Values => {
+            "CREATE TABLE records (
+                collection_id TEXT NOT NULL, id TEXT NOT NULL, metadata TEXT NULL, last_offset INTEGER NOT NULL,
+                value INTEGER NULL, PRIMARY KEY (collection_id, id)) WITHOUT ROWID;
+             CREATE TABLE record_values (seq INTEGER PRIMARY KEY, collection_id TEXT NOT NULL, id TEXT NOT NULL,
+                embedding BLOB NULL, document TEXT NULL);"
+        }
+        Kind::ValuesKeyedDelta => {
+            "CREATE TABLE records (
+                collection_id TEXT NOT NULL, id TEXT NOT NULL, metadata TEXT NULL, last_offset INTEGER NOT NULL,
+                value INTEGER NULL, PRIMARY KEY (collection_id, id)) WITHOUT ROWID;
+             CREATE TABLE record_values (seq INTEGER PRIMARY KEY, collection_id TEXT NOT NULL, id TEXT NOT NULL,
+                embedding BLOB NULL, document TEXT NULL);
+             CREATE TABLE record_delta (collection_id TEXT NOT NULL, id TEXT NOT NULL,
+                metadata TEXT NULL, last_offset INTEGER NULL, value INTEGER NULL,
+                PRIMARY KEY (collection_id, id)) WITHOUT ROWID;"
+        }
+        Kind::ValuesDelta => {
+            "CREATE TABLE records (
+                collection_id TEXT NOT NULL, id TEXT NOT NULL, metadata TEXT NULL, last_offset INTEGER NOT NULL,
+                value INTEGER NULL, PRIMARY KEY (collection_id, id)) WITHOUT ROWID;
+             CREATE TABLE record_values (seq INTEGER PRIMARY KEY, collection_id TEXT NOT NULL, id TEXT NOT NULL,
+                embedding BLOB NULL, document TEXT NULL);
+             CREATE TABLE record_delta (seq INTEGER PRIMARY KEY, collection_id TEXT NOT NULL, id TEXT NOT NULL,
+                metadata TEXT NULL, last_offset INTEGER NULL, value INTEGER NULL);"
+        }
     }
 }
 
@@ -468,6 +532,21 @@ const UPSERT_SPLIT: &str = "INSERT INTO records (collection_id, id, metadata, la
          metadata = excluded.metadata, last_offset = excluded.last_offset, blob = excluded.blob";
 const DELETE_SPLIT: &str = "DELETE FROM records WHERE collection_id = ?1 AND id = ?2 RETURNING blob";
 const DELETE_BLOB: &str = "DELETE FROM blobs WHERE rowid = ?1";
+// A delete is a delta row with a NULL blob.
+const APPEND_DELTA: &str =
+    "INSERT INTO record_delta (collection_id, id, metadata, last_offset, value) VALUES (?1, ?2, ?3, ?4, ?5)";
+const UPSERT_KEYED_DELTA: &str = "INSERT INTO record_delta (collection_id, id, metadata, last_offset, value)
+     VALUES (?1, ?2, ?3, ?4, ?5)
+     ON CONFLICT (collection_id, id) DO UPDATE SET
+         metadata = excluded.metadata, last_offset = excluded.last_offset, value = excluded.value";
+const APPEND_VALUE: &str = "INSERT INTO record_values (collection_id, id, embedding, document) VALUES (?1, ?2, ?3, ?4)";
+const UPSERT_VALUES: &str =
+    "INSERT INTO records (collection_id, id, metadata, last_offset, value) VALUES (?1, ?2, ?3, ?4, ?5)
+     ON CONFLICT (collection_id, id) DO UPDATE SET
+         metadata = excluded.metadata, last_offset = excluded.last_offset, value = excluded.value";
+// The newest change per key (SQLite takes the bare columns from the max() row), in key order.
+const READ_DELTA: &str = "SELECT collection_id, id, metadata, last_offset, value, max(seq) FROM record_delta
+     GROUP BY collection_id, id ORDER BY collection_id, id";
 const UPSERT_COLLECTION: &str =
     "INSERT INTO collections (id, partition, dimension, log_position, record_count, created_at_ms)
      VALUES (?1, ?2, ?3, ?4, ?5, ?6)
@@ -511,6 +590,60 @@ fn compact_blobs(t: &Connection) -> rusqlite::Result<()> {
     Ok(())
 }
 
+/// Sluice's compaction of the value log (`values::compact`), after a transaction that
+/// appended `appended` values.
+fn compact_values(t: &Connection, appended: usize) -> rusqlite::Result<()> {
+    if appended == 0 {
+        return Ok(());
+    }
+    let live: i64 = t.query_row("SELECT COALESCE(SUM(record_count), 0) FROM collections", [], |r| r.get(0))?;
+    let lo: Option<i64> = t.prepare_cached("SELECT min(seq) FROM record_values")?.query_row([], |r| r.get(0))?;
+    let hi: Option<i64> = t.prepare_cached("SELECT max(seq) FROM record_values")?.query_row([], |r| r.get(0))?;
+    let (Some(lo), Some(hi)) = (lo, hi) else { return Ok(()) };
+    let excess = (hi - lo + 1) - 3 * live - 4096;
+    if excess <= 0 {
+        return Ok(());
+    }
+    let cut = lo + excess.min((appended as i64 * 2).max(1024));
+    let live_values: Vec<(i64, String, String)> = t
+        .prepare_cached(
+            "SELECT v.seq, v.collection_id, v.id FROM record_values v
+             JOIN records r ON r.collection_id = v.collection_id AND r.id = v.id AND r.value = v.seq
+             WHERE v.seq < ?1 ORDER BY v.seq",
+        )?
+        .query_map(params![cut], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?
+        .collect::<rusqlite::Result<_>>()?;
+    let mut copy = t.prepare_cached(
+        "INSERT INTO record_values (collection_id, id, embedding, document)
+         SELECT collection_id, id, embedding, document FROM record_values WHERE seq = ?1",
+    )?;
+    let mut repoint = t.prepare_cached("UPDATE records SET value = ?1 WHERE collection_id = ?2 AND id = ?3")?;
+    for (seq, c, id) in &live_values {
+        let moved = copy.insert(params![seq])?;
+        repoint.execute(params![moved, c, id])?;
+    }
+    t.prepare_cached("DELETE FROM record_values WHERE seq < ?1")?.execute(params![cut])?;
+    Ok(())
+}
+
+/// Fold `record_delta` into `records` (the newest change per key, in key order) and empty it.
+fn merge_delta(t: &Connection) -> rusqlite::Result<()> {
+    let mut read = t.prepare_cached(READ_DELTA)?;
+    let mut upsert = t.prepare_cached(UPSERT_VALUES)?;
+    let mut delete = t.prepare_cached(DELETE_RECORD)?;
+    let mut rows = read.query([])?;
+    while let Some(r) = rows.next()? {
+        let (c, id): (String, String) = (r.get(0)?, r.get(1)?);
+        match r.get::<_, Option<i64>>(4)? {
+            Some(blob) => upsert.execute(params![c, id, r.get::<_, Option<String>>(2)?, r.get::<_, i64>(3)?, blob])?,
+            None => delete.execute(params![c, id])?,
+        };
+    }
+    drop(rows);
+    t.prepare_cached("DELETE FROM record_delta")?.execute([])?;
+    Ok(())
+}
+
 fn now_ms() -> i64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64
 }
@@ -521,6 +654,12 @@ struct Writer {
     /// Split: blob rowids replaced or deleted and not yet removed.
     garbage: Vec<i64>,
     txs: u64,
+    /// ValuesDelta: rows in `record_delta`.
+    delta: u64,
+    /// ValuesDelta: transactions that merged the delta.
+    merges: u64,
+    /// ValuesDelta: values appended since the last merge (what its compaction is told).
+    appended: usize,
 }
 
 /// One write as issued: names resolved, the sort key computed.
@@ -658,6 +797,85 @@ impl Writer {
                     compact_blobs(&t)?;
                 }
             }
+            Kind::Values => {
+                let mut append_value = t.prepare_cached(APPEND_VALUE)?;
+                let mut upsert = t.prepare_cached(UPSERT_VALUES)?;
+                let mut delete = t.prepare_cached(DELETE_RECORD)?;
+                let mut appended = 0;
+                for (_, w) in &issued {
+                    match w.row {
+                        Some(r) => {
+                            let value = append_value.insert(params![w.c, w.id, r.embedding, r.document])?;
+                            appended += 1;
+                            upsert.execute(params![w.c, w.id, r.metadata, r.offset, value])?;
+                        }
+                        None => {
+                            delete.execute(params![w.c, w.id])?;
+                        }
+                    }
+                }
+                compact_values(&t, appended)?;
+            }
+            Kind::ValuesKeyedDelta => {
+                let mut append_value = t.prepare_cached(APPEND_VALUE)?;
+                let mut upsert = t.prepare_cached(UPSERT_KEYED_DELTA)?;
+                for (_, w) in &issued {
+                    match w.row {
+                        Some(r) => {
+                            let value = append_value.insert(params![w.c, w.id, r.embedding, r.document])?;
+                            self.appended += 1;
+                            upsert.execute(params![w.c, w.id, r.metadata, r.offset, value])?;
+                        }
+                        None => {
+                            upsert.execute(params![w.c, w.id, None::<String>, None::<i64>, None::<i64>])?;
+                        }
+                    }
+                }
+                let keys: i64 = t.prepare_cached("SELECT count(*) FROM record_delta")?.query_row([], |r| r.get(0))?;
+                if flush || keys as u64 >= layout.delta_rows {
+                    t.prepare_cached(
+                        "INSERT INTO records (collection_id, id, metadata, last_offset, value)
+                         SELECT collection_id, id, metadata, last_offset, value FROM record_delta
+                         WHERE last_offset IS NOT NULL
+                         ON CONFLICT (collection_id, id) DO UPDATE SET
+                             metadata = excluded.metadata, last_offset = excluded.last_offset, value = excluded.value",
+                    )?
+                    .execute([])?;
+                    t.prepare_cached(
+                        "DELETE FROM records WHERE (collection_id, id) IN
+                         (SELECT collection_id, id FROM record_delta WHERE last_offset IS NULL)",
+                    )?
+                    .execute([])?;
+                    t.prepare_cached("DELETE FROM record_delta")?.execute([])?;
+                    compact_values(&t, self.appended)?;
+                    self.appended = 0;
+                    self.merges += 1;
+                }
+            }
+            Kind::ValuesDelta => {
+                let mut append_value = t.prepare_cached(APPEND_VALUE)?;
+                let mut append = t.prepare_cached(APPEND_DELTA)?;
+                for (_, w) in &issued {
+                    match w.row {
+                        Some(r) => {
+                            let value = append_value.insert(params![w.c, w.id, r.embedding, r.document])?;
+                            self.appended += 1;
+                            append.execute(params![w.c, w.id, r.metadata, r.offset, value])?;
+                        }
+                        None => {
+                            append.execute(params![w.c, w.id, None::<String>, None::<i64>, None::<i64>])?;
+                        }
+                    }
+                }
+                self.delta += issued.len() as u64;
+                if flush || self.delta >= layout.delta_rows {
+                    merge_delta(&t)?;
+                    compact_values(&t, self.appended)?;
+                    self.delta = 0;
+                    self.appended = 0;
+                    self.merges += 1;
+                }
+            }
         }
         t.prepare_cached(WRITE_POSITION)?.execute(params![TOPIC, 0, from + tx.records as i64, now])?;
         t.commit()
@@ -666,6 +884,10 @@ impl Writer {
     /// (live rows, sum of row hashes) read back from the database.
     fn digest(&self) -> rusqlite::Result<(u64, u64)> {
         let sql = match self.layout.kind {
+            Kind::Values | Kind::ValuesDelta | Kind::ValuesKeyedDelta => {
+                "SELECT r.collection_id, r.id, v.embedding, r.metadata, v.document
+                 FROM records r JOIN record_values v ON v.seq = r.value"
+            }
             Kind::Split | Kind::BlobLog => {
                 "SELECT r.collection_id, r.id, b.embedding, r.metadata, b.document
                  FROM records r JOIN blobs b ON b.rowid = r.blob"
@@ -716,6 +938,13 @@ struct Outcome {
     /// CPU of the checkpoint thread.
     ckpt_cpu: Duration,
     max_tx: Duration,
+    /// Median and 99th percentile of the transactions' durations.
+    p50_tx: Duration,
+    p99_tx: Duration,
+    /// ValuesDelta: how many transactions merged the delta, their median and longest.
+    merges: usize,
+    merge_p50: Duration,
+    merge_max: Duration,
     wchar: u64,
     write_bytes: u64,
     db_size: u64,
@@ -742,27 +971,45 @@ fn run(layout: &Layout, rep: usize, shape: &Shape, dir: &Path) -> Outcome {
     let stop = Arc::new(AtomicBool::new(false));
     let checkpointer = spawn_checkpointer(&path, layout.page_size, stop.clone());
     conn.set_prepared_statement_cache_capacity(32);
-    let mut writer = Writer { conn, layout: layout.clone(), garbage: Vec::new(), txs: 0 };
+    let mut writer =
+        Writer { conn, layout: layout.clone(), garbage: Vec::new(), txs: 0, delta: 0, merges: 0, appended: 0 };
     let mut workload = Workload::new(seed, ids_per_collection);
     let wal_path = PathBuf::from(format!("{}-wal", path.display()));
 
     let io0 = proc_io();
     let (mut tx_time, mut cpu, mut writes, mut done, mut wal_peak) = (Duration::ZERO, Duration::ZERO, 0, 0, 0);
     let mut max_tx = Duration::ZERO;
+    let mut durations = Vec::with_capacity(records / tx_size + 1);
+    // ValuesDelta: the transactions that merged the delta, apart.
+    let mut merge_durations = Vec::new();
     while done < records {
         let n = tx_size.min(records - done);
         let tx = workload.next_tx(n);
         writes += tx.writes.len();
         let last = done + n >= records;
+        let merges_before = writer.merges;
         let (t0, c0) = (Instant::now(), thread_cpu());
         writer.commit(&tx, done as i64, last).expect("commit");
         let elapsed = t0.elapsed();
         tx_time += elapsed;
         max_tx = max_tx.max(elapsed);
+        if writer.merges > merges_before {
+            merge_durations.push(elapsed);
+        } else {
+            durations.push(elapsed);
+        }
         cpu += thread_cpu() - c0;
         done += n;
         wal_peak = wal_peak.max(std::fs::metadata(&wal_path).map(|m| m.len()).unwrap_or(0));
     }
+    durations.sort_unstable();
+    let pct =
+        |p: f64| durations.get(((durations.len() as f64 - 1.0) * p).round() as usize).copied().unwrap_or_default();
+    let (p50_tx, p99_tx) = (pct(0.50), pct(0.99));
+    merge_durations.sort_unstable();
+    let merges = merge_durations.len();
+    let merge_p50 = merge_durations.get(merges / 2).copied().unwrap_or_default();
+    let merge_max = merge_durations.last().copied().unwrap_or_default();
     stop.store(true, Ordering::Relaxed);
     let ckpt_cpu = checkpointer.join().expect("checkpointer");
     // Everything in the WAL has to reach the database file some time: count that too.
@@ -794,6 +1041,11 @@ fn run(layout: &Layout, rep: usize, shape: &Shape, dir: &Path) -> Outcome {
         cpu,
         ckpt_cpu,
         max_tx,
+        p50_tx,
+        p99_tx,
+        merges,
+        merge_p50,
+        merge_max,
         wchar: io1.0 - io0.0,
         write_bytes: io1.1 - io0.1,
         db_size,
@@ -807,13 +1059,20 @@ fn run(layout: &Layout, rep: usize, shape: &Shape, dir: &Path) -> Outcome {
 fn print_row(o: &Outcome) {
     let per_m = 1_000_000.0 / o.records as f64;
     println!(
-        "| {:<9} | {} | {:>7.0} | {:>5.2} | {:>5.2} | {:>4.0} | {:>6.0} | {:>6.0} | {:>6.1} | {:>6.1} | {} / {} | {} | {} |",
+        "| {:<9} | {} | {:>7.0} | {:>5.2} | {:>5.2} | {:>4.0} | {:>6.2} / {:>6.2} | {} | {:>6.0} | {:>6.0} | {:>6.1} | {:>6.1} | {} / {} | {} | {} |",
         o.layout,
         o.rep + 1,
         o.records as f64 / o.tx_time.as_secs_f64(),
         o.cpu.as_secs_f64() * per_m,
         o.ckpt_cpu.as_secs_f64() * per_m,
         o.max_tx.as_secs_f64() * 1000.0,
+        o.p50_tx.as_secs_f64() * 1000.0,
+        o.p99_tx.as_secs_f64() * 1000.0,
+        if o.merges == 0 {
+            "-".to_string()
+        } else {
+            format!("{} / {:.1} / {:.1}", o.merges, o.merge_p50.as_secs_f64() * 1000.0, o.merge_max.as_secs_f64() * 1000.0)
+        },
         o.wchar as f64 / o.records as f64,
         o.write_bytes as f64 / o.records as f64,
         o.db_size as f64 / (1 << 20) as f64,
@@ -828,7 +1087,7 @@ fn print_row(o: &Outcome) {
 fn usage() -> ! {
     eprintln!(
         "usage: sqlite-layout-bench [--records N] [--tx N] [--ids N] [--reps N] [--seed N] [--dir PATH]\n\
-         \x20                          [--layouts L0,L1,L2,L2g16,L3,L4,L1-4k,L2g16-4k,...]\n\
+         \x20                          [--layouts L0,L1,L2,L2g16,L3,L4,V,Vd4000,Vk4000,L1-4k,...]\n\
          Runs each layout from a fresh database, repetitions interleaved; exits 1 if the\n\
          stored rows of any run differ from the model. Defaults: 1,000,000 records, 3,000 per\n\
          transaction, 1,000 ids per collection; up to 10,000 records (a smoke test) 100 per\n\
@@ -885,9 +1144,9 @@ fn main() {
         dir.display()
     );
     println!(
-        "| layout | rep | records/s | writer CPU-s/1M | ckpt CPU-s/1M | max tx ms | wchar B/rec | disk B/rec | DB MiB | WAL peak MiB | load 1/5/15 before / after | row writes | digest |"
+        "| layout | rep | records/s | writer CPU-s/1M | ckpt CPU-s/1M | max tx ms | tx p50 / p99 ms (merges apart) | merges: n / p50 / max ms | wchar B/rec | disk B/rec | DB MiB | WAL peak MiB | load 1/5/15 before / after | row writes | digest |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     let mut outcomes = Vec::new();
     for rep in 0..reps {
         for layout in &layouts {
