@@ -660,6 +660,12 @@ struct Writer {
     merges: u64,
     /// ValuesDelta: values appended since the last merge (what its compaction is told).
     appended: usize,
+    /// `--reads`: look every written key up first, as Sluice's processor does before it
+    /// folds a batch.
+    reads: bool,
+    /// ValuesDelta with `--reads`: the keys in the unmerged delta, the in-memory copy a
+    /// reader would consult first (a hash lookup instead of SQL).
+    unmerged: std::collections::HashSet<(String, String)>,
 }
 
 /// One write as issued: names resolved, the sort key computed.
@@ -688,6 +694,9 @@ impl Writer {
             (Order::Log, _) => issued.sort_by_key(|(seq, _)| *seq),
             (Order::Key, Kind::IntKey) => issued.sort_by_key(|(_, w)| w.k),
             (Order::Key, _) => issued.sort_by(|(_, a), (_, b)| (&a.c, &a.id).cmp(&(&b.c, &b.id))),
+        }
+        if self.reads {
+            self.read_keys(&issued)?;
         }
         let now = now_ms();
         let t = self.conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
@@ -868,8 +877,12 @@ impl Writer {
                     }
                 }
                 self.delta += issued.len() as u64;
+                if self.reads {
+                    self.unmerged.extend(issued.iter().map(|(_, w)| (w.c.clone(), w.id.clone())));
+                }
                 if flush || self.delta >= layout.delta_rows {
                     merge_delta(&t)?;
+                    self.unmerged.clear();
                     compact_values(&t, self.appended)?;
                     self.delta = 0;
                     self.appended = 0;
@@ -879,6 +892,38 @@ impl Writer {
         }
         t.prepare_cached(WRITE_POSITION)?.execute(params![TOPIC, 0, from + tx.records as i64, now])?;
         t.commit()
+    }
+
+    /// Look up each key's stored offset and metadata before the transaction, the way the
+    /// layout's reader would: `records` (the delta first, in SQL, for Vk; in memory for Vd).
+    fn read_keys(&mut self, issued: &[(u64, Issued)]) -> rusqlite::Result<()> {
+        const FROM_RECORDS: &str = "SELECT metadata, last_offset FROM records WHERE collection_id = ?1 AND id = ?2";
+        let kind = self.layout.kind;
+        if matches!(kind, Kind::IntKey | Kind::AppendOnly) {
+            return Ok(()); // no key to look up by
+        }
+        let mut records = self.conn.prepare_cached(FROM_RECORDS)?;
+        let mut delta = self
+            .conn
+            .prepare_cached("SELECT metadata, last_offset FROM record_delta WHERE collection_id = ?1 AND id = ?2")
+            .ok()
+            .filter(|_| kind == Kind::ValuesKeyedDelta);
+        let read = |stmt: &mut rusqlite::CachedStatement, c: &str, id: &str| {
+            stmt.query_row(params![c, id], |r| Ok((r.get::<_, Option<String>>(0)?, r.get::<_, Option<i64>>(1)?)))
+                .optional()
+        };
+        for (_, w) in issued {
+            if kind == Kind::ValuesDelta && self.unmerged.contains(&(w.c.clone(), w.id.clone())) {
+                continue;
+            }
+            if let Some(d) = delta.as_mut() {
+                if std::hint::black_box(read(d, &w.c, &w.id)?).is_some() {
+                    continue;
+                }
+            }
+            std::hint::black_box(read(&mut records, &w.c, &w.id)?);
+        }
+        Ok(())
     }
 
     /// (live rows, sum of row hashes) read back from the database.
@@ -921,6 +966,8 @@ impl Writer {
 
 #[derive(Clone, Copy)]
 struct Shape {
+    /// Look every written key up before each transaction (`--reads`).
+    reads: bool,
     records: usize,
     tx_size: usize,
     ids_per_collection: usize,
@@ -955,7 +1002,7 @@ struct Outcome {
 }
 
 fn run(layout: &Layout, rep: usize, shape: &Shape, dir: &Path) -> Outcome {
-    let Shape { records, tx_size, ids_per_collection, seed } = *shape;
+    let Shape { records, tx_size, ids_per_collection, seed, .. } = *shape;
     let path = dir.join(format!("{}-{rep}.db", layout.name));
     for suffix in ["", "-wal", "-shm"] {
         let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
@@ -971,8 +1018,17 @@ fn run(layout: &Layout, rep: usize, shape: &Shape, dir: &Path) -> Outcome {
     let stop = Arc::new(AtomicBool::new(false));
     let checkpointer = spawn_checkpointer(&path, layout.page_size, stop.clone());
     conn.set_prepared_statement_cache_capacity(32);
-    let mut writer =
-        Writer { conn, layout: layout.clone(), garbage: Vec::new(), txs: 0, delta: 0, merges: 0, appended: 0 };
+    let mut writer = Writer {
+        conn,
+        layout: layout.clone(),
+        garbage: Vec::new(),
+        txs: 0,
+        delta: 0,
+        merges: 0,
+        appended: 0,
+        reads: shape.reads,
+        unmerged: Default::default(),
+    };
     let mut workload = Workload::new(seed, ids_per_collection);
     let wal_path = PathBuf::from(format!("{}-wal", path.display()));
 
@@ -1086,7 +1142,7 @@ fn print_row(o: &Outcome) {
 
 fn usage() -> ! {
     eprintln!(
-        "usage: sqlite-layout-bench [--records N] [--tx N] [--ids N] [--reps N] [--seed N] [--dir PATH]\n\
+        "usage: sqlite-layout-bench [--records N] [--tx N] [--ids N] [--reps N] [--seed N] [--dir PATH] [--reads]\n\
          \x20                          [--layouts L0,L1,L2,L2g16,L3,L4,V,Vd4000,Vk4000,L1-4k,...]\n\
          Runs each layout from a fresh database, repetitions interleaved; exits 1 if the\n\
          stored rows of any run differ from the model. Defaults: 1,000,000 records, 3,000 per\n\
@@ -1104,6 +1160,7 @@ fn main() {
     let mut seed = 42u64;
     let mut dir = PathBuf::from("db");
     let mut layouts = "L0,L1,L1-4k,L2,L2g16,L2g64,L2c8,L2x1,L3,L4,A0".to_string();
+    let mut reads = false;
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         let mut value = || args.next().unwrap_or_else(|| usage());
@@ -1115,6 +1172,7 @@ fn main() {
             "--seed" => seed = value().parse().unwrap_or_else(|_| usage()),
             "--dir" => dir = PathBuf::from(value()),
             "--layouts" => layouts = value(),
+            "--reads" => reads = true,
             _ => usage(),
         }
     }
@@ -1127,6 +1185,7 @@ fn main() {
     // that overwrites, deletes and replaced blobs across transactions are frequent.
     let smoke = records <= 10_000;
     let shape = Shape {
+        reads,
         records,
         tx_size: tx_size.unwrap_or(if smoke { 100 } else { 3_000 }).max(1),
         ids_per_collection: ids_per_collection.unwrap_or(if smoke { 10 } else { 1_000 }).clamp(1, 65_536),
@@ -1136,9 +1195,10 @@ fn main() {
     let ids = shape.ids_per_collection;
     std::fs::create_dir_all(&dir).expect("create --dir");
     println!(
-        "W1 SQL-only: {records} records, {tx_size} per transaction, {COLLECTIONS} collections x {ids} ids, seed {seed}, \
+        "W1 SQL-only: {records} records, {tx_size} per transaction{}, {COLLECTIONS} collections x {ids} ids, seed {seed}, \
          {reps} rep(s), \
          SQLite {}, {} CPUs, dir {}",
+        if shape.reads { ", every written key read first" } else { "" },
         rusqlite::version(),
         std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0),
         dir.display()
