@@ -582,9 +582,15 @@ sysdb_digest() {
                    FROM records WHERE last_offset >= 0 ORDER BY collection_id, id"
     case "$url" in
     sqlite://*)
-        # SQLite: whole records are `records` joined with their values.
-        local whole="(SELECT r.collection_id, r.id, v.embedding, r.metadata, v.document, r.last_offset
-                      FROM records r LEFT JOIN record_values v ON v.seq = r.value)"
+        # SQLite: whole records are the current ones (a key's newest row in the records
+        # delta, else `records`; src/sysdb/sqlite/values.rs) joined with their values.
+        local whole="(WITH d AS (SELECT collection_id, id, metadata, last_offset, value,
+                          row_number() OVER (PARTITION BY collection_id, id ORDER BY seq DESC) AS newest FROM record_delta),
+                      cur AS (SELECT collection_id, id, metadata, last_offset, value FROM d WHERE newest = 1 AND last_offset IS NOT NULL
+                          UNION ALL SELECT collection_id, id, metadata, last_offset, value FROM records
+                          WHERE (collection_id, id) NOT IN (SELECT collection_id, id FROM record_delta))
+                      SELECT r.collection_id, r.id, v.embedding, r.metadata, v.document, r.last_offset
+                      FROM cur r LEFT JOIN record_values v ON v.seq = r.value)"
         agg="${agg/FROM records/FROM $whole}" touched="${touched/FROM records/FROM $whole}"
         sqlite3 -readonly -separator $'\t' "${url#sqlite://}" "$agg; $colls; ${touched/EMB/hex(embedding)}" ;;
     *)

@@ -65,6 +65,14 @@
 //! `value_log(records)` counts the records, for the log's compaction bound. Existing
 //! values are moved in the migration's transaction. PostgreSQL's step 6 changes
 //! nothing: its records keep their values in the row.
+//!
+//! Step 8, the SQLite records delta (`sqlite/values.rs`): `record_delta(seq,
+//! collection_id, id, metadata, last_offset, value)`, an append-only table without a key:
+//! a small transaction appends its row changes there (a delete as a NULL `last_offset`)
+//! instead of rewriting `records`, and the newest row of a key overrides `records`. A
+//! transaction that brings it to its merge size folds it into `records` in key order and
+//! empties it; `value_log.delta_merges` counts those merges. The migration only creates
+//! both (the delta starts empty).
 
 use super::SysdbError;
 
@@ -299,6 +307,21 @@ DROP TABLE records;
 ALTER TABLE records_v7 RENAME TO records;
 "#,
     },
+    Migration {
+        version: 8,
+        description: "records: row changes appended to a delta, merged into records in large runs (SQLite)",
+        sql: r#"
+CREATE TABLE record_delta (
+    seq           INTEGER PRIMARY KEY,
+    collection_id TEXT    NOT NULL,
+    id            TEXT    NOT NULL,
+    metadata      TEXT    NULL,
+    last_offset   INTEGER NULL,
+    value         INTEGER NULL
+);
+ALTER TABLE value_log ADD COLUMN delta_merges INTEGER NOT NULL DEFAULT 0;
+"#,
+    },
 ];
 
 /// PostgreSQL steps.
@@ -473,6 +496,13 @@ CREATE TABLE dlq_replays (
         description: "records: clustered on (collection_id, id) now that its rows are small (SQLite)",
         // PostgreSQL's heap is not clustered by any key; its primary key index is the
         // lookup path already.
+        sql: "SELECT 1;",
+    },
+    Migration {
+        version: 8,
+        description: "records: row changes appended to a delta, merged into records in large runs (SQLite)",
+        // PostgreSQL writes a row's new version and a WAL record of it, not whole pages
+        // per commit (after a page's first change since a checkpoint).
         sql: "SELECT 1;",
     },
 ];
