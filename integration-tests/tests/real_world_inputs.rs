@@ -160,10 +160,14 @@ fn install_poison_rule(env: &Env) {
     let rt = tokio::runtime::Runtime::new().unwrap();
     if let Some(path) = env.sysdb.strip_prefix("sqlite://") {
         let db = rusqlite::Connection::open(path).unwrap();
-        db.execute_batch(
-            "CREATE TRIGGER poison BEFORE INSERT ON records WHEN NEW.id LIKE 'poison%' BEGIN SELECT RAISE(ABORT, 'value refused: poison'); END;",
-        )
-        .unwrap();
+        // Wherever the record is written: `records`, or the records delta that small
+        // transactions append to (src/sysdb/sqlite/values.rs).
+        for table in ["records", "record_delta"] {
+            db.execute_batch(&format!(
+                "CREATE TRIGGER poison_{table} BEFORE INSERT ON {table} WHEN NEW.id LIKE 'poison%' BEGIN SELECT RAISE(ABORT, 'value refused: poison'); END;"
+            ))
+            .unwrap();
+        }
     } else {
         rt.block_on(async {
             let (client, conn) = tokio_postgres::connect(&env.sysdb, tokio_postgres::NoTls).await.unwrap();
