@@ -131,7 +131,8 @@ fn metrics_agree_with_offsets_show_and_the_workload() {
     env.wait_caught_up(WAIT);
 
     // The gauges equal `offsets show` once the periodic refresh (5 s) has seen the last
-    // group commit; both sides are polled until they agree.
+    // group commit; both sides are polled until they agree, and until the group offset,
+    // committed after the sysdb and only ever behind it, has caught up with the sysdb.
     let deadline = Instant::now() + Duration::from_secs(30);
     let (rows, m) = loop {
         let rows = offsets(&env);
@@ -140,6 +141,7 @@ fn metrics_agree_with_offsets_show_and_the_workload() {
             let p = r["partition"].as_i64().unwrap();
             let g = |name: &str| m.get(&format!("sluice_partition_{name}{{partition=\"{p}\"}}")).map(|v| *v as i64);
             g("sysdb_next_offset") == r["sysdb_next_offset"].as_i64()
+                && r["group_offset"] == r["sysdb_next_offset"]
                 && g("group_offset") == r["group_offset"].as_i64()
                 && g("high_watermark") == r["high_watermark"].as_i64()
         });
