@@ -55,6 +55,10 @@ pub struct Config {
     /// `sasl.password` (preferred for the password: keeps it out of files). Secret values
     /// (keys containing `password`, `secret` or `key`) are never logged; `sluice config
     /// show` prints `***`. Env: `SLUICE_LIBRDKAFKA__<KEY>` with `_` for `.`.
+    /// Tuning the consumer gets unless set here: `queued.max.messages.kbytes` 4096 (the
+    /// prefetch bound per partition), `fetch.queue.backoff.ms` 10 and `fetch.wait.max.ms` 20
+    /// (librdkafka: 65536, 1000 and 500), so a partition that fell behind for a moment is
+    /// fetched again at once instead of after up to a second.
     #[serde(serialize_with = "serialize_librdkafka")]
     pub librdkafka: BTreeMap<String, String>,
 }
