@@ -166,9 +166,17 @@ fn spawn_checkpointer(path: &str, stop: CancellationToken) -> Result<()> {
                         Ok((r.get::<_, i64>(0)?, r.get::<_, i64>(1)?, r.get::<_, i64>(2)?))
                     })
                 };
+                let began = std::time::Instant::now();
                 let mut outcome = checkpoint("PASSIVE");
+                let passive = began.elapsed();
                 if matches!(outcome, Ok((_, frames, _)) if frames > WAL_RESTART_PAGES) {
                     outcome = checkpoint("RESTART");
+                    tracing::debug!(
+                        passive_ms = passive.as_millis() as u64,
+                        restart_ms = (began.elapsed() - passive).as_millis() as u64,
+                        outcome = ?outcome.as_ref().ok(),
+                        "WAL restart checkpoint"
+                    );
                 }
                 match outcome {
                     Ok(_) => warned = false,

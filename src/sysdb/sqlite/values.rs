@@ -167,6 +167,7 @@ pub(super) fn merge_delta(tx: &Connection, force: bool) -> Result<Option<i64>> {
     if !force && rows < DELTA_MERGE_ROWS {
         return Ok(None);
     }
+    let began = std::time::Instant::now();
     if rows > 0 {
         let mut newest: std::collections::BTreeMap<(String, String), DeltaRow> = std::collections::BTreeMap::new();
         {
@@ -192,6 +193,9 @@ pub(super) fn merge_delta(tx: &Connection, force: bool) -> Result<Option<i64>> {
         compact(tx, rows as usize)?;
     }
     tx.prepare_cached("UPDATE value_log SET delta_merges = delta_merges + 1")?.execute([])?;
+    if rows > 0 {
+        tracing::debug!(rows, force, elapsed_ms = began.elapsed().as_millis() as u64, "records delta merged");
+    }
     Ok(Some(rows))
 }
 
