@@ -179,7 +179,9 @@ def backfill_rows(res):
             continue
         backend = r.get("backend") or r.get("contender") or "sqlite"
         drop, note = r.get("live_drop_pct"), ""
-        if drop is None:
+        if drop is not None:
+            note = "the live records applied while the worker ran, against the same records' time without a backfill"
+        else:
             live = [x for x in res if x.get("kind") == "live" and (x.get("backend") or x.get("contender") or "sqlite") == backend]
             la = next((x for x in live if not x.get("with_backfill")), None)
             lb = next((x for x in live if x.get("with_backfill")), None)
