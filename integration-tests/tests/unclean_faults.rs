@@ -272,14 +272,21 @@ fn cooperative_revoke_while_a_batch_is_in_flight() {
     }
     let env = Env::sqlite("revoke-in-flight");
     env.run(&["init", "--partitions", "4"]);
-    // Every record on partition 0, so the held batch is partition 0's.
-    let on_p0 = |seed| -> Vec<LogRecord> {
-        workload(8_000, seed, &env.prefix, 16, 50)
+    // Every record on partition 0, so the held batch is partition 0's. The collections'
+    // names (hence partitions) come from the random prefix: take the first variant of it
+    // that puts enough of both loads there (with 16 collections, none lands on partition
+    // 0 about once in a hundred prefixes).
+    let on_p0 = |prefix: &str, seed| -> Vec<LogRecord> {
+        workload(8_000, seed, prefix, 16, 50)
             .into_iter()
             .filter(|r| partition_for(r.collection_id.as_bytes(), 4) == 0)
             .collect()
     };
-    let first = on_p0(41);
+    let prefix = (0..)
+        .map(|k| format!("{}-{k}", env.prefix))
+        .find(|p| on_p0(p, 41).len() >= 1_000 && on_p0(p, 42).len() >= 1_000)
+        .unwrap();
+    let first = on_p0(&prefix, 41);
     let debug = "info,sluice::processor::partition=debug";
     // Holds its 3rd batch 12 s before the sysdb commit: longer than the 9 s the router
     // waits for a revoked partition's worker to stop.
@@ -309,7 +316,7 @@ fn cooperative_revoke_while_a_batch_is_in_flight() {
         r1.log_text().lines().position(|l| l.contains("fail point sleep_before_sysdb_commit reached")).unwrap();
     // A second replica joins while the batch is held: partitions move to it.
     let r2 = env.spawn_replica("r2", &[("SLUICE_LOG", debug)]);
-    let second = on_p0(42);
+    let second = on_p0(&prefix, 42);
     env.produce(&jsonl_lines(&second));
     wait_log(&r1, "revoked partitions=[", WAIT);
     wait_log(&r1, "fail point sleep_before_sysdb_commit: awake", WAIT);
