@@ -282,11 +282,11 @@ fn cooperative_revoke_while_a_batch_is_in_flight() {
             .filter(|r| partition_for(r.collection_id.as_bytes(), 4) == 0)
             .collect()
     };
-    let prefix = (0..)
+    let (first, second) = (0..)
         .map(|k| format!("{}-{k}", env.prefix))
-        .find(|p| on_p0(p, 41).len() >= 1_000 && on_p0(p, 42).len() >= 1_000)
+        .map(|p| (on_p0(&p, 41), on_p0(&p, 42)))
+        .find(|(a, b)| a.len() >= 1_000 && b.len() >= 1_000)
         .unwrap();
-    let first = on_p0(&prefix, 41);
     let debug = "info,sluice::processor::partition=debug";
     // Holds its 3rd batch 12 s before the sysdb commit: longer than the 9 s the router
     // waits for a revoked partition's worker to stop.
@@ -316,7 +316,6 @@ fn cooperative_revoke_while_a_batch_is_in_flight() {
         r1.log_text().lines().position(|l| l.contains("fail point sleep_before_sysdb_commit reached")).unwrap();
     // A second replica joins while the batch is held: partitions move to it.
     let r2 = env.spawn_replica("r2", &[("SLUICE_LOG", debug)]);
-    let second = on_p0(&prefix, 42);
     env.produce(&jsonl_lines(&second));
     wait_log(&r1, "revoked partitions=[", WAIT);
     wait_log(&r1, "fail point sleep_before_sysdb_commit: awake", WAIT);
