@@ -35,10 +35,11 @@
 #             (W3-W5 at 500k records and W2 at 125k keep the whole run near 25 minutes;
 #             the W4/W5 goals compare steady records/s, independent of the run length)
 #   latency   after W1: Sluice (SQLite) and the peer each run caught up on a fresh topic
-#             while a paced producer (sluice.peer.tools.Replay, CPU 0) copies W1's records
-#             into it at 50% of that contender's W1 steady records/s (first record ->
-#             caught up) for 3 + 20 s; produce-to-materialized p50/p99 of the records
-#             stamped in the last 20 s (the whole run's figures are kept beside them as
+#             while a paced producer (sluice.peer.tools.Replay, CPU 0, linger 5 ms: the
+#             clients' default) copies W1's records into it at 50% of that contender's
+#             W1 steady records/s (first record -> caught up) for 3 + 20 s;
+#             produce-to-materialized p50/p99 of the records stamped in the last 20 s
+#             (the whole run's figures are kept beside them as
 #             "whole_run"/"all_"): the paced producer is a JVM that starts sending at full
 #             rate on the broker's core, and in its first second it falls behind its own
 #             schedule with records that already carry their CreateTime (measured: with

@@ -31,8 +31,11 @@ import org.apache.kafka.common.serialization.ByteArraySerializer;
  *
  * <pre>
  * java -cp kafka-streams-peer.jar sluice.peer.tools.Replay --bootstrap B --from T1 --to T2
- *     --rate RECORDS_PER_S --seconds S [--records N] [--linger-ms MS (1)] [--batch-bytes B (1 MiB)]
+ *     --rate RECORDS_PER_S --seconds S [--records N] [--linger-ms MS (5)] [--batch-bytes B (1 MiB)]
  * </pre>
+ * The linger is the Java client's default since Kafka 4.0 (KIP-1030) and librdkafka's: a
+ * producer as users run it. A shorter one costs this process and the broker a third more
+ * CPU on the core they share, and their stalls then reach the records' CreateTime.
  * First reads min(N, rate * S) records of the source into memory (so that, while pacing,
  * neither this process nor the broker spends CPU on reading the source), then sends them
  * paced: the n-th record leaves no earlier than t0 + n / rate (checked in ticks of 1 ms). Stops after S seconds or
@@ -53,7 +56,7 @@ public final class Replay {
         String bootstrap = "127.0.0.1:9092", from = null, to = null;
         double rate = 0, seconds = 0;
         long max = Long.MAX_VALUE;
-        String linger = "1";
+        String linger = "5";
         String batchBytes = String.valueOf(1 << 20);
         for (int i = 0; i < argv.length; i++) {
             switch (argv[i]) {
