@@ -9,22 +9,27 @@
 #      the backfill covers `backfill_total` records, reported) to a fresh topic prefix
 #      `bench-<random>` shared by both backends;
 #   3. per backend: a replica with `--roles processor` materializes it (fresh sysdb,
-#      fresh group; time to lag 0 is reported too); the sysdb is then copied twice
-#      (SQLite: online backup API; PostgreSQL: CREATE DATABASE ... TEMPLATE) for the
-#      live runs (a) and (b) below;
+#      fresh group; time to lag 0 is reported too); the sysdb is then copied twice per
+#      repeat (SQLite: online backup API; PostgreSQL: CREATE DATABASE ... TEMPLATE) for
+#      the live runs (a) and (b) below;
 #   4. backfill rate, per backend: a replica with all roles runs on the original sysdb;
 #      `sluice functions attach big-0 --function record_counter` (then `statistics`,
 #      unless --no-statistics); seconds = attach start -> the replica's `backfill
 #      finished` log line (cross-checked by polling `functions list` for `ready`);
 #      rate = backfill_total / seconds. The worker's own elapsed time (backfill started
-#      -> finished) is reported beside it;
+#      -> finished) is reported beside it. With --no-statistics the sysdb is then copied
+#      once per repeat for the live run (r) below (record_counter attached and ready);
 #   5. live throughput without and with a backfill: on copy (b), `record_counter` is
 #      attached while no replica runs (its marker lands right after big-0's records);
 #      then M live records are produced once (M*(P-1)/P into 64 collections `live-*`,
 #      M/P into big-0 itself: updates, upserts, deletes of its ids); then per backend
 #        (a) a replica (all roles, fresh group) on copy (a): no function -> no backfill;
+#        (r) (with --no-statistics) a replica (all roles, fresh group) on copy (r): the
+#            function is ready, so live batches of big-0 compute its outputs and nothing
+#            is backfilled;
 #        (b) a replica (all roles, fresh group) on copy (b): it reads the marker first,
 #            so the backfill of big-0 starts right away and runs while the backlog drains;
+#      (a), (r), (b) run in turn, --repeats times (each run on its own copy);
 #      each timed from spawn until every partition's sysdb position reaches its high
 #      watermark, read from the replica's own /metrics every 50 ms (one poller process;
 #      `offsets show` confirms it after). `steady` rates exclude the time to the first
@@ -35,7 +40,9 @@
 #      the polls taken while the worker ran are reported, and the drop: that rate against
 #      the rate at which (a) applied the same log records (interpolated from its
 #      samples; the rate changes along a drain, so a whole-run average would compare
-#      unlike stretches); then it waits for `ready`;
+#      unlike stretches), and the same against (r): what the backfill costs beyond the
+#      function's own live cost; then it waits for `ready`. Over repeats, the drops are
+#      reported per repeat and as their median (the summary's figures);
 #   6. prints a table per backend with the goals (backfill >= 300k records/s on SQLite, the
 #      worker's own rate: attach -> finished adds ~0.5 s of CLI start and marker trip;
 #      live throughput drop <= 10%) and writes JSON to target/bench/backfill-<date>.json
@@ -43,7 +50,7 @@
 #
 # Usage: scripts/bench-backfill.sh [--records N] [--live-records M] [--partitions P]
 #            [--dim D] [--seed S] [--config FILE | --scan-interval-ms MS]
-#            [--no-statistics] [--backends LIST] [--phase-timeout SECONDS]
+#            [--no-statistics] [--backends LIST] [--repeats K] [--phase-timeout SECONDS]
 #
 #   defaults: 1,000,000 records, M = N/5, 8 partitions, 384 dims, seed 42, 1200 s per
 #   phase; sluice's default config ([backfill] chunk_size 1000, concurrency 2, pause_ms 0)
@@ -51,6 +58,8 @@
 #   --config FILE         a sluice TOML file ([backfill], [processor]) used by every
 #                         replica, verbatim (no scan_interval_ms override).
 #   --scan-interval-ms MS the override without --config; 0 = sluice's default.
+#   --repeats K           the live runs (a), (r), (b) K times each, interleaved (default 1):
+#                         one run of each differs from the next by more than the 10% goal
 #   --backends LIST       sqlite,postgres (default) or one of them; PostgreSQL need not
 #                         run when it is left out (scripts/bench-suite.sh runs sqlite).
 #   Why the override: the processor produces a backfill task *before* the batch that
@@ -74,6 +83,7 @@ CONFIG=""
 SCAN_MS=250
 SCAN_SET=0
 STATISTICS=1
+REPEATS=1
 PHASE_TIMEOUT=1200
 POLL_S=0.5
 FN_POLL_S=0.2
@@ -98,6 +108,7 @@ while (($#)); do
     --config) CONFIG="$(realpath "${2:?}")"; shift 2 ;;
     --scan-interval-ms) SCAN_MS="${2:?}"; SCAN_SET=1; shift 2 ;;
     --no-statistics) STATISTICS=0; shift ;;
+    --repeats) REPEATS="${2:?}"; shift 2 ;;
     --backends) BACKENDS="${2:?}"; shift 2 ;;
     --phase-timeout) PHASE_TIMEOUT="${2:?}"; shift 2 ;;
     -h | --help) usage ;;
@@ -105,10 +116,10 @@ while (($#)); do
     esac
 done
 [[ -n "$LIVE" ]] || LIVE=$((RECORDS / 5))
-for v in RECORDS LIVE PARTITIONS DIM SEED PHASE_TIMEOUT SCAN_MS; do
+for v in RECORDS LIVE PARTITIONS DIM SEED PHASE_TIMEOUT SCAN_MS REPEATS; do
     is_uint "${!v}" || die "--${v,,} must be a non-negative integer, got '${!v}'"
 done
-((RECORDS > 0 && LIVE >= PARTITIONS && PARTITIONS > 0)) || die "--records, --partitions must be > 0 and --live-records >= partitions"
+((RECORDS > 0 && LIVE >= PARTITIONS && PARTITIONS > 0 && REPEATS > 0)) || die "--records, --partitions, --repeats must be > 0 and --live-records >= partitions"
 [[ -z "$CONFIG" || -f "$CONFIG" ]] || die "--config $CONFIG: no such file"
 [[ -z "$CONFIG" ]] || ((SCAN_SET == 0)) || die "--scan-interval-ms and --config exclude each other: set [backfill] scan_interval_ms in the file"
 case "$BACKENDS" in
@@ -424,7 +435,7 @@ PRODUCE_S="$(fsub "$(now)" "$t0")"
 log "produced in $PRODUCE_S s: $(tail -1 "$WORK/produce.log")"
 
 # ------------------------------------------------------------------ 3-4. per backend -
-declare -A URL_A URL_B FN_B
+declare -A URL_A URL_B URL_R FN_B # by "BACKEND REPEAT"
 for backend in "${BACKEND_LIST[@]}"; do
     new_env "$backend" main
     main_url="$ENV_URL"
@@ -446,10 +457,12 @@ for backend in "${BACKEND_LIST[@]}"; do
           cpu_s: ($cpu|tonumber), live_records: $live, note: "sluice process --roles processor, spawn -> lag 0 (poll 0.5 s)"} + $lc' >>"$RESULTS"
 
     # -- copies for the live runs, before any function exists
-    copy_env "$backend" main live-a
-    URL_A[$backend]="$ENV_URL"
-    copy_env "$backend" main live-b
-    URL_B[$backend]="$ENV_URL"
+    for i in $(seq 1 "$REPEATS"); do
+        copy_env "$backend" main "live-a$i"
+        URL_A[$backend $i]="$ENV_URL"
+        copy_env "$backend" main "live-b$i"
+        URL_B[$backend $i]="$ENV_URL"
+    done
 
     # -- backfill rate, all roles
     start_replica "$backend-backfill" "$main_url" "$group" processor,backfill,relay
@@ -504,8 +517,20 @@ for backend in "${BACKEND_LIST[@]}"; do
     backfill_lines="$(jq -c 'select((.fields.message // "") | test("^backfill (started|finished)|no longer backfilling|backfill step failed")) | {timestamp, fields}' "$REPLICA_LOG")"
     log "$backend: backfill log lines of the replica:"$'\n'"$backfill_lines"
 
+    # -- copies for the live runs (r): record_counter attached and ready (with --no-statistics
+    # it is main's only function, as in (b)); a live batch then computes its outputs, and
+    # nothing is backfilled
+    if ((STATISTICS == 0)); then
+        for i in $(seq 1 "$REPEATS"); do
+            copy_env "$backend" main "live-r$i"
+            URL_R[$backend $i]="$ENV_URL"
+        done
+    fi
+
     # -- the function of live run (b), attached while no replica runs: marker right after big-0's records
-    FN_B[$backend]="$(attach "${URL_B[$backend]}" "$PREFIX-$backend-live-b" record_counter "$BIG-record_counter")"
+    for i in $(seq 1 "$REPEATS"); do
+        FN_B[$backend $i]="$(attach "${URL_B[$backend $i]}" "$PREFIX-$backend-live-b$i" record_counter "$BIG-record_counter")"
+    done
 done
 
 # ------------------------------------------------------------------ 5. live backlog -
@@ -521,20 +546,23 @@ timeout "$PHASE_TIMEOUT" bash -c 'set -euo pipefail
 LIVE_PRODUCE_S="$(fsub "$(now)" "$t0")"
 log "produced in $LIVE_PRODUCE_S s: $(tail -1 "$WORK/produce-live.log")"
 
-# run_live BACKEND MODE(a|b) URL [FUNCTION_ID]
+# run_live BACKEND MODE(a|b|r) REPEAT URL [FUNCTION_ID]
 run_live() {
-    local backend="$1" mode="$2" url="$3" fid="${4:-}" group="$PREFIX-$1-live-$2"
+    local backend="$1" mode="$2" repeat="$3" url="$4" fid="${5:-}" group="$PREFIX-$1-live-$2$3"
     local pre pos0 hw0 drain samples="$WORK/$backend-live-$mode.samples" row='{}' out t
     pre="$(offsets_json "$url" "$group")" || die "offsets show failed"
     pos0="$(sysdb_sum "$pre")"
     hw0="$(hw_sum "$pre")"
     drain=$((hw0 - pos0))
-    log "$backend ($mode): draining $drain log records $([[ -n "$fid" ]] && echo "while $BIG backfills into record_counter $fid" || echo "(no function)")"
+    local what="(no function)"
+    [[ -n "$fid" ]] && what="while $BIG backfills into record_counter $fid"
+    [[ "$mode" == r ]] && what="(record_counter attached and ready)"
+    log "$backend ($mode$repeat): draining $drain log records $what"
     : >"$samples"
     # per-partition high watermarks: nothing is produced while the backlog drains
     local hws
     hws="$(jq -c 'map({key: (.partition|tostring), value: .high_watermark}) | from_entries' <<<"$pre")"
-    start_replica "$backend-live-$mode" "$url" "$group" processor,backfill,relay
+    start_replica "$backend-live-$mode$repeat" "$url" "$group" processor,backfill,relay
     # The replica's own /metrics, every LIVE_POLL_S, from one poller process (a scrape
     # costs a few ms; a CLI poll costs a process and a Kafka client, and a process per
     # poll would compete with the replica), so the drain's end is known to ~LIVE_POLL_S.
@@ -581,7 +609,7 @@ EOF
         check="$(offsets_json "$url" "$group")" && caught_up "$check" && break
         sleep 0.1
     done
-    caught_up "$check" || { sl "$url" "$group" offsets show >&2 || true; die "$backend ($mode): /metrics said caught up, offsets show does not"; }
+    caught_up "$check" || { sl "$url" "$group" offsets show >&2 || true; die "$backend ($mode$repeat): /metrics said caught up, offsets show does not"; }
     if [[ -n "$fid" ]]; then
         row="$(fn_json "$url" "$group" "$fid")"
         jq -c '{status: .status, done: .backfill_done, total: .backfill_total}' <<<"$row" >"$WORK/at-caught-up.json"
@@ -595,12 +623,14 @@ EOF
     local at_caught='{}' t_ready="" t_marker="" t_started="" t_finished="" elapsed_ms=""
     if [[ -n "$fid" ]]; then
         at_caught="$(cat "$WORK/at-caught-up.json")"
-        log "$backend ($mode): caught up after $secs s; function at that moment: $at_caught; waiting for ready"
+        log "$backend ($mode$repeat): caught up after $secs s; function at that moment: $at_caught; waiting for ready"
+        local deadline
+        deadline="$(awk -v t="$(now)" -v d="$PHASE_TIMEOUT" 'BEGIN { printf "%d", t + d }')"
         while :; do
             replica_alive
             row="$(fn_json "$url" "$group" "$fid")"
             [[ "$(jq -r '.status // ""' <<<"$row")" == ready ]] && break
-            (($(date +%s) <= deadline)) || { log "$row"; die "$backend ($mode): function not ready within $PHASE_TIMEOUT s"; }
+            (($(date +%s) <= deadline)) || { log "$row"; die "$backend ($mode$repeat): function not ready within $PHASE_TIMEOUT s"; }
             sleep "$FN_POLL_S"
         done
         t_ready="$(now)"
@@ -611,14 +641,15 @@ EOF
         row="$(fn_json "$url" "$group" "$fid")"
     fi
     stop_replica
-    log "$backend ($mode): caught up in $secs s (first assignment at $(rel "$t_assign" "$REPLICA_T0") s, $polls polls), CPU $cpu s"
+    log "$backend ($mode$repeat): caught up in $secs s (first assignment at $(rel "$t_assign" "$REPLICA_T0") s, $polls polls), CPU $cpu s"
     python3 - "$samples" >>"$RESULTS" <<EOF
 import json, sys
 samples = [json.loads(l) for l in open(sys.argv[1])]
 def f(x): return None if x in ("", "null") else float(x)
 t0, t1, assign = f("$REPLICA_T0"), f("$t1"), f("$t_assign")
 drain, secs = $drain, t1 - t0
-r = {"backend": "$backend", "kind": "live", "with_backfill": "$mode" == "b", "records": drain, "seconds": round(secs, 3),
+r = {"backend": "$backend", "kind": "live_ready" if "$mode" == "r" else "live", "with_backfill": "$mode" == "b",
+     "mode": "$mode", "repeat": $repeat, "records": drain, "seconds": round(secs, 3),
      "records_per_s": round(drain / secs), "cpu_s": float("$cpu"), "polls": $polls}
 # when each partition reached its high watermark (first poll that saw it), big-0's apart
 big = $big_part
@@ -665,20 +696,24 @@ r.update(json.loads('''$LOG_COUNTS'''))
 print(json.dumps(r))
 EOF
     if [[ -n "$fid" ]]; then
-        log "$backend ($mode): backfill log lines:"$'\n'"$(jq -c 'select((.fields.message // "") | test("^backfill (marker|started|finished|task)|no longer backfilling|backfill step failed")) | {timestamp, fields}' "$REPLICA_LOG")"
+        log "$backend ($mode$repeat): backfill log lines:"$'\n'"$(jq -c 'select((.fields.message // "") | test("^backfill (marker|started|finished|task)|no longer backfilling|backfill step failed")) | {timestamp, fields}' "$REPLICA_LOG")"
     fi
 }
 
+# interleaved: (a), (r), (b) of one repeat, then the next
 for backend in "${BACKEND_LIST[@]}"; do
-    run_live "$backend" a "${URL_A[$backend]}"
-    run_live "$backend" b "${URL_B[$backend]}" "${FN_B[$backend]}"
+    for i in $(seq 1 "$REPEATS"); do
+        run_live "$backend" a "$i" "${URL_A[$backend $i]}"
+        [[ -z "${URL_R[$backend $i]:-}" ]] || run_live "$backend" r "$i" "${URL_R[$backend $i]}"
+        run_live "$backend" b "$i" "${URL_B[$backend $i]}" "${FN_B[$backend $i]}"
+    done
 done
 
 # ------------------------------------------------------------------ 6. report -------
 OUT_JSON="$OUT_DIR/backfill-$RUN_DATE.json"
 SCRIPT_S="$(fsub "$(now)" "$SCRIPT_T0")"
 python3 - "$RESULTS" "$OUT_JSON" <<EOF
-import json, sys
+import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
 GOAL_BACKFILL_SQLITE, GOAL_DROP = 300_000, 10.0
 doc = {
@@ -705,8 +740,9 @@ print(f'goals: backfill >= {GOAL_BACKFILL_SQLITE:,} records/s on SQLite; live th
 for b in "$BACKENDS".split(","):
     mat = next((r for r in rows if r["backend"] == b and r["kind"] == "materialize"), None)
     bfs = [r for r in rows if r["backend"] == b and r["kind"] == "backfill"]
-    la = next((r for r in rows if r["backend"] == b and r["kind"] == "live" and not r["with_backfill"]), None)
-    lb = next((r for r in rows if r["backend"] == b and r["kind"] == "live" and r["with_backfill"]), None)
+    las = sorted((r for r in rows if r["backend"] == b and r["kind"] == "live" and not r["with_backfill"]), key=lambda r: r["repeat"])
+    lbs = sorted((r for r in rows if r["backend"] == b and r["kind"] == "live" and r["with_backfill"]), key=lambda r: r["repeat"])
+    lrs = {r["repeat"]: r for r in rows if r["backend"] == b and r["kind"] == "live_ready"}
     s = {}
     print()
     print(f"== {b} ==")
@@ -723,8 +759,8 @@ for b in "$BACKENDS".split(","):
                       f'{r["marker_processed_at_s"]:.2f}' if r.get("marker_processed_at_s") is not None else "?",
                       pick(r.get("worker_started_at_s"), r.get("marker_processed_at_s")), goal])
         s[f'backfill_{r["function"]}_records_per_s'] = r["records_per_s"]
-    if lb:
-        table.append(["record_counter under live load", f'{lb.get("backfill_total") or 0:,}',
+    for lb in lbs:
+        table.append([f"record_counter under live load #{lb['repeat']}", f'{lb.get("backfill_total") or 0:,}',
                       f'{lb["backfill_finished_at_s"] - lb["backfill_marker_processed_at_s"]:.2f}' if lb.get("backfill_finished_at_s") is not None and lb.get("backfill_marker_processed_at_s") is not None else "?",
                       f'{round(lb["backfill_total"] / (lb["backfill_finished_at_s"] - lb["backfill_marker_processed_at_s"])):,}' if lb.get("backfill_total") and lb.get("backfill_finished_at_s") is not None and lb.get("backfill_marker_processed_at_s") is not None and lb["backfill_finished_at_s"] > lb["backfill_marker_processed_at_s"] else "?",
                       f'{lb["backfill_worker_elapsed_s"]:.2f}' if lb.get("backfill_worker_elapsed_s") is not None else "?",
@@ -740,60 +776,94 @@ for b in "$BACKENDS".split(","):
         print("  seconds: attach start -> the replica's 'backfill finished' line (under live load: marker processed -> finished);"
               " worker: 'backfill started' -> finished;\n  marker at: attach start -> marker processed;"
               " pickup: marker processed -> 'backfill started' (a missed task waits for the next [backfill] scan)")
-    if la and lb:
-        print()
-        hdr = ["live backlog", "records", "seconds", "records/s", "assign s", "steady rec/s", "drop % (steady)", "drop % (whole)", "goal"]
-        drop_whole = round(100 * (1 - lb["records_per_s"] / la["records_per_s"]), 1)
-        drop_steady = round(100 * (1 - lb["steady_records_per_s"] / la["steady_records_per_s"]), 1) if "steady_records_per_s" in la and "steady_records_per_s" in lb else None
-        drop = drop_steady if drop_steady is not None else drop_whole
-        table = [hdr]
-        for name, r in (("without backfill", la), ("with backfill", lb)):
-            table.append([name, f'{r["records"]:,}', f'{r["seconds"]:.2f}', f'{r["records_per_s"]:,}', f'{r.get("assign_s", 0):.2f}',
-                          f'{r.get("steady_records_per_s", 0):,}',
-                          "" if r is la else (f"{drop_steady:.1f}" if drop_steady is not None else "?"),
-                          "" if r is la else f"{drop_whole:.1f}",
-                          "" if r is la else ("met" if drop <= GOAL_DROP else "NOT met")])
-        w = [max(len(row[i]) for row in table) for i in range(len(hdr))]
-        for i, row in enumerate(table):
-            print("  ".join(c.ljust(w[j]) if j == 0 else c.rjust(w[j]) for j, c in enumerate(row)))
-            if i == 0:
-                print("  ".join("-" * x for x in w))
-        ov = lb.get("backfill_overlap_of_drain")
-        at = lb.get("backfill_at_caught_up", {})
-        print(f'(b): backfill ran during {100 * ov:.0f}% of the drain (first assignment -> caught up); ' if ov is not None else "(b): backfill overlap unknown; ", end="")
-        print(f'status at caught-up: {at.get("status")} {at.get("done")}/{at.get("total")}; ', end="")
-        print(f'backfill started at {lb.get("backfill_started_at_s")} s, finished at {lb.get("backfill_finished_at_s")} s, caught up at {lb["seconds"]} s after spawn')
-        for name, r in (("(a)", la), ("(b)", lb)):
-            print(f'{name}: partition {r["big_partition"]} ($BIG + live) caught up at {r["big_partition_caught_up_at_s"]} s, the other partitions by {r["other_partitions_caught_up_at_s"]} s (first poll that saw each)')
-        # The same stretch of the backlog in both runs: the records (b) applied while its
-        # worker ran, and how long (a) took for those same records (by interpolation of
-        # its samples). The rate changes along a drain (a fresh file grows; the start is
-        # slow), so this compares like with like where a steady average would not.
-        sa = [(x["sysdb"], x["t"]) for x in la.get("samples", [])]
-        if "while_backfilling_window_s" in lb and len(sa) >= 2:
+    if las and lbs:
+        # The same stretch of the backlog in each run: the records (b) applied while its
+        # worker ran, and how long (a) -- and (r), the function ready -- took for those
+        # same records (by interpolation of their samples). The rate changes along a drain
+        # (a fresh file grows; the start is slow), so this compares like with like where a
+        # steady average would not. Each repeat compares its own (a), (r) and (b).
+        def rate_over(run, lo, hi):
+            if run is None:
+                return None
+            sa = [(x["sysdb"], x["t"]) for x in run.get("samples", [])]
             def t_at(v):
                 for (v0, t0_), (v1, t1_) in zip(sa, sa[1:]):
                     if v0 <= v <= v1 and v1 > v0:
                         return t0_ + (t1_ - t0_) * (v - v0) / (v1 - v0)
                 return None
-            lo, hi = lb["while_backfilling_sysdb"]
             ta, tb = t_at(lo), t_at(hi)
-            if ta is not None and tb is not None and tb > ta:
-                same = round((hi - lo) / (tb - ta))
-                d = round(100 * (1 - lb["live_records_per_s_while_backfilling"] / same), 1)
-                print(f'(b): while the worker ran ({lb["while_backfilling_window_s"]:.2f} s) it applied log records {lo:,}..{hi:,} at {lb["live_records_per_s_while_backfilling"]:,}/s;'
-                      f' (a) applied the same records at {same:,}/s: drop {d:.1f}% (goal <= {GOAL_DROP:.0f}%: {"met" if d <= GOAL_DROP else "NOT met"})')
-                s["live_drop_pct_same_records"] = d
-                s["live_drop_same_records_goal_met"] = d <= GOAL_DROP
-        if "live_records_per_s_while_backfilling" in lb:
-            d = round(100 * (1 - lb["live_records_per_s_while_backfilling"] / la["steady_records_per_s"]), 1) if la.get("steady_records_per_s") else None
-            print(f'(b): live rate between the polls while the worker ran ({lb["while_backfilling_window_s"]:.1f} s window): {lb["live_records_per_s_while_backfilling"]:,} records/s'
-                  + (f' ({abs(d):.1f}% {"below" if d >= 0 else "above"} the steady rate without backfill)' if d is not None else ""))
-            s["live_drop_pct_while_backfilling"] = d
-        s.update({"live_records_per_s_without_backfill": la.get("steady_records_per_s", la["records_per_s"]),
-                  "live_records_per_s_with_backfill": lb.get("steady_records_per_s", lb["records_per_s"]),
-                  "live_drop_pct": drop, "live_drop_pct_whole_run": drop_whole, "backfill_overlap_of_drain": ov,
-                  "live_drop_goal_met": drop <= GOAL_DROP})
+            return (hi - lo) / (tb - ta) if ta is not None and tb is not None and tb > ta else None
+        pct = lambda x, y: round(100 * (1 - x / y), 1) if x and y else None
+        med = lambda xs: round(statistics.median(xs), 1) if xs else None
+        print()
+        hdr = ["live backlog", "records", "seconds", "records/s", "assign s", "steady rec/s", "same records rec/s", "drop %"]
+        table = [hdr]
+        drops, drops_ready, costs, notes = [], [], [], []
+        for lb in lbs:
+            k = lb["repeat"]
+            la = next((x for x in las if x["repeat"] == k), None)
+            lr = lrs.get(k)
+            same = {}
+            if "while_backfilling_sysdb" in lb:
+                lo, hi = lb["while_backfilling_sysdb"]
+                same = {"a": rate_over(la, lo, hi), "r": rate_over(lr, lo, hi), "b": lb["live_records_per_s_while_backfilling"]}
+                d, dr, c = pct(same["b"], same["a"]), pct(same["b"], same["r"]), pct(same["r"], same["a"])
+                if d is not None:
+                    drops.append(d)
+                if dr is not None:
+                    drops_ready.append(dr)
+                if c is not None:
+                    costs.append(c)
+                notes.append(f'#{k}: (b) applied log records {lo:,}..{hi:,} while its worker ran ({lb["while_backfilling_window_s"]:.2f} s) at {same["b"]:,}/s; '
+                             + (f'(a) the same records at {round(same["a"]):,}/s: drop {d}%' if d is not None else "(a): no rate over them")
+                             + (f'; (r) at {round(same["r"]):,}/s: drop against (r) {dr}%, the ready function\'s own cost {c}%' if c is not None else ""))
+            else:
+                notes.append(f"#{k}: (b)'s worker ran between fewer than two polls: no same-records comparison")
+            for name, r, key in (("without backfill (a)", la, "a"), ("function ready (r)", lr, "r"), ("with backfill (b)", lb, "b")):
+                if r is None:
+                    continue
+                v = same.get(key)
+                table.append([f"{name} #{k}", f'{r["records"]:,}', f'{r["seconds"]:.2f}', f'{r["records_per_s"]:,}', f'{r.get("assign_s", 0):.2f}',
+                              f'{r.get("steady_records_per_s", 0):,}', f"{round(v):,}" if v else "",
+                              "" if key == "a" else (f"{pct(v, same.get('a'))}" if v and same.get("a") else "")])
+        w = [max(len(row[i]) for row in table) for i in range(len(hdr))]
+        for i, row in enumerate(table):
+            print("  ".join(c.ljust(w[j]) if j == 0 else c.rjust(w[j]) for j, c in enumerate(row)))
+            if i == 0:
+                print("  ".join("-" * x for x in w))
+        print("  same records: the rate over the log records (b) applied while its worker ran; drop: against (a) of the same repeat")
+        for n in notes:
+            print(n)
+        for lb in lbs:
+            ov = lb.get("backfill_overlap_of_drain")
+            at = lb.get("backfill_at_caught_up", {})
+            print(f'(b) #{lb["repeat"]}: backfill ran during {100 * ov:.0f}% of the drain (first assignment -> caught up); ' if ov is not None else f'(b) #{lb["repeat"]}: backfill overlap unknown; ', end="")
+            print(f'status at caught-up: {at.get("status")} {at.get("done")}/{at.get("total")}; ', end="")
+            print(f'backfill started at {lb.get("backfill_started_at_s")} s, finished at {lb.get("backfill_finished_at_s")} s, caught up at {lb["seconds"]} s after spawn')
+        for r in las + sorted(lrs.values(), key=lambda r: r["repeat"]) + lbs:
+            print(f'({r["mode"]}) #{r["repeat"]}: partition {r["big_partition"]} ($BIG + live) caught up at {r["big_partition_caught_up_at_s"]} s, the other partitions by {r["other_partitions_caught_up_at_s"]} s (first poll that saw each)')
+        if drops:
+            d = med(drops)
+            print(f'drop on the same records, median of {len(drops)}: {d}% (runs: {", ".join(str(x) for x in drops)}; goal <= {GOAL_DROP:.0f}%: {"met" if d <= GOAL_DROP else "NOT met"})')
+            s["live_drop_pct_same_records"] = d
+            s["live_drop_pct_same_records_runs"] = drops
+            s["live_drop_same_records_goal_met"] = d <= GOAL_DROP
+        if costs:
+            print(f'of which the ready function\'s own cost, median: {med(costs)}% (runs: {", ".join(str(x) for x in costs)}); '
+                  f'the backfill beside it: {med(drops_ready)}% (runs: {", ".join(str(x) for x in drops_ready)})')
+            s["function_ready_cost_pct"] = med(costs)
+            s["function_ready_cost_pct_runs"] = costs
+            s["live_drop_vs_ready_pct"] = med(drops_ready)
+            s["live_drop_vs_ready_pct_runs"] = drops_ready
+        steady = lambda rs: statistics.median(r.get("steady_records_per_s", r["records_per_s"]) for r in rs)
+        whole = lambda rs: statistics.median(r["records_per_s"] for r in rs)
+        drop = pct(steady(lbs), steady(las))
+        ovs = [r["backfill_overlap_of_drain"] for r in lbs if r.get("backfill_overlap_of_drain") is not None]
+        s.update({"repeats": len(lbs),
+                  "live_records_per_s_without_backfill": round(steady(las)), "live_records_per_s_with_backfill": round(steady(lbs)),
+                  "live_drop_pct": drop, "live_drop_pct_whole_run": pct(whole(lbs), whole(las)),
+                  "backfill_overlap_of_drain": statistics.median(ovs) if ovs else None,
+                  "live_drop_goal_met": drop is not None and drop <= GOAL_DROP})
     if b == "sqlite" and bfs:
         s["backfill_goal_met"] = (bfs[0].get("worker_records_per_s") or bfs[0]["records_per_s"]) >= GOAL_BACKFILL_SQLITE
     doc["summary"][b] = s

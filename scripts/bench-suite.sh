@@ -170,11 +170,12 @@ wl_params() {
     WL_COLLECTIONS=$c
 }
 LAT_SECONDS=20
+BACKFILL_REPEATS=3
 # Paced before the measured 20 s and left out of the latency figures (kept as "whole_run"):
 # the paced producer's own warm-up (see the header).
 LAT_WARMUP_S=3
 RECOVERY_WARM_S=5
-$QUICK && LAT_SECONDS=6 && LAT_WARMUP_S=1
+$QUICK && LAT_SECONDS=6 && LAT_WARMUP_S=1 && BACKFILL_REPEATS=1
 
 SCRIPT_T0="$(now)"
 RUN_DATE="$(date +%Y%m%d-%H%M%S)"
@@ -849,19 +850,23 @@ latency_peer() {
 
 # ------------------------------------------------------------------ recovery --------
 backfill_phase() { # the backfill benchmark on this run's broker; its rows join RESULTS
-    local n=300000 out="$LOG_DIR/backfill.log" json drop
+    local n=300000 out="$LOG_DIR/backfill.log" json drop extra
     $QUICK && n=30000
     # a live backlog of 4/5 of n: its drain lasts a few seconds, so the backfill runs
     # through a measurable part of it
+    # three repeats of the live runs: one differs from the next by more than the 10% goal
     timeout "$PHASE_TIMEOUT" "$REPO/scripts/bench-backfill.sh" --records "$n" --live-records "$((n * 4 / 5))" --backends sqlite --no-statistics \
-        >"$out" 2>&1 || { tail -30 "$out" >&2; die "backfill phase failed (log: $out)"; }
+        --repeats "$BACKFILL_REPEATS" >"$out" 2>&1 || { tail -30 "$out" >&2; die "backfill phase failed (log: $out)"; }
     json="$(sed -n 's/^JSON: //p' "$out" | tail -1)"
     [[ -s "$json" ]] || die "backfill phase: no JSON named in $out"
     # The goal's drop: the live records applied while the worker ran, against the time
-    # the run without a backfill took for those same records (bench-backfill.sh).
+    # the run without a backfill took for those same records (bench-backfill.sh), the
+    # median over the repeats; each repeat's, and the ready function's own cost, beside it.
     drop="$(jq '.summary.sqlite.live_drop_pct_same_records // null' "$json")"
-    jq -c --argjson drop "$drop" '.rows[] | select(.kind == "live" or (.kind == "backfill" and .function == "record_counter")) | del(.samples)
-        | if .kind == "backfill" and $drop != null then . + {live_drop_pct: $drop} else . end' \
+    extra="$(jq -c '.summary.sqlite | {repeats, live_drop_pct_same_records_runs, function_ready_cost_pct,
+        function_ready_cost_pct_runs, live_drop_vs_ready_pct, live_drop_vs_ready_pct_runs} | with_entries(select(.value != null))' "$json")"
+    jq -c --argjson drop "$drop" --argjson extra "$extra" '.rows[] | select(.kind == "live" or .kind == "live_ready" or (.kind == "backfill" and .function == "record_counter")) | del(.samples)
+        | if .kind == "backfill" and $drop != null then . + {live_drop_pct: $drop} + $extra else . end' \
         "$json" >>"$RESULTS"
     sed -n '/^== sqlite ==/,/^JSON:/p' "$out" >&2
 }

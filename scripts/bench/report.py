@@ -181,6 +181,9 @@ def backfill_rows(res):
         drop, note = r.get("live_drop_pct"), ""
         if drop is not None:
             note = "the live records applied while the worker ran, against the same records' time without a backfill"
+            if r.get("live_drop_pct_same_records_runs"):
+                runs = r["live_drop_pct_same_records_runs"]
+                note += f'; median of {len(runs)} repeats ({", ".join(f"{x}%" for x in runs)})'
         else:
             live = [x for x in res if x.get("kind") == "live" and (x.get("backend") or x.get("contender") or "sqlite") == backend]
             la = next((x for x in live if not x.get("with_backfill")), None)
@@ -343,7 +346,16 @@ def main():
             if r:
                 steady = r.get("steady_records_per_s")
                 print(f'  live backlog {what}: {r["records"]:,} records in {r["seconds"]:.2f} s'
-                      + (f', steady {steady:,} records/s' if steady else ""))
+                      + (f', steady {steady:,} records/s' if steady else "")
+                      + (f' (repeat {r["repeat"]})' if r.get("repeat") else ""))
+        for r in bf:
+            runs = r.get("live_drop_pct_same_records_runs")
+            if runs:
+                print(f'  live drop on the same records, per repeat: {", ".join(f"{x}%" for x in runs)} (median {r.get("live_drop_pct")}%)')
+            if r.get("function_ready_cost_pct_runs"):
+                print(f'  of it, the cost of the ready function itself: {", ".join(f"{x}%" for x in r["function_ready_cost_pct_runs"])}'
+                      f' (median {r.get("function_ready_cost_pct")}%); the backfill beside it:'
+                      f' {", ".join(f"{x}%" for x in r.get("live_drop_vs_ready_pct_runs") or [])} (median {r.get("live_drop_vs_ready_pct")}%)')
 
     goals = evaluate_goals(by, lat, res)
     print()
