@@ -378,9 +378,11 @@ fn collection_update(
 /// embedding of the collection's dimension (so it cannot be rejected) and a document
 /// replaces them; a DELETE without an embedding never reads them. Anything else (ADD,
 /// which leaves an existing record as it is; a record without embedding or document; a
-/// collection whose dimension is not fixed yet), and every id of a collection with
-/// functions attached (their deltas read the preimage), reads the whole record.
-pub fn ids_to_read(records: &[(i64, LogRecord)], dimension: Option<u32>, with_functions: bool) -> Vec<(String, bool)> {
+/// collection whose dimension is not fixed yet), and every id of a collection with a
+/// function attached that reads the embedding or the document (its deltas and its
+/// preimages carry the stored state: `functions_read_values`), reads the whole record.
+/// Functions that read at most the metadata need no more than a light read.
+pub fn ids_to_read(records: &[(i64, LogRecord)], dimension: Option<u32>, functions_read_values: bool) -> Vec<(String, bool)> {
     let replaces = |r: &LogRecord| match r.operation {
         Operation::Upsert | Operation::Update => {
             r.document.is_some() && matches!((&r.embedding, dimension), (Some(e), Some(d)) if e.len() == d as usize)
@@ -390,7 +392,7 @@ pub fn ids_to_read(records: &[(i64, LogRecord)], dimension: Option<u32>, with_fu
     };
     let mut first: HashMap<&str, bool> = HashMap::new();
     for (_, r) in records.iter().filter(|(_, r)| r.operation.is_data()) {
-        first.entry(r.id.as_str()).or_insert_with(|| with_functions || !replaces(r));
+        first.entry(r.id.as_str()).or_insert_with(|| functions_read_values || !replaces(r));
     }
     let mut ids: Vec<(String, bool)> = first.into_iter().map(|(id, full)| (id.to_string(), full)).collect();
     ids.sort_unstable();
@@ -576,14 +578,14 @@ mod tests {
             fn light_reads_never_change_the_fold(
                 log in proptest::collection::vec((0u8..4, 0u8..5, 0u8..3, any::<bool>(), 0u8..6), 1..12),
                 state in proptest::collection::vec((0u8..5, 0u8..6, any::<bool>(), any::<bool>()), 0..5),
-                with_functions in any::<bool>(),
+                functions_read_values in any::<bool>(),
                 dimension_known in any::<bool>(),
             ) {
                 let records: Vec<(i64, LogRecord)> =
                     log.into_iter().enumerate().map(|(i, (o, id, e, d, m))| (i as i64 + 1, record(o, id, e, d, m))).collect();
                 let whole: HashMap<String, Record> = state.into_iter().map(|(id, m, e, d)| { let r = stored(id, m, e, d); (r.id.clone(), r) }).collect();
                 let dimension = dimension_known.then_some(2u32);
-                let wanted = ids_to_read(&records, dimension, with_functions);
+                let wanted = ids_to_read(&records, dimension, functions_read_values);
                 let light: HashMap<String, Record> = wanted
                     .iter()
                     .filter_map(|(id, full)| {
@@ -597,7 +599,7 @@ mod tests {
                         })
                     })
                     .collect();
-                if with_functions {
+                if functions_read_values {
                     prop_assert!(wanted.iter().all(|(_, full)| *full));
                 }
                 let dim = dimension.map(|d| d as usize);

@@ -278,10 +278,15 @@ impl Worker {
             let markers = functions::markers(records);
             let named: Vec<&str> = markers.iter().map(|(_, b)| b.function_id.as_str()).collect();
             let attached = self.functions.get(&self.shared.sysdb, id, &named).await?.to_vec();
-            let with_functions = !markers.is_empty() || !attached.is_empty();
+            // A function's deltas, and the preimages saved for it, need only the fields it
+            // reads (`Function::reads`); a light read carries existence and metadata.
+            let functions_read_values = attached.iter().any(|a| {
+                let reads = a.f.reads();
+                reads.embedding || reads.document
+            });
             wanted.push((
                 id.clone(),
-                batch::ids_to_read(records, row.as_ref().and_then(|r| r.dimension), with_functions),
+                batch::ids_to_read(records, row.as_ref().and_then(|r| r.dimension), functions_read_values),
             ));
             attached_by.push(attached);
         }
