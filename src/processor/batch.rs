@@ -382,7 +382,11 @@ fn collection_update(
 /// function attached that reads the embedding or the document (its deltas and its
 /// preimages carry the stored state: `functions_read_values`), reads the whole record.
 /// Functions that read at most the metadata need no more than a light read.
-pub fn ids_to_read(records: &[(i64, LogRecord)], dimension: Option<u32>, functions_read_values: bool) -> Vec<(String, bool)> {
+pub fn ids_to_read(
+    records: &[(i64, LogRecord)],
+    dimension: Option<u32>,
+    functions_read_values: bool,
+) -> Vec<(String, bool)> {
     let replaces = |r: &LogRecord| match r.operation {
         Operation::Upsert | Operation::Update => {
             r.document.is_some() && matches!((&r.embedding, dimension), (Some(e), Some(d)) if e.len() == d as usize)
