@@ -50,7 +50,7 @@
 #
 # Usage: scripts/bench-backfill.sh [--records N] [--live-records M] [--partitions P]
 #            [--dim D] [--seed S] [--config FILE | --scan-interval-ms MS]
-#            [--no-statistics] [--backends LIST] [--repeats K] [--phase-timeout SECONDS]
+#            [--no-statistics] [--backends LIST] [--repeats K] [--pin] [--phase-timeout SECONDS]
 #
 #   defaults: 1,000,000 records, M = N/5, 8 partitions, 384 dims, seed 42, 1200 s per
 #   phase; sluice's default config ([backfill] chunk_size 1000, concurrency 2, pause_ms 0)
@@ -60,6 +60,8 @@
 #   --scan-interval-ms MS the override without --config; 0 = sluice's default.
 #   --repeats K           the live runs (a), (r), (b) K times each, interleaved (default 1):
 #                         one run of each differs from the next by more than the 10% goal
+#   --pin                 each replica on CPU 1; the broker, this script and what it starts
+#                         (pollers, CLI, producers) on CPU 0; affinities restored at exit
 #   --backends LIST       sqlite,postgres (default) or one of them; PostgreSQL need not
 #                         run when it is left out (scripts/bench-suite.sh runs sqlite).
 #   Why the override: the processor produces a backfill task *before* the batch that
@@ -84,6 +86,7 @@ SCAN_MS=250
 SCAN_SET=0
 STATISTICS=1
 REPEATS=1
+PIN=0
 PHASE_TIMEOUT=1200
 POLL_S=0.5
 FN_POLL_S=0.2
@@ -109,6 +112,7 @@ while (($#)); do
     --scan-interval-ms) SCAN_MS="${2:?}"; SCAN_SET=1; shift 2 ;;
     --no-statistics) STATISTICS=0; shift ;;
     --repeats) REPEATS="${2:?}"; shift 2 ;;
+    --pin) PIN=1; shift ;;
     --backends) BACKENDS="${2:?}"; shift 2 ;;
     --phase-timeout) PHASE_TIMEOUT="${2:?}"; shift 2 ;;
     -h | --help) usage ;;
@@ -219,10 +223,29 @@ cleanup() {
         done
     done
     rm -rf "$WORK"
+    if [[ -n "${BROKER_MASKS:-}" ]]; then
+        local pm
+        for pm in $BROKER_MASKS; do taskset -a -p "${pm#*=}" "${pm%=*}" >/dev/null 2>&1; done
+    fi
     log "total wall time $(fsub "$(now)" "$SCRIPT_T0") s (exit $rc)"
     exit "$rc"
 }
 trap cleanup EXIT
+REPLICA_PIN=()
+BROKER_MASKS=""
+NCPU="$(nproc)" # before any pinning: nproc counts the CPUs this process may use
+PINNING="nothing pinned: broker, PostgreSQL, the pollers and the replica share all $NCPU CPUs"
+if ((PIN)); then
+    ((NCPU >= 2)) || die "--pin needs 2 CPUs or more"
+    for bp in $(pgrep -f 'kafka\.Kafka '); do
+        BROKER_MASKS+=" $bp=$(taskset -p "$bp" | awk '{ print $NF }')"
+        taskset -a -p -c 0 "$bp" >/dev/null || die "cannot pin the broker (pid $bp) to CPU 0"
+    done
+    [[ -n "$BROKER_MASKS" ]] || die "--pin: no broker process (kafka.Kafka) found"
+    taskset -p -c 0 $$ >/dev/null
+    REPLICA_PIN=(taskset -c 1)
+    PINNING="each replica on CPU 1; the broker JVM, this script and what it starts (pollers, CLI, producers) on CPU 0; PostgreSQL not pinned"
+fi
 trap 'exit 130' INT
 trap 'exit 143' TERM
 
@@ -239,7 +262,7 @@ unset SLUICE_LOG
 COMMIT="$(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
 DIRTY="$(git status --porcelain --untracked-files=no 2>/dev/null | grep -q . && echo true || echo false)"
 CPU_MODEL="$(awk -F': ' '/^model name/ { print $2; exit }' /proc/cpuinfo)"
-log "prefix $PREFIX, $RECORDS records into $BIG, $LIVE live records ($LIVE_SAME into $BIG), $PARTITIONS partitions, dim $DIM, commit $COMMIT, $(nproc) x $CPU_MODEL, config: $CONFIG_DESC"
+log "prefix $PREFIX, $RECORDS records into $BIG, $LIVE live records ($LIVE_SAME into $BIG), $PARTITIONS partitions, dim $DIM, commit $COMMIT, $NCPU x $CPU_MODEL, config: $CONFIG_DESC; $PINNING"
 
 RESULTS="$WORK/results.jsonl" # one JSON object per measurement
 : >"$RESULTS"
@@ -341,7 +364,7 @@ start_replica() {
     REPLICA_PORT="$(free_port)"
     REPLICA_T0="$(now)"
     SLUICE_SYSDB="$url" SLUICE_GROUP="$group" SLUICE_HTTP="127.0.0.1:$REPLICA_PORT" \
-        "$SLUICE" --log-format json process --roles "$roles" 2>"$REPLICA_LOG" &
+        "${REPLICA_PIN[@]}" "$SLUICE" --log-format json process --roles "$roles" 2>"$REPLICA_LOG" &
     REPLICA_PID=$!
     REPLICA_TAG="$tag"
 }
@@ -719,9 +742,9 @@ GOAL_BACKFILL_SQLITE, GOAL_DROP = 300_000, 10.0
 doc = {
     "commit": "$COMMIT", "worktree_dirty": "$DIRTY" == "true",
     "date": "$(date -u +%Y-%m-%dT%H:%M:%SZ)",
-    "machine": {"nproc": $(nproc), "cpu_model": "$CPU_MODEL", "mem_total_kb": $(awk '/^MemTotal:/ { print $2 }' /proc/meminfo),
+    "machine": {"nproc": $NCPU, "cpu_model": "$CPU_MODEL", "mem_total_kb": $(awk '/^MemTotal:/ { print $2 }' /proc/meminfo),
                 "kernel": "$(uname -r)"},
-    "pinning": "nothing pinned: broker, PostgreSQL, the pollers and the replica share all $(nproc) CPUs",
+    "pinning": "$PINNING",
     "workload": {"records": $RECORDS, "collection": "$BIG", "ids_per_collection": $RECORDS, "dim": $DIM, "seed": $SEED,
                  "partitions": $PARTITIONS, "produce_s": $PRODUCE_S,
                  "live_records": $LIVE, "live_into_big": $LIVE_SAME, "live_into_others": $LIVE_OTHER,
@@ -734,7 +757,7 @@ doc = {
     "rows": rows,
     "summary": {},
 }
-print(f'commit {doc["commit"]}{" (dirty worktree)" if doc["worktree_dirty"] else ""}, {doc["machine"]["nproc"]} x {doc["machine"]["cpu_model"]}, nothing pinned')
+print(f'commit {doc["commit"]}{" (dirty worktree)" if doc["worktree_dirty"] else ""}, {doc["machine"]["nproc"]} x {doc["machine"]["cpu_model"]}; {doc["pinning"]}')
 print(f'workload: {$RECORDS} records into $BIG (dim $DIM, $PARTITIONS partitions), live backlog {$LIVE} ({$LIVE_SAME} into $BIG); config: $CONFIG_DESC')
 print(f'goals: backfill >= {GOAL_BACKFILL_SQLITE:,} records/s on SQLite; live throughput drop <= {GOAL_DROP:.0f}%')
 for b in "$BACKENDS".split(","):

@@ -56,12 +56,14 @@
 #             changelog (sluice.peer.tools.LatencyProbe): receive time minus the record's
 #             timestamp (Streams keeps the input record's timestamp; under exactly_once_v2
 #             the change becomes visible when the transaction commits).
-#   backfill  scripts/bench-backfill.sh --backends sqlite --no-statistics on this run's
-#             broker: 300,000 records (--quick: 30,000) into one collection, materialized;
-#             record_counter attached with a replica running (records / (attach ->
-#             finished)); then a live backlog of a fifth of that drained without and with
-#             a backfill running (steady records/s, the drop). Nothing is pinned in this
-#             phase (the script pins nothing). Its rows join this run's JSON and goals.
+#   backfill  scripts/bench-backfill.sh --backends sqlite --no-statistics --repeats 3 --pin
+#             on this run's broker: 300,000 records (--quick: 30,000, one repeat) into one
+#             collection, materialized; record_counter attached with a replica running
+#             (records / (attach -> finished)); then a live backlog of 4/5 of that drained
+#             without a function, with the function ready, and with a backfill running,
+#             three times, interleaved (the drop on the same records: the median). With
+#             2 CPUs or more each replica runs on CPU 1 and the broker and the script on
+#             CPU 0. Its rows join this run's JSON and goals.
 #   recovery  Sluice (SQLite) caught up under the paced load at 50%, kill -9, restart at
 #             once: restart -> first "batch committed" log line (or, without it, the
 #             sysdb position moving, polled every 50 ms), with the default
@@ -196,7 +198,7 @@ NCPU="$(nproc)"
 ALL_CPUS="0-$((NCPU - 1))"
 if ((NCPU >= 2)); then
     SERVICE_CPU=0 CONTENDER_CPU=1
-    PINNING="broker JVM, PostgreSQL server (postmaster and children) and the suite's own processes (pollers, paced producer, latency probe) on CPU 0; each contender under taskset -c 1 while measured; producing, seeding and checksums unpinned"
+    PINNING="broker JVM, PostgreSQL server (postmaster and children) and the suite's own processes (pollers, paced producer, latency probe) on CPU 0; each contender under taskset -c 1 while measured (the backfill phase: bench-backfill.sh --pin); producing, seeding and checksums unpinned"
 else
     SERVICE_CPU="" CONTENDER_CPU=""
     PINNING="nothing pinned (1 CPU)"
@@ -854,9 +856,13 @@ backfill_phase() { # the backfill benchmark on this run's broker; its rows join 
     $QUICK && n=30000
     # a live backlog of 4/5 of n: its drain lasts a few seconds, so the backfill runs
     # through a measurable part of it
-    # three repeats of the live runs: one differs from the next by more than the 10% goal
+    # three repeats of the live runs: one differs from the next by more than the 10% goal;
+    # the replica on its own core, as in the other phases (unpinned, the spread between
+    # repeats was two to three times wider)
+    local pin=()
+    [[ -z "$CONTENDER_CPU" ]] || pin=(--pin)
     timeout "$PHASE_TIMEOUT" "$REPO/scripts/bench-backfill.sh" --records "$n" --live-records "$((n * 4 / 5))" --backends sqlite --no-statistics \
-        --repeats "$BACKFILL_REPEATS" >"$out" 2>&1 || { tail -30 "$out" >&2; die "backfill phase failed (log: $out)"; }
+        --repeats "$BACKFILL_REPEATS" "${pin[@]}" >"$out" 2>&1 || { tail -30 "$out" >&2; die "backfill phase failed (log: $out)"; }
     json="$(sed -n 's/^JSON: //p' "$out" | tail -1)"
     [[ -s "$json" ]] || die "backfill phase: no JSON named in $out"
     # The goal's drop: the live records applied while the worker ran, against the time
@@ -865,8 +871,9 @@ backfill_phase() { # the backfill benchmark on this run's broker; its rows join 
     drop="$(jq '.summary.sqlite.live_drop_pct_same_records // null' "$json")"
     extra="$(jq -c '.summary.sqlite | {repeats, live_drop_pct_same_records_runs, function_ready_cost_pct,
         function_ready_cost_pct_runs, live_drop_vs_ready_pct, live_drop_vs_ready_pct_runs} | with_entries(select(.value != null))' "$json")"
-    jq -c --argjson drop "$drop" --argjson extra "$extra" '.rows[] | select(.kind == "live" or .kind == "live_ready" or (.kind == "backfill" and .function == "record_counter")) | del(.samples)
-        | if .kind == "backfill" and $drop != null then . + {live_drop_pct: $drop} + $extra else . end' \
+    jq -c --argjson drop "$drop" --argjson extra "$extra" '.pinning as $pin | .rows[] | select(.kind == "live" or .kind == "live_ready" or (.kind == "backfill" and .function == "record_counter")) | del(.samples)
+        | if .kind == "backfill" and $drop != null then . + {live_drop_pct: $drop} + $extra else . end
+        | if .kind == "backfill" then . + {pinning: $pin} else . end' \
         "$json" >>"$RESULTS"
     sed -n '/^== sqlite ==/,/^JSON:/p' "$out" >&2
 }

@@ -334,7 +334,7 @@ def main():
     live = {r.get("with_backfill"): r for r in res if r["kind"] == "live"}
     if bf or live:
         print()
-        print("Backfill (scripts/bench-backfill.sh, nothing pinned)")
+        print(f'Backfill (scripts/bench-backfill.sh; {next((r["pinning"] for r in bf if r.get("pinning")), "nothing pinned")})')
         for r in bf:
             total, secs, worker = r.get("backfill_total"), r.get("seconds"), r.get("worker_records_per_s")
             print(f'  {r.get("function")} on {BACKEND.get(r.get("backend"), r.get("backend"))}: '
