@@ -233,7 +233,7 @@ cleanup() {
 trap cleanup EXIT
 REPLICA_PIN=()
 BROKER_MASKS=""
-NCPU="$(nproc)" # before any pinning: nproc counts the CPUs this process may use
+NCPU="$(nproc --all)" # the machine's CPUs, whatever this process's own affinity
 PINNING="nothing pinned: broker, PostgreSQL, the pollers and the replica share all $NCPU CPUs"
 if ((PIN)); then
     ((NCPU >= 2)) || die "--pin needs 2 CPUs or more"

@@ -861,7 +861,8 @@ backfill_phase() { # the backfill benchmark on this run's broker; its rows join 
     # repeats was two to three times wider)
     local pin=()
     [[ -z "$CONTENDER_CPU" ]] || pin=(--pin)
-    timeout "$PHASE_TIMEOUT" "$REPO/scripts/bench-backfill.sh" --records "$n" --live-records "$((n * 4 / 5))" --backends sqlite --no-statistics \
+    # (started on every CPU: it pins its own processes)
+    "${UNPINNED[@]}" timeout "$PHASE_TIMEOUT" "$REPO/scripts/bench-backfill.sh" --records "$n" --live-records "$((n * 4 / 5))" --backends sqlite --no-statistics \
         --repeats "$BACKFILL_REPEATS" "${pin[@]}" >"$out" 2>&1 || { tail -30 "$out" >&2; die "backfill phase failed (log: $out)"; }
     json="$(sed -n 's/^JSON: //p' "$out" | tail -1)"
     [[ -s "$json" ]] || die "backfill phase: no JSON named in $out"
