@@ -114,6 +114,12 @@ impl Reads {
     /// Only the id, the offset and the record's existence.
     pub const NOTHING: Reads = Reads { embedding: false, metadata: false, document: false };
 
+    /// Whether the embedding or the document is read: the fields kept in the value log,
+    /// outside a record's light read (existence and metadata).
+    pub fn values(self) -> bool {
+        self.embedding || self.document
+    }
+
     /// `record` as a backfill with these reads sees it: the fields left out are empty.
     pub fn project(self, record: &Record) -> Record {
         Record {

@@ -185,7 +185,7 @@ proptest! {
                 f.deltas(&ChangeRef { id: &c.id, before: c.before.as_ref(), after: c.after.as_ref(), offset: c.offset }, &mut full);
                 f.deltas(&ChangeRef { id: &c.id, before: before.as_ref(), after: after.as_ref(), offset: c.offset }, &mut projected);
                 prop_assert_eq!(&full, &projected, "{} of change {:?}", name, c);
-                if !reads.embedding && !reads.document {
+                if !reads.values() {
                     let light = Reads { metadata: true, ..Reads::NOTHING };
                     let before = c.before.as_ref().map(|r| light.project(r));
                     let mut lighter = Vec::new();

@@ -280,10 +280,7 @@ impl Worker {
             let attached = self.functions.get(&self.shared.sysdb, id, &named).await?.to_vec();
             // A function's deltas, and the preimages saved for it, need only the fields it
             // reads (`Function::reads`); a light read carries existence and metadata.
-            let functions_read_values = attached.iter().any(|a| {
-                let reads = a.f.reads();
-                reads.embedding || reads.document
-            });
+            let functions_read_values = attached.iter().any(|a| a.f.reads().values());
             wanted.push((
                 id.clone(),
                 batch::ids_to_read(records, row.as_ref().and_then(|r| r.dimension), functions_read_values),

@@ -294,7 +294,7 @@ fn apply_plan(tx: &Connection, function_id: &str, output: &str, partition: i32, 
 fn chunk_sql(after_cursor: bool, reads: Reads) -> String {
     let nulls = ["NULL"; 3];
     let (r_after, p_after) = if after_cursor { (" AND r.id > ?5", " AND p.record_id > ?5") } else { ("", "") };
-    let records = if reads.embedding || reads.document { RECORDS_WITH_VALUES } else { "records r" };
+    let records = if reads.values() { RECORDS_WITH_VALUES } else { "records r" };
     format!(
         "SELECT r.id, {r}, r.last_offset FROM {records}
      WHERE r.collection_id = ?1 AND r.last_offset < ?2{r_after}
