@@ -826,11 +826,12 @@ for b in "$BACKENDS".split(","):
             k = lb["repeat"]
             la = next((x for x in las if x["repeat"] == k), None)
             lr = lrs.get(k)
-            same = {}
+            same, drop_of = {}, {}
             if "while_backfilling_sysdb" in lb:
                 lo, hi = lb["while_backfilling_sysdb"]
                 same = {"a": rate_over(la, lo, hi), "r": rate_over(lr, lo, hi), "b": lb["live_records_per_s_while_backfilling"]}
                 d, dr, c = pct(same["b"], same["a"]), pct(same["b"], same["r"]), pct(same["r"], same["a"])
+                drop_of = {"b": d, "r": c}
                 if d is not None:
                     drops.append(d)
                 if dr is not None:
@@ -848,7 +849,7 @@ for b in "$BACKENDS".split(","):
                 v = same.get(key)
                 table.append([f"{name} #{k}", f'{r["records"]:,}', f'{r["seconds"]:.2f}', f'{r["records_per_s"]:,}', f'{r.get("assign_s", 0):.2f}',
                               f'{r.get("steady_records_per_s", 0):,}', f"{round(v):,}" if v else "",
-                              "" if key == "a" else (f"{pct(v, same.get('a'))}" if v and same.get("a") else "")])
+                              "" if drop_of.get(key) is None else f"{drop_of[key]}"])
         w = [max(len(row[i]) for row in table) for i in range(len(hdr))]
         for i, row in enumerate(table):
             print("  ".join(c.ljust(w[j]) if j == 0 else c.rjust(w[j]) for j, c in enumerate(row)))

@@ -857,8 +857,8 @@ backfill_phase() { # the backfill benchmark on this run's broker; its rows join 
     # a live backlog of 4/5 of n: its drain lasts a few seconds, so the backfill runs
     # through a measurable part of it
     # three repeats of the live runs: one differs from the next by more than the 10% goal;
-    # the replica on its own core, as in the other phases (unpinned, the spread between
-    # repeats was two to three times wider)
+    # the replica on its own core, as the other phases pin their contender (measured:
+    # pinning does not narrow the spread between repeats on its own)
     local pin=()
     [[ -z "$CONTENDER_CPU" ]] || pin=(--pin)
     # (started on every CPU: it pins its own processes)

@@ -168,6 +168,11 @@ def evaluate_goals(by, lat, res):
     return goals
 
 
+def percents(xs):
+    """Per-repeat percentages as "3.0%, 12.5%"."""
+    return ", ".join(f"{x}%" for x in xs)
+
+
 def backfill_rows(res):
     """The backfill results: each "backfill" row (records_per_s; backend or contender; function)
     with the live throughput drop during it: the row's own live_drop_pct, or else computed from
@@ -183,7 +188,7 @@ def backfill_rows(res):
             note = "the live records applied while the worker ran, against the same records' time without a backfill"
             if r.get("live_drop_pct_same_records_runs"):
                 runs = r["live_drop_pct_same_records_runs"]
-                note += f'; median of {len(runs)} repeats ({", ".join(f"{x}%" for x in runs)})'
+                note += f'; median of {len(runs)} repeats ({percents(runs)})'
         else:
             live = [x for x in res if x.get("kind") == "live" and (x.get("backend") or x.get("contender") or "sqlite") == backend]
             la = next((x for x in live if not x.get("with_backfill")), None)
@@ -351,11 +356,11 @@ def main():
         for r in bf:
             runs = r.get("live_drop_pct_same_records_runs")
             if runs:
-                print(f'  live drop on the same records, per repeat: {", ".join(f"{x}%" for x in runs)} (median {r.get("live_drop_pct")}%)')
+                print(f'  live drop on the same records, per repeat: {percents(runs)} (median {r.get("live_drop_pct")}%)')
             if r.get("function_ready_cost_pct_runs"):
-                print(f'  of it, the cost of the ready function itself: {", ".join(f"{x}%" for x in r["function_ready_cost_pct_runs"])}'
+                print(f'  of it, the cost of the ready function itself: {percents(r["function_ready_cost_pct_runs"])}'
                       f' (median {r.get("function_ready_cost_pct")}%); the backfill beside it:'
-                      f' {", ".join(f"{x}%" for x in r.get("live_drop_vs_ready_pct_runs") or [])} (median {r.get("live_drop_vs_ready_pct")}%)')
+                      f' {percents(r.get("live_drop_vs_ready_pct_runs") or [])} (median {r.get("live_drop_vs_ready_pct")}%)')
 
     goals = evaluate_goals(by, lat, res)
     print()
