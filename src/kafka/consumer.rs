@@ -35,6 +35,7 @@ use std::sync::{mpsc as std_mpsc, Arc, Mutex, OnceLock, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use bytes::Bytes;
 use rdkafka::config::RDKafkaLogLevel;
 use rdkafka::consumer::base_consumer::PartitionQueue;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, RebalanceProtocol};
@@ -868,33 +869,23 @@ fn poll_loop(
 
 /// Take up to one chunk of messages from `next` (a queue polled without waiting) and queue
 /// it for the processor. Returns whether the chunk filled up, i.e. more may be waiting.
+///
+/// The chunk's messages stay borrowed from librdkafka until all are taken; then their keys
+/// and payloads are copied into one buffer (one allocation per chunk, not two per
+/// message) that every [`Msg`] of the chunk slices, and the shared state is locked once.
 fn take_chunk<'q>(
     consumer: &BaseConsumer<Ctx>,
     mut next: impl FnMut() -> Option<KafkaResult<BorrowedMessage<'q>>>,
 ) -> bool {
     let ctx = consumer.context();
-    let mut chunk: Vec<Msg> = Vec::new();
+    let mut taken: Vec<BorrowedMessage<'q>> = Vec::new();
     let mut chunk_bytes = 0;
-    while !chunk_is_full(chunk.len(), chunk_bytes) {
+    while !chunk_is_full(taken.len(), chunk_bytes) {
         match next() {
             None => break,
             Some(Ok(m)) => {
-                let generation = {
-                    let mut st = ctx.state();
-                    st.handed.insert(m.partition(), m.offset() + 1);
-                    st.generations.get(&m.partition()).copied()
-                };
-                if let Some(generation) = generation {
-                    chunk_bytes += m.payload_len() + m.key().map_or(0, <[u8]>::len);
-                    chunk.push(Msg {
-                        partition: m.partition(),
-                        offset: m.offset(),
-                        generation,
-                        key: m.key().map(<[u8]>::to_vec),
-                        payload: m.payload().map(<[u8]>::to_vec),
-                        timestamp_ms: m.timestamp().to_millis(),
-                    });
-                }
+                chunk_bytes += m.payload_len() + m.key().map_or(0, <[u8]>::len);
+                taken.push(m);
             }
             Some(Err(RdError::MessageConsumption(RDKafkaErrorCode::AutoOffsetReset)))
             | Some(Err(RdError::MessageConsumption(RDKafkaErrorCode::OffsetOutOfRange))) => {
@@ -912,7 +903,43 @@ fn take_chunk<'q>(
             }
         }
     }
-    let full = chunk_is_full(chunk.len(), chunk_bytes);
+    let full = chunk_is_full(taken.len(), chunk_bytes);
+    if taken.is_empty() {
+        return full;
+    }
+    let mut buf = Vec::with_capacity(chunk_bytes);
+    for m in &taken {
+        buf.extend_from_slice(m.key().unwrap_or_default());
+        buf.extend_from_slice(m.payload().unwrap_or_default());
+    }
+    let buf = Bytes::from(buf);
+    let mut at = 0;
+    let mut slice = |part: Option<&[u8]>| {
+        part.map(|p| {
+            at += p.len();
+            buf.slice(at - p.len()..at)
+        })
+    };
+    let mut chunk: Vec<Msg> = Vec::with_capacity(taken.len());
+    {
+        let mut st = ctx.state();
+        for m in &taken {
+            st.handed.insert(m.partition(), m.offset() + 1);
+            let (key, payload) = (slice(m.key()), slice(m.payload()));
+            if let Some(generation) = st.generations.get(&m.partition()).copied() {
+                chunk.push(Msg {
+                    partition: m.partition(),
+                    offset: m.offset(),
+                    generation,
+                    key,
+                    payload,
+                    timestamp_ms: m.timestamp().to_millis(),
+                });
+            }
+        }
+    }
+    // The borrowed messages go back to librdkafka before the chunk is queued.
+    drop(taken);
     if !chunk.is_empty() {
         push(ctx, Event::Messages(chunk));
     }

@@ -11,10 +11,12 @@ pub mod tasks;
 
 use std::collections::BTreeMap;
 
+use bytes::Bytes;
 use rdkafka::config::ClientConfig;
 use thiserror::Error;
 
-/// One consumed log message, owned.
+/// One consumed log message. Its key and payload are slices of one buffer per chunk of
+/// messages (the consumer copies a chunk out of librdkafka with one allocation).
 #[derive(Debug, Clone)]
 pub struct Msg {
     pub partition: i32,
@@ -22,8 +24,8 @@ pub struct Msg {
     /// Assignment generation of the partition when the message was fetched; the processor
     /// drops messages of an older generation (after a revoke, a re-assign or a seek).
     pub generation: u64,
-    pub key: Option<Vec<u8>>,
-    pub payload: Option<Vec<u8>>,
+    pub key: Option<Bytes>,
+    pub payload: Option<Bytes>,
     /// Producer (create) timestamp in ms, if any.
     pub timestamp_ms: Option<i64>,
 }

@@ -120,7 +120,7 @@ fn decode_one(
     };
     validate(&rec, limits).map_err(|e| bad(e.kind(), e.to_string()))?;
     if let Some(key) = &m.key {
-        if key.as_slice() != rec.collection_id.as_bytes() {
+        if key[..] != *rec.collection_id.as_bytes() {
             return Err(bad(
                 kinds::KEY_MISMATCH,
                 format!(
@@ -423,8 +423,8 @@ mod tests {
             partition: 0,
             offset,
             generation: 1,
-            key: key.map(|k| k.as_bytes().to_vec()),
-            payload: Some(payload),
+            key: key.map(|k| bytes::Bytes::copy_from_slice(k.as_bytes())),
+            payload: Some(payload.into()),
             timestamp_ms: None,
         }
     }

@@ -314,7 +314,7 @@ impl Worker {
         if m.offset < expected {
             return; // already applied or buffered (a re-fetch after a seek)
         }
-        self.buf_bytes += m.payload.as_ref().map_or(0, Vec::len);
+        self.buf_bytes += m.payload.as_ref().map_or(0, |p| p.len());
         if self.first_at.is_none() {
             self.first_at = Some(Instant::now());
             let batch = batch_span(&self.shared.topic, self.partition);
