@@ -42,7 +42,8 @@
 #      samples; the rate changes along a drain, so a whole-run average would compare
 #      unlike stretches), and the same against (r): what the backfill costs beyond the
 #      function's own live cost; then it waits for `ready`. Over repeats, the drops are
-#      reported per repeat and as their median (the summary's figures);
+#      reported per repeat and as their median (the summary's figures), with a
+#      distribution-free 95% interval of the median from 6 repeats on;
 #   6. prints a table per backend with the goals (backfill >= 300k records/s on SQLite, the
 #      worker's own rate: attach -> finished adds ~0.5 s of CLI start and marker trip;
 #      live throughput drop <= 10%) and writes JSON to target/bench/backfill-<date>.json
@@ -736,7 +737,7 @@ done
 OUT_JSON="$OUT_DIR/backfill-$RUN_DATE.json"
 SCRIPT_S="$(fsub "$(now)" "$SCRIPT_T0")"
 python3 - "$RESULTS" "$OUT_JSON" <<EOF
-import json, statistics, sys
+import json, math, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
 GOAL_BACKFILL_SQLITE, GOAL_DROP = 300_000, 10.0
 doc = {
@@ -818,6 +819,17 @@ for b in "$BACKENDS".split(","):
             return (hi - lo) / (tb - ta) if ta is not None and tb is not None and tb > ta else None
         pct = lambda x, y: round(100 * (1 - x / y), 1) if x and y else None
         med = lambda xs: round(statistics.median(xs), 1) if xs else None
+
+        def median_ci(xs, level=0.95):
+            # Distribution-free interval for the median: the order statistics x(k) and
+            # x(n+1-k) for the largest k whose coverage, 1 - 2 P(Binomial(n, 1/2) < k), is at
+            # least `level`. None below 6 values (no such k): then the median resolves nothing.
+            ys, n, out = sorted(xs), len(xs), None
+            for k in range(1, n // 2 + 1):
+                if 1 - 2 * sum(math.comb(n, i) for i in range(k)) / 2 ** n < level:
+                    break
+                out = [ys[k - 1], ys[n - k]]
+            return out
         print()
         hdr = ["live backlog", "records", "seconds", "records/s", "assign s", "steady rec/s", "same records rec/s", "drop %"]
         table = [hdr]
@@ -867,9 +879,12 @@ for b in "$BACKENDS".split(","):
         for r in las + sorted(lrs.values(), key=lambda r: r["repeat"]) + lbs:
             print(f'({r["mode"]}) #{r["repeat"]}: partition {r["big_partition"]} ($BIG + live) caught up at {r["big_partition_caught_up_at_s"]} s, the other partitions by {r["other_partitions_caught_up_at_s"]} s (first poll that saw each)')
         if drops:
-            d = med(drops)
-            print(f'drop on the same records, median of {len(drops)}: {d}% (runs: {", ".join(str(x) for x in drops)}; goal <= {GOAL_DROP:.0f}%: {"met" if d <= GOAL_DROP else "NOT met"})')
+            d, ci = med(drops), median_ci(drops)
+            print(f'drop on the same records, median of {len(drops)}: {d}% '
+                  + (f'(95% interval of the median {ci[0]}..{ci[1]}%) ' if ci else "(too few repeats for a 95% interval of the median) ")
+                  + f'(runs: {", ".join(str(x) for x in drops)}; goal <= {GOAL_DROP:.0f}%: {"met" if d <= GOAL_DROP else "NOT met"})')
             s["live_drop_pct_same_records"] = d
+            s["live_drop_pct_same_records_ci95"] = ci
             s["live_drop_pct_same_records_runs"] = drops
             s["live_drop_same_records_goal_met"] = d <= GOAL_DROP
         if costs:

@@ -189,6 +189,9 @@ def backfill_rows(res):
             if r.get("live_drop_pct_same_records_runs"):
                 runs = r["live_drop_pct_same_records_runs"]
                 note += f'; median of {len(runs)} repeats ({percents(runs)})'
+                if r.get("live_drop_pct_same_records_ci95"):
+                    lo, hi = r["live_drop_pct_same_records_ci95"]
+                    note += f'; 95% interval of the median {lo}..{hi}%'
         else:
             live = [x for x in res if x.get("kind") == "live" and (x.get("backend") or x.get("contender") or "sqlite") == backend]
             la = next((x for x in live if not x.get("with_backfill")), None)
@@ -356,7 +359,9 @@ def main():
         for r in bf:
             runs = r.get("live_drop_pct_same_records_runs")
             if runs:
-                print(f'  live drop on the same records, per repeat: {percents(runs)} (median {r.get("live_drop_pct")}%)')
+                ci = r.get("live_drop_pct_same_records_ci95")
+                print(f'  live drop on the same records, per repeat: {percents(runs)} (median {r.get("live_drop_pct")}%'
+                      + (f', 95% interval {ci[0]}..{ci[1]}%)' if ci else ")"))
             if r.get("function_ready_cost_pct_runs"):
                 print(f'  of it, the cost of the ready function itself: {percents(r["function_ready_cost_pct_runs"])}'
                       f' (median {r.get("function_ready_cost_pct")}%); the backfill beside it:'

@@ -268,6 +268,16 @@ class ReportPartial(unittest.TestCase):
             self.assertIn("median of 3 repeats (3.0%, 12.5%, 30.1%)", g["note"])
             self.assertIn("per repeat: 3.0%, 12.5%, 30.1% (median 12.5%)", out)
             self.assertIn("itself: 5.0%, 6.0%, 9.0% (median 6.0%)", out)
+            self.assertNotIn("interval", g["note"])
+        # With enough repeats, bench-backfill.sh adds the median's 95% interval.
+        for r in res:
+            if r["kind"] == "backfill":
+                r["live_drop_pct_same_records_ci95"] = [-4.5, 5.9]
+        with tempfile.TemporaryDirectory() as tmp:
+            doc, out, _ = run_report(tmp, res)
+            g = {g["id"]: g for g in doc["goals"]}["backfill-sqlite-record_counter-live-drop"]
+            self.assertIn("95% interval of the median -4.5..5.9%", g["note"])
+            self.assertIn("(median 12.5%, 95% interval -4.5..5.9%)", out)
 
     def test_backfill_rate_is_the_workers_when_measured(self):
         res = results()
