@@ -200,9 +200,10 @@ pub struct ProcessorConfig {
     /// Memory: what is in flight is bounded in bytes. Per partition: the batch being
     /// committed (its payload and its decoded records, about twice this value), about 10
     /// chunks waiting for its worker (8 in its inbox, 2 more before the consumer stops
-    /// reading the partition; a chunk is at most 512 messages and 1 MiB), and librdkafka's
-    /// queue of the partition (`queued.max.messages.kbytes`, 4 MiB unless set under
-    /// `[librdkafka]`, overshot by at most one fetch of it). Per process: up to 32 chunks
+    /// reading the partition; a chunk is at most 512 messages and 1 MiB, in one buffer
+    /// freed with the last of its messages), and librdkafka's queue of the partition
+    /// (`queued.max.messages.kbytes`, 4 MiB unless set under `[librdkafka]`, overshot by
+    /// at most one fetch of it). Per process: up to 32 chunks
     /// on their way to the partitions' workers, fetch buffers, and on SQLite the page
     /// caches (82 MiB). With P partitions that is about
     /// P x (2 x `batch_max_bytes` + 16 MiB) + 150 MiB, before the allocator's own
