@@ -590,12 +590,16 @@ sysdb_digest() {
     case "$url" in
     sqlite://*)
         # SQLite: whole records are the current ones (a key's newest row in the records
-        # delta, else `records`; src/sysdb/sqlite/values.rs) joined with their values.
+        # delta, else `records`; src/sysdb/sqlite/values.rs) joined with their values. The
+        # rows of `records` without a delta row are an anti-join (SQLite builds an automatic
+        # index): a row-value NOT IN (subquery) scanned the delta once per row, 338 s on
+        # W5's 10M rows against 35 s with an empty delta.
         local whole="(WITH d AS (SELECT collection_id, id, metadata, last_offset, value,
                           row_number() OVER (PARTITION BY collection_id, id ORDER BY seq DESC) AS newest FROM record_delta),
                       cur AS (SELECT collection_id, id, metadata, last_offset, value FROM d WHERE newest = 1 AND last_offset IS NOT NULL
-                          UNION ALL SELECT collection_id, id, metadata, last_offset, value FROM records
-                          WHERE (collection_id, id) NOT IN (SELECT collection_id, id FROM record_delta))
+                          UNION ALL SELECT r.collection_id, r.id, r.metadata, r.last_offset, r.value FROM records r
+                          LEFT JOIN d k ON k.newest = 1 AND k.collection_id = r.collection_id AND k.id = r.id
+                          WHERE k.id IS NULL)
                       SELECT r.collection_id, r.id, v.embedding, r.metadata, v.document, r.last_offset
                       FROM cur r LEFT JOIN record_values v ON v.seq = r.value)"
         agg="${agg/FROM records/FROM $whole}" touched="${touched/FROM records/FROM $whole}"
