@@ -56,12 +56,13 @@
 #             changelog (sluice.peer.tools.LatencyProbe): receive time minus the record's
 #             timestamp (Streams keeps the input record's timestamp; under exactly_once_v2
 #             the change becomes visible when the transaction commits).
-#   backfill  scripts/bench-backfill.sh --backends sqlite --no-statistics --repeats 3 --pin
+#   backfill  scripts/bench-backfill.sh --backends sqlite --no-statistics --repeats 15 --pin
 #             on this run's broker: 300,000 records (--quick: 30,000, one repeat) into one
 #             collection, materialized; record_counter attached with a replica running
 #             (records / (attach -> finished)); then a live backlog of 4/5 of that drained
 #             without a function, with the function ready, and with a backfill running,
-#             three times, interleaved (the drop on the same records: the median). With
+#             15 times, interleaved (the drop on the same records: the median, with its
+#             95% interval). With
 #             2 CPUs or more each replica runs on CPU 1 and the broker and the script on
 #             CPU 0. Its rows join this run's JSON and goals.
 #   recovery  Sluice (SQLite) caught up under the paced load at 50%, kill -9, restart at
