@@ -34,7 +34,7 @@
 #                   `sluice checksum` (a minute per sysdb at 10M rows)
 #             (W3-W5 at 500k records and W2 at 125k keep the whole run near 25 minutes;
 #             the W4/W5 goals compare steady records/s, independent of the run length)
-#   latency   after W1: Sluice (SQLite) and the peer each run caught up on a fresh topic
+#   latency   after W1: Sluice (SQLite, then PostgreSQL) and the peer each run caught up on a fresh topic
 #             while a paced producer (sluice.peer.tools.Replay, CPU 0, linger 5 ms: the
 #             clients' default) copies W1's records into it at 50% of that contender's
 #             W1 steady records/s (first record -> caught up) for 3 + 20 s;
@@ -47,7 +47,7 @@
 #             records in that second, and 42-48k in the next). Sluice then runs a
 #             second time on a topic stamped with LogAppendTime: broker append ->
 #             materialized, its own share without the producer's and the broker's
-#             delays (printed beside the goals, which stay on CreateTime). Sluice: per record,
+#             delays (printed beside the goals, which stay on CreateTime; SQLite only). Sluice: per record,
 #             the JSON-log time of the "batch committed" line of the batch holding its
 #             offset (debug, logged right after the sysdb commit) minus the record's
 #             CreateTime (kcat %T); the
@@ -687,6 +687,7 @@ run_workload() {
 
     phase "$w: sluice (PostgreSQL)"
     drain_sluice "$w" postgres "$pg_url" "$prefix" "$total"
+    WL_RATE[${w}_postgres]="$LAST_RATE"
 
     if in_list "$w" "$PEER_WORKLOADS"; then
         phase "$w: Kafka Streams peer"
@@ -768,18 +769,21 @@ paced() {
                  w, b / w, r / w, (b + r) / w, c / w }')"
 }
 
-# latency_sluice RATE [append]: with "append", the topic stamps its records with
-# LogAppendTime, so the figures run from the broker's append to the commit: Sluice's own
-# share, without the paced producer's delays (result kind "latency_log_append").
+# latency_sluice RATE [append|create] [sqlite|postgres]: with "append", the topic stamps
+# its records with LogAppendTime, so the figures run from the broker's append to the
+# commit: Sluice's own share, without the paced producer's delays (result kind
+# "latency_log_append"). The sysdb is SQLite unless "postgres" is given.
 latency_sluice() {
-    local rate="$1" mode="${2:-create}" name=lat-sluice kind=latency method=""
+    local rate="$1" mode="${2:-create}" backend="${3:-sqlite}" name=lat-sluice kind=latency method=""
     if [[ "$mode" == append ]]; then
         name=lat-sluice-append kind=latency_log_append
         # kcat's %T is then the broker's append time, not the producer's CreateTime
         method="per record: 'batch committed' log time of its batch - LogAppendTime (the broker's append)"
     fi
+    [[ "$backend" == postgres ]] && name="$name-pg"
     local prefix="$BASE-$name"
-    local url="sqlite://$WORK/$name.db" group="$prefix-sqlite" logf="$WORK/$name.log" port
+    local url="sqlite://$WORK/$name.db" group="$prefix-$backend" logf="$WORK/$name.log" port
+    [[ "$backend" == postgres ]] && url="$(pg_create "suite_${RID}_${name//-/_}")"
     port="$(free_port)"
     env $(sluice_env "$prefix" "$url" "$group") timeout 300 "$SLUICE" init --partitions "$PARTITIONS" >/dev/null 2>&1 || die "init (latency) failed"
     if [[ "$mode" == append ]]; then
@@ -792,7 +796,7 @@ latency_sluice() {
     local pid=$!
     BG_PIDS+=("$pid")
     wait_log "$logf" '"partition starts"' "$PARTITIONS" 60 "$pid" || { tail -20 "$logf" >&2; die "latency: sluice did not start"; }
-    log "latency: sluice running; paced producer at $rate records/s for $LAT_WARMUP_S + $LAT_SECONDS s"
+    log "latency: sluice ($backend) running; paced producer at $rate records/s for $LAT_WARMUP_S + $LAT_SECONDS s"
     paced "$prefix.log" "$rate" "$((LAT_WARMUP_S + LAT_SECONDS))" "$pid" "$name"
     local sent="$SENT" load="$LOAD"
     local deadline=$(($(date +%s) + 120))
@@ -810,9 +814,10 @@ latency_sluice() {
     python3 "$REPO/scripts/bench/latency.py" --log "$logf" --timestamps "$WORK/$name.ts" --topic "$prefix.log" \
         --metrics "$WORK/$name.metrics" --warmup-ms "$((LAT_WARMUP_S * 1000))" >"$WORK/$name.json" ||
         log "WARNING: latency: no per-record latencies from the log (no 'batch committed' debug lines?); the histogram's are used"
-    log "latency ($mode time): sluice $(jq -c . "$WORK/$name.json")"
+    log "latency ($mode time): sluice ($backend) $(jq -c . "$WORK/$name.json")"
     result "$(jq -c --arg r "$rate" --argjson sent "$sent" --argjson s "$LAT_SECONDS" --argjson w "$LAT_WARMUP_S" --arg cpu "$cpu" --argjson load "$load" --arg kind "$kind" --arg m "$method" \
-        '{kind: $kind, contender: "sluice-sqlite", rate: ($r|tonumber), records: $sent, seconds: $s, warmup_s: $w, cpu_s: ($cpu|tonumber),
+        --arg c "sluice-$backend" \
+        '{kind: $kind, contender: $c, rate: ($r|tonumber), records: $sent, seconds: $s, warmup_s: $w, cpu_s: ($cpu|tonumber),
           load: $load} + . + (if $m == "" then {} else {method: $m} end)' "$WORK/$name.json")"
     bench_delete_topics "$prefix\\..*"
 }
@@ -963,6 +968,8 @@ for w in W1 W2 W3 W4 W5; do
             latency_sluice "$((WL_RATE[W1_sqlite] / 2))"
             phase "latency at 50% load: sluice (SQLite), from the broker's append"
             latency_sluice "$((WL_RATE[W1_sqlite] / 2))" append
+            phase "latency at 50% load: sluice (PostgreSQL)"
+            latency_sluice "$((WL_RATE[W1_postgres] / 2))" create postgres
             if in_list W1 "$PEER_WORKLOADS"; then
                 phase "latency at 50% load: peer"
                 latency_peer "$((WL_RATE[W1_peer] / 2))"
