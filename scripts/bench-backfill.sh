@@ -318,6 +318,16 @@ EOF
     fi
 }
 
+# drop_copy BACKEND NAME: remove a copy once its run is over (no replica may be running):
+# with many repeats the copies of a large sysdb would otherwise fill the disk
+drop_copy() {
+    if [[ "$1" == sqlite ]]; then
+        rm -f "$WORK/$2.sqlite" "$WORK/$2.sqlite-wal" "$WORK/$2.sqlite-shm"
+    else
+        timeout 120 psql -q -X "$PG_ADMIN_URL" -c "DROP DATABASE IF EXISTS \"bench_${RID}_$2\" WITH (FORCE)" >/dev/null 2>&1 || true
+    fi
+}
+
 # offsets_json URL GROUP
 offsets_json() { sl "$1" "$2" offsets show --format json; }
 # caught_up OFFSETS_JSON -> 0 when every partition has lag 0 and sysdb == high watermark
@@ -728,8 +738,13 @@ EOF
 for backend in "${BACKEND_LIST[@]}"; do
     for i in $(seq 1 "$REPEATS"); do
         run_live "$backend" a "$i" "${URL_A[$backend $i]}"
-        [[ -z "${URL_R[$backend $i]:-}" ]] || run_live "$backend" r "$i" "${URL_R[$backend $i]}"
+        drop_copy "$backend" "live-a$i"
+        if [[ -n "${URL_R[$backend $i]:-}" ]]; then
+            run_live "$backend" r "$i" "${URL_R[$backend $i]}"
+            drop_copy "$backend" "live-r$i"
+        fi
         run_live "$backend" b "$i" "${URL_B[$backend $i]}" "${FN_B[$backend $i]}"
+        drop_copy "$backend" "live-b$i"
     done
 done
 
