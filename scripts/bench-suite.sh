@@ -34,37 +34,35 @@
 #                   `sluice checksum` (a minute per sysdb at 10M rows)
 #             (W3-W5 at 500k records and W2 at 125k keep the whole run near 25 minutes;
 #             the W4/W5 goals compare steady records/s, independent of the run length)
-#   latency   after W1: Sluice (SQLite, then PostgreSQL) and the peer each run caught up on a fresh topic
-#             while a paced producer (sluice.peer.tools.Replay, CPU 0, linger 5 ms: the
-#             clients' default) copies W1's records into it at 50% of that contender's
-#             W1 steady records/s (first record -> caught up) for 3 + 20 s;
-#             produce-to-materialized p50/p99 of the records stamped in the last 20 s
-#             (the whole run's figures are kept beside them as
-#             "whole_run"/"all_"): the paced producer is a JVM that starts sending at full
-#             rate on the broker's core, and in its first second it falls behind its own
-#             schedule with records that already carry their CreateTime (measured: with
-#             the topic set to LogAppendTime, the broker received 9.5-12.5k instead of 28k
-#             records in that second, and 42-48k in the next). Sluice then runs a
-#             second time on a topic stamped with LogAppendTime: broker append ->
-#             materialized, its own share without the producer's and the broker's
-#             delays (printed beside the goals, which stay on CreateTime; SQLite only). Sluice: per record,
-#             the JSON-log time of the "batch committed" line of the batch holding its
-#             offset (debug, logged right after the sysdb commit) minus the record's
-#             CreateTime (kcat %T); the
-#             sluice_end_to_end_latency_seconds histogram, interpolated within buckets,
-#             is printed beside it. Peer: a read_committed consumer of its records
-#             changelog (sluice.peer.tools.LatencyProbe): receive time minus the record's
-#             timestamp (Streams keeps the input record's timestamp; under exactly_once_v2
-#             the change becomes visible when the transaction commits).
+#   latency   after W1: Sluice (SQLite, then PostgreSQL) and the peer each run caught up on
+#             a fresh topic while a paced producer (sluice.peer.tools.Replay, CPU 0, linger
+#             5 ms: the clients' default) copies W1's records into it at 50% of that
+#             contender's W1 steady records/s (first record -> caught up) for 3 + 20 s;
+#             produce-to-materialized p50/p99 of the records stamped in the last 20 s (the
+#             whole run's figures are kept beside them as "whole_run"/"all_"): the paced
+#             producer is a JVM that starts sending at full rate on the broker's core, and
+#             in its first second it falls behind its own schedule with records that
+#             already carry their CreateTime (measured: with the topic set to
+#             LogAppendTime, the broker received 9.5-12.5k instead of 28k records in that
+#             second, and 42-48k in the next). Sluice then runs a second time on a topic
+#             stamped with LogAppendTime: broker append -> materialized, its own share
+#             without the producer's and the broker's delays (printed beside the goals,
+#             which stay on CreateTime; SQLite only). Sluice: per record, the JSON-log time
+#             of the "batch committed" line of the batch holding its offset (debug, logged
+#             right after the sysdb commit) minus the record's CreateTime (kcat %T); the
+#             sluice_end_to_end_latency_seconds histogram, interpolated within buckets, is
+#             printed beside it. Peer: a read_committed consumer of its records changelog
+#             (sluice.peer.tools.LatencyProbe): receive time minus the record's timestamp
+#             (Streams keeps the input record's timestamp; under exactly_once_v2 the change
+#             becomes visible when the transaction commits).
 #   backfill  scripts/bench-backfill.sh --backends sqlite --no-statistics --repeats 15 --pin
 #             on this run's broker: 300,000 records (--quick: 30,000, one repeat) into one
 #             collection, materialized; record_counter attached with a replica running
 #             (records / (attach -> finished)); then a live backlog of 4/5 of that drained
 #             without a function, with the function ready, and with a backfill running,
 #             15 times, interleaved (the drop on the same records: the median, with its
-#             95% interval). With
-#             2 CPUs or more each replica runs on CPU 1 and the broker and the script on
-#             CPU 0. Its rows join this run's JSON and goals.
+#             95% interval). With 2 CPUs or more each replica runs on CPU 1 and the
+#             broker and the script on CPU 0. Its rows join this run's JSON and goals.
 #   recovery  Sluice (SQLite) caught up under the paced load at 50%, kill -9, restart at
 #             once: restart -> first "batch committed" log line (or, without it, the
 #             sysdb position moving, polled every 50 ms), with the default
