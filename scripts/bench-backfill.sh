@@ -191,6 +191,21 @@ GROUPS_MADE=() # every consumer group a replica may have created (+ its .backfil
 DBS_MADE=()    # every PostgreSQL database created
 REPLICA_PID=""
 
+# drop_db NAME: drop a PostgreSQL database, retried. WITH (FORCE) fails for a non-superuser
+# while an autovacuum worker is in the database ("must be a member of the role whose
+# process is being terminated"); a plain DROP cancels autovacuum itself, so alternate the two.
+drop_db() {
+    local i
+    for i in 1 2 3 4 5 6; do
+        if ((i % 2)); then
+            timeout 60 psql -q -X "$PG_ADMIN_URL" -c "DROP DATABASE IF EXISTS \"$1\" WITH (FORCE)" >"$WORK/drop.err" 2>&1 && return 0
+        else
+            timeout 60 psql -q -X "$PG_ADMIN_URL" -c "DROP DATABASE IF EXISTS \"$1\"" >"$WORK/drop.err" 2>&1 && return 0
+        fi
+        ((i < 6)) || log "WARNING: could not drop database $1: $(tail -1 "$WORK/drop.err")"
+        sleep 1
+    done
+}
 cleanup() {
     local rc=$?
     set +e
@@ -208,21 +223,8 @@ cleanup() {
         for g in "${GROUPS_MADE[@]}"; do gargs+=(--group "$g" --group "$g.backfill"); done
         timeout 120 "$KTOOL" consumer-groups --bootstrap-server "$BS" --delete "${gargs[@]}" >/dev/null 2>&1
     fi
-    # WITH (FORCE) fails for a non-superuser while an autovacuum worker is in the database
-    # ("must be a member of the role whose process is being terminated"); a plain DROP
-    # cancels autovacuum itself, so alternate the two.
-    local db i
-    for db in "${DBS_MADE[@]}"; do
-        for i in 1 2 3 4 5 6; do
-            if ((i % 2)); then
-                timeout 60 psql -q -X "$PG_ADMIN_URL" -c "DROP DATABASE IF EXISTS \"$db\" WITH (FORCE)" >"$WORK/drop.err" 2>&1 && break
-            else
-                timeout 60 psql -q -X "$PG_ADMIN_URL" -c "DROP DATABASE IF EXISTS \"$db\"" >"$WORK/drop.err" 2>&1 && break
-            fi
-            ((i < 6)) || log "WARNING: could not drop database $db: $(tail -1 "$WORK/drop.err")"
-            sleep 1
-        done
-    done
+    local db
+    for db in "${DBS_MADE[@]}"; do drop_db "$db"; done
     rm -rf "$WORK"
     if [[ -n "${BROKER_MASKS:-}" ]]; then
         local pm
@@ -324,7 +326,7 @@ drop_copy() {
     if [[ "$1" == sqlite ]]; then
         rm -f "$WORK/$2.sqlite" "$WORK/$2.sqlite-wal" "$WORK/$2.sqlite-shm"
     else
-        timeout 120 psql -q -X "$PG_ADMIN_URL" -c "DROP DATABASE IF EXISTS \"bench_${RID}_$2\" WITH (FORCE)" >/dev/null 2>&1 || true
+        drop_db "bench_${RID}_$2"
     fi
 }
 
