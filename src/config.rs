@@ -198,18 +198,17 @@ pub struct ProcessorConfig {
     /// ...or this many payload bytes (default 16 MiB)...
     ///
     /// Memory: what is in flight is bounded in bytes. Per partition: the batch being
-    /// committed (its payload and its decoded records, about twice this value), about 10
-    /// chunks waiting for its worker (8 in its inbox, 2 more before the consumer stops
+    /// committed (its payload and its decoded records, about twice this value), about 4
+    /// chunks waiting for its worker (2 in its inbox, 2 more before the consumer stops
     /// reading the partition; a chunk is at most 512 messages and 1 MiB, in one buffer
     /// freed with the last of its messages), and librdkafka's queue of the partition
     /// (`queued.max.messages.kbytes`, 4 MiB unless set under `[librdkafka]`, overshot by
-    /// at most one fetch of it). Per process: up to 32 chunks
-    /// on their way to the partitions' workers, fetch buffers, and on SQLite the page
-    /// caches (82 MiB). With P partitions that is about
-    /// P x (2 x `batch_max_bytes` + 16 MiB) + 150 MiB, before the allocator's own
-    /// retention. Measured peaks of a W1 drain on 8 partitions: 520-620 MB at 16 MiB,
-    /// 340-370 MB at 4 MiB. A lower value lowers the bound and costs CPU per record
-    /// (4 MiB: about a sixth more per record on W1).
+    /// at most one fetch of it). Per process: up to 32 chunks on their way to the
+    /// partitions' workers, fetch buffers, and on SQLite the page caches (34 MiB). With P
+    /// partitions that is about P x (2 x `batch_max_bytes` + 10 MiB) + 100 MiB, before the
+    /// allocator's own retention. Measured peaks of a W1 drain on 8 partitions: 425-480
+    /// MB at 16 MiB. A lower value lowers the bound and costs CPU per record (on W1, 8 MiB:
+    /// about 6% more; 4 MiB: about a sixth more).
     pub batch_max_bytes: usize,
     /// ...or, once nothing more waits for the worker, after lingering for more records:
     /// while the partition is behind (see `batch_linger_behind_ms`), a batch lingers a

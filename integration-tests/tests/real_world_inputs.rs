@@ -265,7 +265,7 @@ fn sigterm_stops_a_replica_whose_worker_is_stuck_on_a_locked_sysdb() {
     // The test config's shutdown timeout is 15 s.
     let env = Env::sqlite("stuck");
     env.run(&["init", "--partitions", "2"]);
-    // Enough records to fill the worker inboxes (8 chunks of up to 512) behind the stuck batch.
+    // Enough records to fill the worker inboxes (2 chunks of up to 512, 2 more in the backlog) behind the stuck batch.
     let log = small_workload(20_000, 61, &env.prefix, 6);
     let port = free_port();
     let addr = format!("127.0.0.1:{port}");

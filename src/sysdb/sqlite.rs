@@ -41,9 +41,12 @@ const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 /// Page size of a new database file.
 const PAGE_SIZE: i64 = 16 * 1024;
 
-/// Page cache per connection (negative = KiB): a batch of a few thousand 1.5 KiB
-/// embeddings touches several MiB of b-tree pages; the 2 MiB default thrashes.
-const CACHE_SIZE_KIB: i64 = 64 * 1024;
+/// Page cache of the writer connection (negative = KiB): a batch of a few thousand
+/// records touches several MiB of b-tree pages, and the 2 MiB default thrashes. Pages
+/// it does not hold are read from the memory map below, not copied, so a larger cache
+/// buys little: measured on W1 drains (600k records), 16 MiB against 64 MiB cost the
+/// same CPU (median ratio 0.99 over 4 pairs) and lowered the peak RSS by about 56 MB.
+const CACHE_SIZE_KIB: i64 = 16 * 1024;
 
 /// Reads go through a memory map of the database file of up to this many bytes (2 GiB,
 /// the most SQLite's default build maps): a page read is a memory access instead of a
