@@ -168,6 +168,17 @@ pub fn f32s_from_le_bytes(bytes: &[u8]) -> Option<Vec<f32>> {
     Some(out)
 }
 
+/// The floats as little-endian f32 bytes (the `embedding` wire format), without a copy
+/// where the target is little-endian: there the floats' memory already is those bytes.
+/// For writers that bind the bytes as a parameter and need no buffer of their own.
+pub fn f32s_as_le_bytes(values: &[f32]) -> std::borrow::Cow<'_, [u8]> {
+    if cfg!(target_endian = "little") {
+        std::borrow::Cow::Borrowed(bytemuck::cast_slice(values))
+    } else {
+        std::borrow::Cow::Owned(f32s_to_le_bytes(values))
+    }
+}
+
 /// Packs floats as little-endian f32 bytes (the `embedding` wire format).
 pub fn f32s_to_le_bytes(values: &[f32]) -> Vec<u8> {
     let mut out = Vec::with_capacity(values.len() * 4);

@@ -25,9 +25,9 @@ use crate::record::{MetaValue, Metadata, Record};
 /// Tag of the object that carries a non-finite double.
 const NON_FINITE_TAG: &str = "f64";
 
-/// Little-endian packed f32.
-pub(crate) fn encode_embedding(v: &[f32]) -> Vec<u8> {
-    crate::record::codec::f32s_to_le_bytes(v)
+/// Little-endian packed f32: the floats' own memory on little-endian targets, no copy.
+pub(crate) fn encode_embedding(v: &[f32]) -> std::borrow::Cow<'_, [u8]> {
+    crate::record::codec::f32s_as_le_bytes(v)
 }
 
 pub(crate) fn decode_embedding(bytes: &[u8]) -> Result<Vec<f32>, String> {

@@ -103,6 +103,7 @@ pub async fn run_all(db: &Sysdb) {
     collections_named_reads_only_the_named_ones(db).await;
     metadata_round_trips_exactly(db).await;
     embeddings_round_trip_bit_exact(db).await;
+    a_batch_of_many_megabytes_is_written_whole(db).await;
     functions::run_all(db).await;
 }
 
@@ -799,6 +800,55 @@ pub async fn embeddings_round_trip_bit_exact(db: &Sysdb) {
     for r in &records {
         assert_records_bit_eq(&got[&r.id], r, &format!("embedding {:?}", r.id));
     }
+}
+
+/// A batch far larger than one statement of a backend's write (PostgreSQL splits its
+/// upserts by bytes) lands whole: every record, in one commit, with its position; a
+/// second batch overwrites half of them and deletes a few, across the same splits.
+pub async fn a_batch_of_many_megabytes_is_written_whole(db: &Sysdb) {
+    let topic = unique("big");
+    let coll = unique("coll");
+    db.init_position(&topic, 0, 0).await.expect("init");
+    let record = |i: usize, offset: i64| Record {
+        id: format!("r{i:05}"),
+        embedding: Some((0..1536).map(|j| ((i * 1536 + j) as f32 * 1e-4).cos() + offset as f32).collect()),
+        metadata: Metadata::from([("i".to_string(), MetaValue::Long(i as i64))]),
+        document: (i % 3 == 0).then(|| format!("document {i} at {offset}")),
+        offset,
+    };
+    // 1,500 records of ~6 KiB: about 9 MiB in one batch.
+    let first: Vec<Record> = (0..1500).map(|i| record(i, i as i64)).collect();
+    let writes = first.iter().cloned().map(upsert).collect();
+    db.commit_batch(batch(&topic, 0, 0, 1500, vec![update(&coll, 0, None, 1499, 1500, writes)]))
+        .await
+        .expect("commit the large batch");
+    // Then every other record rewritten, and every 100th of the rest deleted.
+    let mut want: std::collections::BTreeMap<String, Record> = first.into_iter().map(|r| (r.id.clone(), r)).collect();
+    let mut writes = Vec::new();
+    let mut count_delta = 0;
+    for i in 0..1500 {
+        let offset = 1500 + i as i64;
+        if i % 2 == 0 {
+            let r = record(i, offset);
+            want.insert(r.id.clone(), r.clone());
+            writes.push(upsert(r));
+        } else if i % 100 == 1 {
+            want.remove(&format!("r{i:05}"));
+            writes.push(delete(&format!("r{i:05}")));
+            count_delta -= 1;
+        }
+    }
+    db.commit_batch(batch(&topic, 0, 1500, 3000, vec![update(&coll, 0, None, 2999, count_delta, writes)]))
+        .await
+        .expect("commit the second large batch");
+    let got = all_records(db, &coll).await;
+    assert_eq!(got.len(), want.len(), "records after two large batches");
+    for (g, w) in got.iter().zip(want.values()) {
+        assert_records_bit_eq(g, w, &format!("record {:?}", w.id));
+    }
+    assert_eq!(db.positions(&topic).await.expect("positions").get(&0), Some(&3000), "position after the batches");
+    let row = db.collection(&coll).await.expect("collection").expect("collection row");
+    assert_eq!(row.record_count, want.len() as i64, "record count");
 }
 
 /// Commit `rounds` batches of `n` new records (`dim`-dimensional embeddings, 3 metadata

@@ -231,7 +231,7 @@ pub(super) async fn commit_functions(
     let mut pre = (
         Vec::<&str>::new(),
         Vec::<&str>::new(),
-        Vec::<Option<Vec<u8>>>::new(),
+        Vec::<Option<std::borrow::Cow<[u8]>>>::new(),
         Vec::<Option<String>>::new(),
         Vec::<Option<&str>>::new(),
         Vec::<i64>::new(),
@@ -307,7 +307,7 @@ async fn apply_plan(
         plan.maps.iter().filter_map(|w| if let MapWrite::Put(r) = w { Some(r) } else { None }).collect();
     if !puts.is_empty() {
         let ids: Vec<&str> = puts.iter().map(|r| r.id.as_str()).collect();
-        let embeddings: Vec<Option<Vec<u8>>> =
+        let embeddings: Vec<Option<std::borrow::Cow<[u8]>>> =
             puts.iter().map(|r| r.embedding.as_deref().map(encode_embedding)).collect();
         let metadata: Vec<Option<String>> = puts.iter().map(|r| encode_metadata(&r.metadata)).collect();
         let documents: Vec<Option<&str>> = puts.iter().map(|r| r.document.as_deref()).collect();

@@ -39,7 +39,7 @@ use rusqlite::{params, CachedStatement, Connection};
 
 use super::Result;
 use crate::record::Record;
-use crate::sysdb::codec::encode_metadata;
+use crate::sysdb::codec::{encode_embedding, encode_metadata};
 
 /// The columns of a whole record, `records r` joined with its value `v`, in the order
 /// `raw_record` reads them.
@@ -211,7 +211,6 @@ pub(super) struct RecordWriter<'c> {
     append_value: CachedStatement<'c>,
     upsert: CachedStatement<'c>,
     delete: CachedStatement<'c>,
-    bytes: Vec<u8>,
     pub appended: usize,
 }
 
@@ -240,7 +239,6 @@ impl<'c> RecordWriter<'c> {
             )?,
             upsert,
             delete,
-            bytes: Vec::new(),
             appended: 0,
         })
     }
@@ -267,13 +265,9 @@ impl<'c> RecordWriter<'c> {
         offset: i64,
     ) -> Result<()> {
         let value = if embedding.is_some() || document.is_some() {
-            let emb = embedding.map(|v| {
-                self.bytes.clear();
-                crate::record::codec::put_f32s(&mut self.bytes, v);
-                self.bytes.as_slice()
-            });
+            let emb = embedding.map(encode_embedding);
             self.appended += 1;
-            Some(self.append_value.insert(params![collection, id, emb, document])?)
+            Some(self.append_value.insert(params![collection, id, emb.as_deref(), document])?)
         } else {
             None
         };
