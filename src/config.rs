@@ -204,7 +204,8 @@ pub struct ProcessorConfig {
     /// freed with the last of its messages), and librdkafka's queue of the partition
     /// (`queued.max.messages.kbytes`, 4 MiB unless set under `[librdkafka]`, overshot by
     /// at most one fetch of it). Per process: up to 32 chunks on their way to the
-    /// partitions' workers, fetch buffers, and on SQLite the page caches (34 MiB). With P
+    /// partitions' workers, fetch buffers, on SQLite the page caches (34 MiB), on
+    /// PostgreSQL a message buffer of about 1 MiB per pooled connection. With P
     /// partitions that is about P x (2 x `batch_max_bytes` + 10 MiB) + 100 MiB, before the
     /// allocator's own retention. Measured peaks of a W1 drain on 8 partitions: 425-480
     /// MB at 16 MiB. A lower value lowers the bound and costs CPU per record (on W1, 8 MiB:
