@@ -194,6 +194,7 @@ PHASES="$WORK/phases.tsv"
 : >"$PHASES"
 BG_PIDS=()
 PG_DBS=()
+PG_URL="" # set by pg_create
 STARTED_KAFKA=false
 STARTED_PG=false
 NCPU="$(nproc)"
@@ -341,10 +342,12 @@ REPLAY=(java -cp "$JAR" sluice.peer.tools.Replay --bootstrap "$BS")
 # sluice_env PREFIX SYSDB GROUP: the environment of one sluice contender
 sluice_env() { echo "SLUICE_TOPIC_PREFIX=$1" "SLUICE_SYSDB=$2" "SLUICE_GROUP=$3"; }
 
-pg_create() { # pg_create NAME -> url
+# pg_create NAME: create the database and register it for the cleanup; its URL is left in
+# PG_URL (not printed: a command substitution's subshell would drop the registration)
+pg_create() {
     timeout 60 psql -q -X -v ON_ERROR_STOP=1 "$PG_ADMIN_URL" -c "CREATE DATABASE \"$1\"" >&2 || die "createdb $1 failed"
     PG_DBS+=("$1")
-    echo "${PG_ADMIN_URL%/*}/$1"
+    PG_URL="${PG_ADMIN_URL%/*}/$1"
 }
 pg_drop() {
     timeout 120 psql -q -X "$PG_ADMIN_URL" -c "DROP DATABASE IF EXISTS \"$1\" WITH (FORCE)" >/dev/null 2>&1 || true
@@ -623,7 +626,8 @@ run_workload() {
     phase "$w: init and produce"
     env $(sluice_env "$prefix" "$sqlite_url" "$prefix-sqlite") timeout 300 "$SLUICE" init --partitions "$PARTITIONS" >/dev/null 2>&1 ||
         die "sluice init ($w) failed"
-    pg_url="$(pg_create "suite_${RID}_${w,,}")"
+    pg_create "suite_${RID}_${w,,}"
+    pg_url="$PG_URL"
     env $(sluice_env "$prefix" "$pg_url" "$prefix-postgres") timeout 300 "$SLUICE" init --partitions "$PARTITIONS" >/dev/null 2>&1 ||
         die "sluice init ($w, postgres) failed"
     local seed_pid=""
@@ -781,7 +785,10 @@ latency_sluice() {
     [[ "$backend" == postgres ]] && name="$name-pg"
     local prefix="$BASE-$name"
     local url="sqlite://$WORK/$name.db" group="$prefix-$backend" logf="$WORK/$name.log" port
-    [[ "$backend" == postgres ]] && url="$(pg_create "suite_${RID}_${name//-/_}")"
+    if [[ "$backend" == postgres ]]; then
+        pg_create "suite_${RID}_${name//-/_}"
+        url="$PG_URL"
+    fi
     port="$(free_port)"
     env $(sluice_env "$prefix" "$url" "$group") timeout 300 "$SLUICE" init --partitions "$PARTITIONS" >/dev/null 2>&1 || die "init (latency) failed"
     if [[ "$mode" == append ]]; then
@@ -818,6 +825,7 @@ latency_sluice() {
         '{kind: $kind, contender: $c, rate: ($r|tonumber), records: $sent, seconds: $s, warmup_s: $w, cpu_s: ($cpu|tonumber),
           load: $load} + . + (if $m == "" then {} else {method: $m} end)' "$WORK/$name.json")"
     bench_delete_topics "$prefix\\..*"
+    [[ "$backend" != postgres ]] || pg_drop "suite_${RID}_${name//-/_}"
 }
 
 latency_peer() {
