@@ -205,13 +205,13 @@ pub struct ProcessorConfig {
     /// freed with the last of its messages), and librdkafka's queue of the partition
     /// (`queued.max.messages.kbytes`, 4 MiB, or `queued.min.messages`, 10,000 messages,
     /// whichever comes first, unless set under `[librdkafka]`; overshot by at most one
-    /// fetch of it). Per process: up to 32 chunks on their way to the
-    /// partitions' workers, fetch buffers, on SQLite the page caches (34 MiB), on
-    /// PostgreSQL a message buffer of about 1 MiB per pooled connection. With P
-    /// partitions that is about P x (2 x `batch_max_bytes` + 10 MiB) + 100 MiB, before the
-    /// allocator's own retention. Measured peaks of a W1 drain on 8 partitions: 425-480
-    /// MB at 16 MiB. A lower value lowers the bound and costs CPU per record (on W1, 8 MiB:
-    /// about 6% more; 4 MiB: about a sixth more).
+    /// fetch of it). Per process: up to 32 chunks on their way to the partitions'
+    /// workers, fetch buffers, on SQLite the page caches (34 MiB), on PostgreSQL a message
+    /// buffer of about 1 MiB per pooled connection. With P partitions that is about
+    /// P x (2 x `batch_max_bytes` + 10 MiB) + 100 MiB, before the allocator's own
+    /// retention. Measured peaks of a W1 drain on 8 partitions: 425-480 MB at 16 MiB. A
+    /// lower value lowers the bound and costs CPU per record (on W1, 8 MiB: about 6% more;
+    /// 4 MiB: about a sixth more).
     pub batch_max_bytes: usize,
     /// ...or, once nothing more waits for the worker, after lingering for more records:
     /// while the partition is behind (see `batch_linger_behind_ms`), a batch lingers a

@@ -243,9 +243,7 @@ impl<'a> BatchRows<'a> {
         }
         Ok(rows)
     }
-}
 
-impl BatchRows<'_> {
     /// Where the upsert statement that starts at record `start` ends (exclusive): at
     /// least one record, then up to [`UPSERT_CHUNK_BYTES`] of values or
     /// [`UPSERT_CHUNK_RECORDS`] records.
