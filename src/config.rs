@@ -199,7 +199,9 @@ pub struct ProcessorConfig {
     /// ...or this many payload bytes (default 16 MiB)...
     ///
     /// Memory: what is in flight is bounded in bytes. Per partition: the batch being
-    /// committed (its payload and its decoded records, about twice this value), about 4
+    /// committed (its payload and its decoded records, which share the payload's
+    /// embeddings but own their ids, metadata and documents: at most twice this value,
+    /// nearer once for records that are mostly embedding), about 4
     /// chunks waiting for its worker (2 in its inbox, 2 more before the consumer stops
     /// reading the partition; a chunk is at most 512 messages and 1 MiB, in one buffer
     /// freed with the last of its messages), and librdkafka's queue of the partition
@@ -209,7 +211,7 @@ pub struct ProcessorConfig {
     /// workers, fetch buffers, on SQLite the page caches (34 MiB), on PostgreSQL a message
     /// buffer of about 1 MiB per pooled connection. With P partitions that is about
     /// P x (2 x `batch_max_bytes` + 10 MiB) + 100 MiB, before the allocator's own
-    /// retention. Measured peaks of a W1 drain on 8 partitions: 425-480 MB at 16 MiB. A
+    /// retention. Measured peaks of a W1 drain on 8 partitions: 358-397 MB at 16 MiB. A
     /// lower value lowers the bound and costs CPU per record (on W1, 8 MiB: about 6% more;
     /// 4 MiB: about a sixth more).
     pub batch_max_bytes: usize,

@@ -58,7 +58,7 @@ fn dlq_redrive(env: Env) {
         .flat_map(|c| {
             (0..2).map(move |i| {
                 let mut r = LogRecord::data(c.as_str(), format!("big-{i}").as_str(), Operation::Upsert);
-                r.embedding = Some(vec![0.5, -0.25, 1.0, i as f32]);
+                r.embedding = Some(vec![0.5, -0.25, 1.0, i as f32].into());
                 r.document = Some(format!("{i}:{}", "x".repeat(300)));
                 r
             })

@@ -99,12 +99,12 @@ fn nasty(c: &str) -> Vec<(&'static str, Vec<u8>, &'static str)> {
         [("NaN embedding", f32::NAN), ("+inf embedding", f32::INFINITY), ("-inf embedding", f32::NEG_INFINITY)]
     {
         let mut r = data(name);
-        r.embedding = Some(vec![0.5, bad, 0.25, 1.0]);
+        r.embedding = Some(vec![0.5, bad, 0.25, 1.0].into());
         out.push((name, encode(&r), "non_finite_embedding"));
     }
 
     let mut r = data("huge-embedding");
-    r.embedding = Some(vec![0.5; 100_000]);
+    r.embedding = Some(vec![0.5; 100_000].into());
     out.push(("100,000-dim embedding", encode(&r), "embedding_too_large"));
 
     let mut r = data("huge-document");

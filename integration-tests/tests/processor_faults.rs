@@ -220,7 +220,7 @@ fn poison(env: Env) {
     let home = partition_for(c0.as_bytes(), 3) as i32;
     let valid = encode(&good[0]);
     let mut wrong_dim = good.iter().find(|r| r.collection_id == c0 && r.embedding.is_some()).unwrap().clone();
-    wrong_dim.embedding = Some(vec![1.0; 5]);
+    wrong_dim.embedding = Some(vec![1.0; 5].into());
     // Each poison message: its payload, the partition it lands on, its DLQ kind class.
     let mut poisons: Vec<(Vec<u8>, i32, &str)> = Vec::new();
     let garbage = b"\xff\xfe garbage that is not avro".to_vec();

@@ -412,7 +412,7 @@ fn every_dashboard_and_alert_expression_works_against_two_real_replicas() {
     };
     let mut wrong_dim =
         initial.iter().find(|r| r.collection_id == poison_collection && r.embedding.is_some()).unwrap().clone();
-    wrong_dim.embedding = Some(vec![0.5; 5]);
+    wrong_dim.embedding = Some(vec![0.5; 5].into());
     send(&poison_collection, b"\xff\xfe definitely not avro");
     send(&poison_collection, &encode(&wrong_dim));
     producer.flush(Duration::from_secs(10)).unwrap();

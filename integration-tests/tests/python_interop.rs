@@ -208,7 +208,7 @@ async fn python_fastavro_records_decode_exactly_and_land_on_partition_for() {
         framed += usize::from(framing == Framing::Confluent);
         ops.insert(decoded.operation);
         partitions_used.insert(position.0);
-        embedding_dims.insert(decoded.embedding.as_ref().map(Vec::len));
+        embedding_dims.insert(decoded.embedding.as_ref().map(sluice::record::Embedding::len));
         for v in decoded.metadata.iter().flat_map(|m| m.values()) {
             value_kinds.insert(std::mem::discriminant(v));
             negative_zero_double |= matches!(v, MetaValue::Double(x) if x.to_bits() == (-0.0f64).to_bits());

@@ -598,7 +598,7 @@ fn java_produce(env: &Env, url: &str, schema: &str, records: &[LogRecord]) -> Ve
             let emb = r
                 .embedding
                 .as_ref()
-                .map_or("-".to_string(), |e| e.iter().map(f32::to_string).collect::<Vec<_>>().join(","));
+                .map_or("-".to_string(), |e| e.iter().map(|x| x.to_string()).collect::<Vec<_>>().join(","));
             let md = r.metadata.as_ref().map_or("-".to_string(), |m| {
                 m.iter()
                     .map(|(k, v)| match v {
@@ -650,7 +650,7 @@ fn java_producer_v1_and_v2() {
                 r.operation = sluice::record::Operation::Delete;
                 return r;
             }
-            r.embedding = Some(vec![i as f32, -(i as f32), 0.5, 1e-3]);
+            r.embedding = Some(vec![i as f32, -(i as f32), 0.5, 1e-3].into());
             r.document = (i % 2 == 0).then(|| format!("doc {i}"));
             r.metadata = Some([("k".to_string(), sluice::record::MetaValue::String(format!("v{i}")))].into());
             r

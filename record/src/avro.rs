@@ -15,8 +15,7 @@ use apache_avro::schema_compatibility::SchemaCompatibility;
 use apache_avro::types::Value;
 use apache_avro::Schema;
 
-use super::codec::{f32s_from_le_bytes, f32s_to_le_bytes};
-use super::{BackfillRef, BackfillTask, Encoding, LogRecord, MetaValue, Metadata, Operation};
+use super::{BackfillRef, BackfillTask, Embedding, Encoding, LogRecord, MetaValue, Metadata, Operation};
 
 /// `schemas/log_record.avsc`, the contract for producers in any language.
 pub const LOG_RECORD_SCHEMA_JSON: &str = include_str!("../../schemas/log_record.avsc");
@@ -108,7 +107,7 @@ pub fn log_record_to_value(r: &LogRecord) -> Value {
     let op = r.operation;
     let embedding = match &r.embedding {
         None => union(0, Value::Null),
-        Some(e) => union(1, Value::Bytes(f32s_to_le_bytes(e))),
+        Some(e) => union(1, Value::Bytes(e.as_le_bytes().to_vec())),
     };
     let metadata = match &r.metadata {
         None => union(0, Value::Null),
@@ -213,7 +212,10 @@ pub fn log_record_from_value(v: Value) -> Result<LogRecord, ValueError> {
         .ok_or(ValueError::UnknownSymbol { field: "operation", symbol })?;
     let embedding = match take(&mut f, "embedding")? {
         Value::Null => None,
-        Value::Bytes(b) => Some(f32s_from_le_bytes(&b).ok_or(ValueError::EmbeddingNotMultipleOf4 { len: b.len() })?),
+        Value::Bytes(b) => {
+            let len = b.len();
+            Some(Embedding::from_le_bytes(b.into()).ok_or(ValueError::EmbeddingNotMultipleOf4 { len })?)
+        }
         other => {
             return Err(ValueError::WrongType { field: "embedding", expected: "null or bytes", found: kind_of(&other) })
         }
@@ -437,6 +439,15 @@ impl WriterDecoder {
             WriterDecoder::Fast => Ok(super::codec::decode(datum)?),
             WriterDecoder::Resolve(d) => Ok(d.decode_strict(datum)?),
             WriterDecoder::Incompatible(why) => Err(WriterDecodeError::Incompatible(why.clone())),
+        }
+    }
+
+    /// [`WriterDecoder::decode`] of a datum held in shared bytes: with the hand-written
+    /// codec, the embedding is a slice of `datum` ([`super::codec::decode_shared`]).
+    pub fn decode_shared(&self, datum: &bytes::Bytes) -> Result<LogRecord, WriterDecodeError> {
+        match self {
+            WriterDecoder::Fast => Ok(super::codec::decode_shared(datum)?),
+            _ => self.decode(datum),
         }
     }
 }

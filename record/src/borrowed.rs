@@ -19,7 +19,7 @@ use std::fmt;
 
 use super::codec::{f32s_from_le_bytes, DecodeError, Reader};
 use super::validate::{validate, Limits, ValidationError};
-use super::{BackfillRef, Encoding, LogRecord, MetaValue, Metadata, Operation};
+use super::{BackfillRef, Embedding, Encoding, LogRecord, MetaValue, Metadata, Operation};
 
 /// A `LogRecord` datum viewed in place. See the module documentation.
 #[derive(Debug, Clone)]
@@ -43,7 +43,7 @@ impl LogRecordRef<'_> {
             collection_id: self.collection_id.to_owned(),
             id: self.id.to_owned(),
             operation: self.operation,
-            embedding: self.embedding.map(|e| e.to_vec()),
+            embedding: self.embedding.map(Embedding::from),
             encoding: self.encoding,
             metadata: self.metadata.map(|m| m.to_owned()),
             document: self.document.map(str::to_owned),

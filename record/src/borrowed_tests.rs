@@ -167,7 +167,7 @@ fn validate_ref_refuses_each_fault_like_validate() {
     use crate::BackfillRef;
     let ok = || {
         let mut r = sample();
-        r.embedding = Some(vec![0.5, -1.0, 2.0]);
+        r.embedding = Some(vec![0.5, -1.0, 2.0].into());
         r
     };
     let with_meta = |k: &str, v: MetaValue| {
@@ -189,10 +189,10 @@ fn validate_ref_refuses_each_fault_like_validate() {
         ("empty_backfill_ref", marker("", "f")),
         ("empty_backfill_ref", marker("r", "")),
         ("payload_on_data_operation", LogRecord { backfill: marker("r", "f").backfill, ..ok() }),
-        ("empty_embedding", LogRecord { embedding: Some(vec![]), ..ok() }),
-        ("embedding_too_large", LogRecord { embedding: Some(vec![0.0; 65537]), ..ok() }),
-        ("non_finite_embedding", LogRecord { embedding: Some(vec![0.0, f32::NAN]), ..ok() }),
-        ("non_finite_embedding", LogRecord { embedding: Some(vec![f32::NEG_INFINITY]), ..ok() }),
+        ("empty_embedding", LogRecord { embedding: Some(vec![].into()), ..ok() }),
+        ("embedding_too_large", LogRecord { embedding: Some(vec![0.0; 65537].into()), ..ok() }),
+        ("non_finite_embedding", LogRecord { embedding: Some(vec![0.0, f32::NAN].into()), ..ok() }),
+        ("non_finite_embedding", LogRecord { embedding: Some(vec![f32::NEG_INFINITY].into()), ..ok() }),
         ("metadata_key_empty", with_meta("", MetaValue::Null)),
         ("metadata_key_too_long", with_meta(&"k".repeat(1025), MetaValue::Null)),
         ("metadata_value_too_large", with_meta("big", MetaValue::String("v".repeat(65537)))),

@@ -20,7 +20,8 @@
 
 use std::collections::btree_map::Entry;
 
-use super::{BackfillRef, Encoding, LogRecord, MetaValue, Metadata, Operation};
+use super::{BackfillRef, Embedding, Encoding, LogRecord, MetaValue, Metadata, Operation};
+use bytes::Bytes;
 
 /// Why bytes are not a valid `LogRecord` datum. `pos` is the byte offset in the datum
 /// (after any framing) where the offending item starts.
@@ -94,8 +95,19 @@ impl DecodeError {
 // Decoding
 // ---------------------------------------------------------------------------------------
 
-/// Decodes one `LogRecord` datum (no framing), consuming exactly all of `input`.
+/// Decodes one `LogRecord` datum (no framing), consuming exactly all of `input`. The
+/// embedding is copied into bytes of its own; [`decode_shared`] slices it instead.
 pub fn decode(input: &[u8]) -> Result<LogRecord, DecodeError> {
+    decode_in(input, None)
+}
+
+/// [`decode`] of a datum held in shared bytes: the embedding is a slice of `datum`, not
+/// a copy (the processor's path: a batch's records share the buffers the consumer filled).
+pub fn decode_shared(datum: &Bytes) -> Result<LogRecord, DecodeError> {
+    decode_in(datum, Some(datum))
+}
+
+fn decode_in(input: &[u8], owner: Option<&Bytes>) -> Result<LogRecord, DecodeError> {
     let mut r = Reader { buf: input, pos: 0 };
     let collection_id = r.string("collection_id")?;
     let id = r.string("id")?;
@@ -111,7 +123,14 @@ pub fn decode(input: &[u8]) -> Result<LogRecord, DecodeError> {
     };
     let embedding = match r.union_index("embedding", 2)? {
         0 => None,
-        _ => Some(r.embedding()?),
+        _ => {
+            let (data, pos) = r.bytes("embedding")?;
+            let bytes = match owner {
+                Some(owner) => owner.slice_ref(data),
+                None => Bytes::copy_from_slice(data),
+            };
+            Some(Embedding::from_le_bytes(bytes).ok_or(DecodeError::EmbeddingNotMultipleOf4 { len: data.len(), pos })?)
+        }
     };
     let encoding = {
         let pos = r.pos;
@@ -166,17 +185,6 @@ pub fn f32s_from_le_bytes(bytes: &[u8]) -> Option<Vec<f32>> {
     // chunks, so the loop initialized the first `written == n` elements.
     unsafe { out.set_len(written) };
     Some(out)
-}
-
-/// The floats as little-endian f32 bytes (the `embedding` wire format), without a copy
-/// where the target is little-endian: there the floats' memory already is those bytes.
-/// For writers that bind the bytes as a parameter and need no buffer of their own.
-pub fn f32s_as_le_bytes(values: &[f32]) -> std::borrow::Cow<'_, [u8]> {
-    if cfg!(target_endian = "little") {
-        std::borrow::Cow::Borrowed(bytemuck::cast_slice(values))
-    } else {
-        std::borrow::Cow::Owned(f32s_to_le_bytes(values))
-    }
 }
 
 /// Packs floats as little-endian f32 bytes (the `embedding` wire format).
@@ -293,12 +301,6 @@ impl<'a> Reader<'a> {
             Ok(s) => Ok(s),
             Err(e) => Err(DecodeError::InvalidUtf8 { field, pos: data_pos + e.valid_up_to() }),
         }
-    }
-
-    #[inline]
-    fn embedding(&mut self) -> Result<Vec<f32>, DecodeError> {
-        let (data, data_pos) = self.bytes("embedding")?;
-        f32s_from_le_bytes(data).ok_or(DecodeError::EmbeddingNotMultipleOf4 { len: data.len(), pos: data_pos })
     }
 
     pub(crate) fn fixed<const N: usize>(&mut self, field: &'static str) -> Result<[u8; N], DecodeError> {
@@ -424,8 +426,8 @@ pub fn encode_into(record: &LogRecord, out: &mut Vec<u8>) {
         None => put_long(out, 0),
         Some(values) => {
             put_long(out, 1);
-            put_long(out, (values.len() * 4) as i64);
-            put_f32s(out, values);
+            put_long(out, values.as_le_bytes().len() as i64);
+            out.extend_from_slice(values.as_le_bytes());
         }
     }
     match record.encoding {

@@ -11,8 +11,8 @@ use proptest::prelude::*;
 
 /// Equality that compares floats by bit pattern, so NaN payloads must survive too.
 pub(crate) fn bitwise_eq(a: &LogRecord, b: &LogRecord) -> bool {
-    fn f32s(x: &Option<Vec<f32>>) -> Option<Vec<u32>> {
-        x.as_ref().map(|v| v.iter().map(|f| f.to_bits()).collect())
+    fn f32s(x: &Option<Embedding>) -> Option<Vec<u32>> {
+        x.as_ref().map(|v| v.iter().map(f32::to_bits).collect())
     }
     fn meta(x: &Option<Metadata>) -> Option<Vec<(String, String)>> {
         x.as_ref().map(|m| {
@@ -57,7 +57,7 @@ pub(crate) fn prefix() -> Vec<u8> {
 
 pub(crate) fn sample() -> LogRecord {
     let mut r = LogRecord::data("coll-1", "rec-1", Operation::Upsert);
-    r.embedding = Some(vec![0.5, -1.0, f32::NAN]);
+    r.embedding = Some(vec![0.5, -1.0, f32::NAN].into());
     r.metadata = Some(Metadata::from([
         ("k1".to_string(), MetaValue::String("v".into())),
         ("k2".to_string(), MetaValue::Double(2.5)),
@@ -101,7 +101,7 @@ fn minimal_record_roundtrips_and_matches_generic_bytes() {
 #[test]
 fn nan_embedding_and_metadata_roundtrip_bit_for_bit() {
     let mut r = sample();
-    r.embedding = Some(vec![f32::from_bits(0x7fc0_1234), f32::from_bits(0xffff_ffff), -0.0]);
+    r.embedding = Some(vec![f32::from_bits(0x7fc0_1234), f32::from_bits(0xffff_ffff), -0.0].into());
     r.metadata = Some(Metadata::from([("n".to_string(), MetaValue::Double(f64::from_bits(0xfff0_0000_0000_0001)))]));
     let decoded = decode(&encode(&r)).expect("decode");
     assert!(bitwise_eq(&decoded, &r), "{decoded:?} != {r:?}");
@@ -301,7 +301,7 @@ pub(crate) fn log_record() -> impl Strategy<Value = LogRecord> {
             collection_id,
             id,
             operation,
-            embedding,
+            embedding: embedding.map(Embedding::from),
             encoding: Encoding::Float32,
             metadata,
             document,

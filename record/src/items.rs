@@ -133,7 +133,7 @@ mod tests {
         assert_eq!(recs.len(), 2);
         assert!(recs.iter().all(|r| r.collection_id == "c"));
         assert_eq!((recs[0].operation, recs[1].operation), (Operation::Upsert, Operation::Delete));
-        assert_eq!(recs[0].embedding, Some(vec![1.0, 2.0]));
+        assert_eq!(recs[0].embedding, Some(vec![1.0, 2.0].into()));
     }
 
     #[test]

@@ -7,7 +7,7 @@
 
 use serde_json::{json, Map, Value};
 
-use crate::{Encoding, LogRecord, MetaValue, Metadata, Operation, Record};
+use crate::{Embedding, Encoding, LogRecord, MetaValue, Metadata, Operation, Record};
 
 /// Parse one input line into a log record (not yet validated against limits).
 pub fn parse_line(line: &str) -> Result<LogRecord, String> {
@@ -59,7 +59,7 @@ pub fn parse_value(v: &Value) -> Result<LogRecord, String> {
         collection_id: s("collection")?,
         id: s("id")?,
         operation,
-        embedding,
+        embedding: embedding.map(Embedding::from),
         encoding: Encoding::Float32,
         metadata,
         document,
@@ -121,7 +121,7 @@ mod tests {
     fn parses_every_field_and_rejects_bad_lines() {
         let r = parse_line(r#"{"collection":"c","id":"1","operation":"upsert","embedding":[1,2.5],"metadata":{"a":1,"b":1.5,"c":"x","d":true,"e":null},"document":"doc"}"#).unwrap();
         assert_eq!(r.operation, Operation::Upsert);
-        assert_eq!(r.embedding, Some(vec![1.0, 2.5]));
+        assert_eq!(r.embedding, Some(vec![1.0, 2.5].into()));
         let m = r.metadata.unwrap();
         assert_eq!(m["a"], MetaValue::Long(1));
         assert_eq!(m["b"], MetaValue::Double(1.5));

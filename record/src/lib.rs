@@ -10,6 +10,7 @@
 pub mod avro;
 pub mod borrowed;
 pub mod codec;
+pub mod embedding;
 pub mod framing;
 pub mod items;
 pub mod jsonl;
@@ -18,6 +19,8 @@ pub mod validate;
 pub mod workload;
 
 use std::collections::BTreeMap;
+
+pub use embedding::Embedding;
 
 /// What a log record does to its collection (docs/design.md section 5).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -99,8 +102,9 @@ pub struct LogRecord {
     pub collection_id: String,
     pub id: String,
     pub operation: Operation,
-    /// Decoded from the little-endian packed f32 `embedding` bytes.
-    pub embedding: Option<Vec<f32>>,
+    /// The `embedding` bytes (packed little-endian f32); decoded by the processor as a
+    /// slice of the consumed payload.
+    pub embedding: Option<Embedding>,
     pub encoding: Encoding,
     pub metadata: Option<Metadata>,
     pub document: Option<String>,
@@ -141,7 +145,7 @@ pub struct BackfillTask {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Record {
     pub id: String,
-    pub embedding: Option<Vec<f32>>,
+    pub embedding: Option<Embedding>,
     /// Never holds `MetaValue::Null`.
     pub metadata: Metadata,
     pub document: Option<String>,

@@ -299,7 +299,7 @@ mod tests {
 
     fn ok_record() -> LogRecord {
         let mut r = LogRecord::data("coll", "id-1", Operation::Upsert);
-        r.embedding = Some(vec![0.25, -1.0, 3.5]);
+        r.embedding = Some(vec![0.25, -1.0, 3.5].into());
         r.metadata = Some(Metadata::from([
             ("s".to_string(), MetaValue::String("v".into())),
             ("n".to_string(), MetaValue::Null),
@@ -339,7 +339,7 @@ mod tests {
     #[test]
     fn limits_at_the_boundary_pass() {
         let mut r = LogRecord::data("cccc", "iiii", Operation::Add);
-        r.embedding = Some(vec![1.0; 3]);
+        r.embedding = Some(vec![1.0; 3].into());
         r.metadata = Some(Metadata::from([
             ("kkkk".to_string(), MetaValue::String("vvv".into())),
             ("k".to_string(), MetaValue::Double(f64::MAX)),
@@ -379,12 +379,12 @@ mod tests {
     #[test]
     fn embeddings() {
         let mut r = LogRecord::data("c", "i", Operation::Add);
-        r.embedding = Some(vec![]);
+        r.embedding = Some(vec![].into());
         assert_eq!(kind_of(&r, &SMALL), "empty_embedding");
-        r.embedding = Some(vec![0.0; 4]);
+        r.embedding = Some(vec![0.0; 4].into());
         assert_eq!(validate(&r, &SMALL), Err(ValidationError::EmbeddingTooLarge { dim: 4, max: 3 }));
         for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
-            r.embedding = Some(vec![0.0, bad, 1.0]);
+            r.embedding = Some(vec![0.0, bad, 1.0].into());
             assert_eq!(validate(&r, &SMALL), Err(ValidationError::NonFiniteEmbedding { index: 1 }));
         }
         assert_eq!(kind_of(&r, &SMALL), "non_finite_embedding");

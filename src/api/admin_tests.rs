@@ -41,7 +41,7 @@ async fn sysdb_with(n: usize) -> Arc<Sysdb> {
             metadata.insert("i".into(), MetaValue::Long(i as i64));
             let r = Record {
                 id: format!("r{i:03}"),
-                embedding: Some(vec![i as f32, 1.0]),
+                embedding: Some(vec![i as f32, 1.0].into()),
                 metadata,
                 document: None,
                 offset: i as i64,

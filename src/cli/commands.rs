@@ -498,10 +498,8 @@ pub fn canonical_line(collection: &str, r: &crate::record::Record) -> String {
     let _ = write!(line, "{collection}\t{}\t", r.id);
     match &r.embedding {
         Some(e) => {
-            for x in e {
-                for b in x.to_le_bytes() {
-                    let _ = write!(line, "{b:02x}");
-                }
+            for b in e.as_le_bytes() {
+                let _ = write!(line, "{b:02x}");
             }
         }
         None => line.push('-'),
@@ -722,7 +720,7 @@ mod tests {
     fn canonical_line_is_exact() {
         let mut r = Record {
             id: "a".into(),
-            embedding: Some(vec![1.0, -0.5]),
+            embedding: Some(vec![1.0, -0.5].into()),
             metadata: Default::default(),
             document: None,
             offset: 9,

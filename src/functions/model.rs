@@ -6,14 +6,14 @@
 use std::collections::BTreeMap;
 
 use crate::materialize::model::reference;
-use crate::record::{LogRecord, MetaValue, Metadata};
+use crate::record::{Embedding, LogRecord, MetaValue, Metadata};
 
 /// One output record of an attached function as the model expects it: the record
 /// without its version (output versions are source offsets, an implementation detail of
 /// how live writes and the backfill are ordered, not part of the function's value).
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct ModelOutput {
-    pub embedding: Option<Vec<f32>>,
+    pub embedding: Option<Embedding>,
     pub metadata: Metadata,
     pub document: Option<String>,
 }
@@ -74,7 +74,7 @@ pub fn reference_outputs(log: &[(i64, LogRecord)], collection: &str, function: &
         "normalize" => {
             for (id, record) in records {
                 let output = ModelOutput {
-                    embedding: record.embedding.as_deref().map(normalize::l2_normalize),
+                    embedding: record.embedding.as_ref().map(normalize::l2_normalize),
                     metadata: record.metadata.clone(),
                     document: record.document.clone(),
                 };
@@ -103,7 +103,7 @@ mod tests {
     #[test]
     fn reference_outputs_are_the_functions_of_the_final_records() {
         let mut a = with_metadata(log_record("c", "a", Operation::Add), &[("k", MetaValue::Long(1))]);
-        a.embedding = Some(vec![3.0, 4.0]);
+        a.embedding = Some(vec![3.0, 4.0].into());
         let b = with_metadata(log_record("c", "b", Operation::Add), &[("k", MetaValue::Long(1))]);
         let gone = with_metadata(log_record("c", "g", Operation::Add), &[("k", MetaValue::Long(9))]);
         let b_changed = with_metadata(log_record("c", "b", Operation::Update), &[("k", MetaValue::Double(-0.0))]);
@@ -130,7 +130,7 @@ mod tests {
 
         let normalized = reference_outputs(&log, "c", "normalize");
         assert_eq!(normalized.keys().collect::<Vec<_>>(), vec!["a", "b"]);
-        assert_eq!(normalized["a"].embedding, Some(vec![0.6, 0.8]));
+        assert_eq!(normalized["a"].embedding, Some(vec![0.6, 0.8].into()));
         assert_eq!(normalized["b"].embedding, None);
         assert_eq!(normalized["b"].metadata["k"], MetaValue::Double(-0.0));
     }

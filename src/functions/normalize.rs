@@ -19,7 +19,7 @@ use std::collections::BTreeMap;
 
 use super::no_params;
 use super::{ChangeRef, Function, FunctionError, OutputDelta};
-use crate::record::Record;
+use crate::record::{Embedding, Record};
 
 /// Registry name.
 pub const NAME: &str = "normalize";
@@ -44,7 +44,7 @@ impl Function for Normalize {
             Some(after) => OutputDelta::Put {
                 record: Record {
                     id: change.id.to_string(),
-                    embedding: after.embedding.as_deref().map(l2_normalize),
+                    embedding: after.embedding.as_ref().map(l2_normalize),
                     metadata: after.metadata.clone(),
                     document: after.document.clone(),
                     offset: change.offset,
@@ -56,12 +56,12 @@ impl Function for Normalize {
 }
 
 /// `v / ‖v‖₂`; the zero vector (and the empty one) is returned unchanged.
-pub fn l2_normalize(v: &[f32]) -> Vec<f32> {
-    let norm = v.iter().map(|&x| f64::from(x) * f64::from(x)).sum::<f64>().sqrt();
+pub fn l2_normalize(v: &Embedding) -> Embedding {
+    let norm = v.iter().map(|x| f64::from(x) * f64::from(x)).sum::<f64>().sqrt();
     if norm == 0.0 {
-        return v.to_vec();
+        return v.clone();
     }
-    v.iter().map(|&x| (f64::from(x) / norm) as f32).collect()
+    v.iter().map(|x| (f64::from(x) / norm) as f32).collect()
 }
 
 #[cfg(test)]
@@ -72,7 +72,7 @@ mod tests {
     fn record(embedding: Option<Vec<f32>>, offset: i64) -> Record {
         Record {
             id: "a".into(),
-            embedding,
+            embedding: embedding.map(Embedding::from),
             metadata: Metadata::from([("k".to_string(), MetaValue::String("v".into()))]),
             document: Some("doc".into()),
             offset,
@@ -88,7 +88,7 @@ mod tests {
     #[test]
     fn normalize_puts_the_unit_vector_with_metadata_document_and_source_offset() {
         let after = record(Some(vec![3.0, 4.0]), 7);
-        let expected = Record { embedding: Some(vec![0.6, 0.8]), ..after.clone() };
+        let expected = Record { embedding: Some(vec![0.6, 0.8].into()), ..after.clone() };
         assert_eq!(deltas(None, Some(&after), 7), vec![OutputDelta::Put { record: expected.clone() }]);
         // A merge is a new version of the same output record.
         assert_eq!(
@@ -108,15 +108,15 @@ mod tests {
             panic!("put expected");
         };
         assert_eq!(out.embedding, None);
-        let zero = l2_normalize(&[0.0, -0.0]);
+        let zero = l2_normalize(&[0.0, -0.0].into());
         assert_eq!(zero.iter().map(|x| x.to_bits()).collect::<Vec<_>>(), vec![0.0f32.to_bits(), (-0.0f32).to_bits()]);
-        assert!(l2_normalize(&[]).is_empty());
+        assert!(l2_normalize(&Embedding::default()).is_empty());
     }
 
     #[test]
     fn l2_normalize_yields_unit_norm_without_overflow_or_underflow() {
         for v in [vec![1e-30f32, 1e-30], vec![3e38, 3e38], vec![-2.0, 0.0, 1.0], vec![f32::MIN_POSITIVE / 8.0]] {
-            let n = l2_normalize(&v);
+            let n = l2_normalize(&v.as_slice().into()).to_vec();
             let norm: f64 = n.iter().map(|&x| f64::from(x).powi(2)).sum::<f64>().sqrt();
             assert!((norm - 1.0).abs() < 1e-6, "{v:?} → {n:?} has norm {norm}");
             assert!(n.iter().zip(&v).all(|(a, b)| a.signum() == b.signum()));

@@ -13,7 +13,7 @@ use super::registry::{self, NAMES};
 use super::{record_counter, ChangeRef, Reads};
 use crate::functions::model::{reference_outputs, ModelOutput};
 use crate::materialize::fold_batch;
-use crate::record::{LogRecord, MetaValue, Metadata, Operation, Record};
+use crate::record::{Embedding, LogRecord, MetaValue, Metadata, Operation, Record};
 
 /// The output as a reader sees it: an absent `record_counter` counter reads as 0
 /// (see [`reference_outputs`]).
@@ -49,11 +49,11 @@ pub(super) fn meta_value(n: u8) -> MetaValue {
 
 /// Mostly dimension 2 with small components (the zero vector among them), rarely
 /// dimension 3 (rejected once the dimension is fixed), often none.
-pub(super) fn embedding(kind: u8, a: i8, b: i8) -> Option<Vec<f32>> {
+pub(super) fn embedding(kind: u8, a: i8, b: i8) -> Option<Embedding> {
     match kind % 8 {
         0..=2 => None,
-        3..=6 => Some(vec![f32::from(a), f32::from(b)]),
-        _ => Some(vec![f32::from(a), f32::from(b), 1.0]),
+        3..=6 => Some([f32::from(a), f32::from(b)].into()),
+        _ => Some([f32::from(a), f32::from(b), 1.0].into()),
     }
 }
 
@@ -236,7 +236,7 @@ fn generated_logs_exercise_the_function_cases() {
             out.changes
                 .iter()
                 .filter_map(|c| c.after.as_ref())
-                .any(|r| r.embedding.as_ref().is_some_and(|e| e.iter().all(|x| *x == 0.0))),
+                .any(|r| r.embedding.as_ref().is_some_and(|e| e.iter().all(|x| x == 0.0))),
         );
         let stats = reference_outputs(&log, "c0", "statistics");
         hit("escaped key", stats.keys().any(|k| k.starts_with("a%3Db=") || k.starts_with("50%25=")));

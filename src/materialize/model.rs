@@ -192,9 +192,9 @@ mod tests {
     #[test]
     fn model_keeps_collections_apart() {
         let mut with_embedding = log_record("x", "a", Operation::Add);
-        with_embedding.embedding = Some(vec![1.0, 2.0]);
+        with_embedding.embedding = Some(vec![1.0, 2.0].into());
         let mut other_dimension = log_record("y", "a", Operation::Add);
-        other_dimension.embedding = Some(vec![1.0, 2.0, 3.0]);
+        other_dimension.embedding = Some(vec![1.0, 2.0, 3.0].into());
         let state = reference(&[(0, with_embedding), (1, other_dimension)]);
         assert_eq!(state.collections["x"].dimension, Some(2));
         assert_eq!(state.collections["y"].dimension, Some(3));
@@ -204,9 +204,9 @@ mod tests {
     #[test]
     fn model_rejects_mismatched_dimension_even_when_it_would_ignore() {
         let mut first = log_record("c", "a", Operation::Add);
-        first.embedding = Some(vec![1.0, 2.0]);
+        first.embedding = Some(vec![1.0, 2.0].into());
         let mut wrong = log_record("c", "a", Operation::Add);
-        wrong.embedding = Some(vec![1.0]);
+        wrong.embedding = Some(vec![1.0].into());
         let state = reference(&[(0, first), (1, wrong)]);
         let c = &state.collections["c"];
         assert_eq!(c.rejected, vec![1]);

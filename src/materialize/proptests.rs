@@ -11,7 +11,7 @@ use proptest::test_runner::TestRunner;
 
 use super::model::{reference, CollectionModel};
 use super::*;
-use crate::record::{LogRecord, MetaValue, Metadata, Operation, Record};
+use crate::record::{Embedding, LogRecord, MetaValue, Metadata, Operation, Record};
 
 /// One generated log entry: the record, the offset gap before it (other partitions'
 /// collections are interleaved, so offsets of one collection have gaps), and whether
@@ -82,7 +82,7 @@ fn arb_entry() -> impl Strategy<Value = Entry> {
     (0..3u8, 0..8u8, arb_operation(), arb_embedding(), arb_metadata(), arb_document(), 1..3i64, 0..10u8).prop_map(
         |(collection, id, operation, embedding, metadata, document, gap, cut)| {
             let mut record = LogRecord::data(format!("c{collection}"), format!("id{id}"), operation);
-            record.embedding = embedding;
+            record.embedding = embedding.map(Embedding::from);
             record.metadata = metadata;
             record.document = document;
             Entry { record, gap, cut: cut < 3 }

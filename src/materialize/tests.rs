@@ -25,7 +25,7 @@ fn with_doc(mut rec: LogRecord, doc: &str) -> LogRecord {
 }
 
 fn with_emb(mut rec: LogRecord, emb: &[f32]) -> LogRecord {
-    rec.embedding = Some(emb.to_vec());
+    rec.embedding = Some(emb.into());
     rec
 }
 
@@ -189,7 +189,7 @@ fn merge_removes_keys_set_to_null_and_overwrites_the_others() {
 fn merge_keeps_document_embedding_and_metadata_the_record_does_not_carry() {
     let mut live = record("a", 3);
     live.document = Some("doc".into());
-    live.embedding = Some(vec![1.0, 2.0]);
+    live.embedding = Some(vec![1.0, 2.0].into());
     live.metadata.insert("k".into(), long(1));
     let out = fold(&store(&[live.clone()]), Some(2), &[log(Operation::Update, "a")]);
     let mut expected = live;
@@ -201,11 +201,11 @@ fn merge_keeps_document_embedding_and_metadata_the_record_does_not_carry() {
 fn merge_replaces_document_and_embedding_the_record_carries() {
     let mut live = record("a", 3);
     live.document = Some("old".into());
-    live.embedding = Some(vec![1.0, 2.0]);
+    live.embedding = Some(vec![1.0, 2.0].into());
     let out = fold(&store(&[live]), Some(2), &[with_emb(with_doc(log(Operation::Upsert, "a"), "new"), &[3.0, 4.0])]);
     let after = out.changes[0].after.as_ref().expect("merged");
     assert_eq!(after.document.as_deref(), Some("new"));
-    assert_eq!(after.embedding, Some(vec![3.0, 4.0]));
+    assert_eq!(after.embedding, Some(vec![3.0, 4.0].into()));
 }
 
 #[test]
@@ -220,7 +220,7 @@ fn insert_drops_null_metadata_values() {
 fn delete_then_add_in_one_batch_is_a_fresh_insert() {
     let mut live = record("a", 3);
     live.document = Some("old".into());
-    live.embedding = Some(vec![1.0, 2.0]);
+    live.embedding = Some(vec![1.0, 2.0].into());
     live.metadata.insert("old".into(), long(1));
     let add = with_meta(log(Operation::Add, "a"), &[("new", long(2))]);
     let out = fold(&store(&[live.clone()]), Some(2), &[log(Operation::Delete, "a"), add]);
@@ -305,7 +305,7 @@ fn mismatch_is_rejected_even_for_records_that_would_be_ignored() {
 #[test]
 fn rejected_record_has_no_effect_at_all() {
     let mut live = record("a", 3);
-    live.embedding = Some(vec![1.0, 2.0]);
+    live.embedding = Some(vec![1.0, 2.0].into());
     live.metadata.insert("k".into(), long(1));
     let upsert = with_doc(with_meta(with_emb(log(Operation::Upsert, "a"), &[9.0]), &[("k", MetaValue::Null)]), "new");
     let out = fold(&store(&[live]), Some(2), &[upsert, log(Operation::Add, "a")]);

@@ -104,19 +104,22 @@ fn decode_one(
     schemas: Option<&WriterSchemas>,
 ) -> Result<LogRecord, DlqEntry> {
     let bad = |kind: &'static str, message: String| DlqEntry { offset: m.offset, kind, message };
-    let payload = m.payload.as_deref().unwrap_or_default();
-    if payload.is_empty() {
-        return Err(bad(kinds::EMPTY_PAYLOAD, "message has no value".into()));
-    }
+    let payload = match &m.payload {
+        Some(p) if !p.is_empty() => p,
+        _ => return Err(bad(kinds::EMPTY_PAYLOAD, "message has no value".into())),
+    };
     let (schema_id, datum) = unframe(framing, payload).map_err(|e| bad(e.kind(), e.to_string()))?;
+    // The record's embedding is a slice of the payload (no copy): the payload is alive
+    // for the batch anyway, to be sent to the DLQ whole if the record is refused.
+    let datum = payload.slice_ref(datum);
     let rec = match (schemas, schema_id) {
         (Some(schemas), Some(id)) => match schemas.get(&id) {
-            Some(writer) => writer.decode(datum).map_err(|e| bad(e.kind(), format!("schema id {id}: {e}")))?,
+            Some(writer) => writer.decode_shared(&datum).map_err(|e| bad(e.kind(), format!("schema id {id}: {e}")))?,
             // The plan fetches every id first; a missing one here is a bug, and a DLQ
             // entry would lose a record the registry may know: fail the batch instead.
             None => return Err(bad(kinds::SCHEMA_NOT_FETCHED, format!("writer schema id {id} was not fetched"))),
         },
-        _ => codec::decode(datum).map_err(|e| bad(e.kind(), e.to_string()))?,
+        _ => codec::decode_shared(&datum).map_err(|e| bad(e.kind(), e.to_string()))?,
     };
     validate(&rec, limits).map_err(|e| bad(e.kind(), e.to_string()))?;
     if let Some(key) = &m.key {
@@ -483,6 +486,28 @@ mod tests {
     }
 
     #[test]
+    fn a_decoded_embedding_is_a_slice_of_the_message_payload() {
+        use crate::record::avro::{WriterDecoder, WriterSchemas, LOG_RECORD_SCHEMA_JSON};
+        use crate::record::framing::frame;
+        let mut r = rec("c", "a", Operation::Upsert);
+        r.embedding = Some(vec![0.5, -1.0, 2.0].into());
+        let within = |m: &Msg, d: &(i64, Result<LogRecord, DlqEntry>)| {
+            let payload = m.payload.as_ref().unwrap().as_ptr_range();
+            let e = d.1.as_ref().unwrap().embedding.as_ref().unwrap();
+            assert_eq!(e, &vec![0.5, -1.0, 2.0]);
+            payload.contains(&e.as_le_bytes().as_ptr())
+        };
+        let plain = [msg(0, Some("c"), encode(&r))];
+        let d = decode_all(&plain, Framing::Plain, &Limits::default(), None);
+        assert!(within(&plain[0], &d[0]), "the plain codec copied the embedding");
+        let schemas: WriterSchemas =
+            [(1, std::sync::Arc::new(WriterDecoder::from_json(LOG_RECORD_SCHEMA_JSON)))].into();
+        let framed = [msg(0, Some("c"), frame(Framing::Confluent, 1, &encode(&r)))];
+        let d = decode_all(&framed, Framing::Confluent, &Limits::default(), Some(&schemas));
+        assert!(within(&framed[0], &d[0]), "the writer schema's codec copied the embedding");
+    }
+
+    #[test]
     fn bad_input_becomes_dlq_entries_with_kinds() {
         let good = encode(&rec("c", "a", Operation::Add));
         let msgs = vec![
@@ -557,8 +582,8 @@ mod tests {
             // 0: none, 1: dimension 2 (the collection's), 2: dimension 3 (rejected)
             r.embedding = match emb % 3 {
                 0 => None,
-                1 => Some(vec![f32::from(id), 1.0]),
-                _ => Some(vec![0.5, 0.5, 0.5]),
+                1 => Some(vec![f32::from(id), 1.0].into()),
+                _ => Some(vec![0.5, 0.5, 0.5].into()),
             };
             r.document = doc.then(|| format!("doc{id}"));
             r.metadata = Some([(format!("k{}", meta % 3), MetaValue::Long(i64::from(meta)))].into_iter().collect());
@@ -568,7 +593,7 @@ mod tests {
         fn stored(id: u8, meta: u8, emb: bool, doc: bool) -> Record {
             Record {
                 id: format!("id{}", id % 5),
-                embedding: emb.then(|| vec![9.0, f32::from(meta)]),
+                embedding: emb.then(|| [9.0, f32::from(meta)].into()),
                 metadata: [("k1".to_string(), MetaValue::Long(i64::from(meta)))].into_iter().collect(),
                 document: doc.then(|| "stored".to_string()),
                 offset: 0,

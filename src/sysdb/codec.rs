@@ -20,19 +20,21 @@ use serde::ser::{Serialize, SerializeMap, Serializer};
 use serde_json::Value;
 
 use super::SysdbError;
-use crate::record::{MetaValue, Metadata, Record};
+use crate::record::{Embedding, MetaValue, Metadata, Record};
 
 /// Tag of the object that carries a non-finite double.
 const NON_FINITE_TAG: &str = "f64";
 
-/// Little-endian packed f32: the floats' own memory on little-endian targets, no copy.
-pub(crate) fn encode_embedding(v: &[f32]) -> std::borrow::Cow<'_, [u8]> {
-    crate::record::codec::f32s_as_le_bytes(v)
+/// Little-endian packed f32: the embedding's own bytes, as decoded from the log.
+pub(crate) fn encode_embedding(v: &Embedding) -> &[u8] {
+    v.as_le_bytes()
 }
 
-pub(crate) fn decode_embedding(bytes: &[u8]) -> Result<Vec<f32>, String> {
-    crate::record::codec::f32s_from_le_bytes(bytes)
-        .ok_or_else(|| format!("stored embedding has {} bytes, not a multiple of 4", bytes.len()))
+/// The stored bytes as an embedding, without a copy.
+pub(crate) fn decode_embedding(bytes: Vec<u8>) -> Result<Embedding, String> {
+    let len = bytes.len();
+    Embedding::from_le_bytes(bytes.into())
+        .ok_or_else(|| format!("stored embedding has {len} bytes, not a multiple of 4"))
 }
 
 /// JSON text of `metadata`, `None` when it has no (non-null) key. Serialized straight
@@ -210,7 +212,7 @@ pub(crate) fn decode_record(
 ) -> Result<Record, SysdbError> {
     let bad = |message: String| SysdbError::Database { backend, message: format!("record {id:?}: {message}") };
     let embedding = match embedding {
-        Some(bytes) => Some(decode_embedding(&bytes).map_err(bad)?),
+        Some(bytes) => Some(decode_embedding(bytes).map_err(bad)?),
         None => None,
     };
     let metadata = decode_metadata(metadata.as_deref()).map_err(bad)?;
@@ -346,7 +348,7 @@ mod tests {
         assert!(decode_metadata(Some("[1]")).is_err());
         assert!(decode_metadata(Some("{\"k\":[1]}")).is_err());
         assert!(decode_metadata(Some("nope")).is_err());
-        assert!(decode_embedding(&[0, 0, 0]).is_err());
+        assert!(decode_embedding(vec![0, 0, 0]).is_err());
     }
 
     #[test]
@@ -363,7 +365,7 @@ mod tests {
     #[test]
     fn embeddings_keep_every_bit() {
         let v = [f32::from_bits(0x7fc0_1234), -0.0, f32::MIN_POSITIVE / 2.0, f32::MAX, f32::NEG_INFINITY, 0.1];
-        let back = decode_embedding(&encode_embedding(&v)).unwrap();
+        let back = decode_embedding(encode_embedding(&v[..].into()).to_vec()).unwrap();
         assert_eq!(
             back.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
             v.iter().map(|x| x.to_bits()).collect::<Vec<_>>()

@@ -14,7 +14,7 @@ use super::{
     BatchCommit, CollectionRow, CollectionUpdate, CommitReport, ErrorClass, PartitionState, Sysdb, SysdbError,
 };
 use crate::positions::{IncompatibleDelta, PositionDelta};
-use crate::record::{MetaValue, Metadata, Record};
+use crate::record::{Embedding, MetaValue, Metadata, Record};
 
 pub mod functions;
 
@@ -26,7 +26,13 @@ pub fn unique(prefix: &str) -> String {
 fn record(id: &str, offset: i64, embedding: Option<Vec<f32>>) -> Record {
     let mut metadata = Metadata::new();
     metadata.insert("offset".into(), MetaValue::Long(offset));
-    Record { id: id.into(), embedding, metadata, document: Some(format!("doc {id} at {offset}")), offset }
+    Record {
+        id: id.into(),
+        embedding: embedding.map(Embedding::from),
+        metadata,
+        document: Some(format!("doc {id} at {offset}")),
+        offset,
+    }
 }
 
 fn upsert(r: Record) -> (String, Option<Record>) {
@@ -71,7 +77,7 @@ fn assert_records_bit_eq(got: &Record, want: &Record, what: &str) {
         got.metadata,
         want.metadata
     );
-    let bits = |e: &Option<Vec<f32>>| e.as_ref().map(|v| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>());
+    let bits = |e: &Option<Embedding>| e.as_ref().map(|v| v.iter().map(f32::to_bits).collect::<Vec<_>>());
     assert_eq!(bits(&got.embedding), bits(&want.embedding), "{what}: embedding bits");
 }
 
@@ -783,11 +789,17 @@ pub async fn embeddings_round_trip_bit_exact(db: &Sysdb) {
     ];
     let wide: Vec<f32> = (0..1536).map(|i| (i as f32).sin() * 1e-3).collect();
     let records = [
-        Record { id: "odd".into(), embedding: Some(odd), metadata: Metadata::new(), document: None, offset: 0 },
-        Record { id: "wide".into(), embedding: Some(wide), metadata: Metadata::new(), document: None, offset: 1 },
+        Record { id: "odd".into(), embedding: Some(odd.into()), metadata: Metadata::new(), document: None, offset: 0 },
+        Record {
+            id: "wide".into(),
+            embedding: Some(wide.into()),
+            metadata: Metadata::new(),
+            document: None,
+            offset: 1,
+        },
         Record {
             id: "empty".into(),
-            embedding: Some(Vec::new()),
+            embedding: Some(Embedding::default()),
             metadata: Metadata::new(),
             document: None,
             offset: 2,

@@ -178,7 +178,7 @@ struct BatchRows<'a> {
     coll_deltas: Vec<i64>,
     up_collections: Vec<&'a str>,
     up_ids: Vec<&'a str>,
-    up_embeddings: Vec<Option<std::borrow::Cow<'a, [u8]>>>,
+    up_embeddings: Vec<Option<&'a [u8]>>,
     up_metadata: Vec<Option<String>>,
     up_documents: Vec<Option<&'a str>>,
     up_offsets: Vec<i64>,
@@ -230,7 +230,7 @@ impl<'a> BatchRows<'a> {
                 Some(r) => {
                     rows.up_collections.push(collection);
                     rows.up_ids.push(id);
-                    rows.up_embeddings.push(r.embedding.as_deref().map(encode_embedding));
+                    rows.up_embeddings.push(r.embedding.as_ref().map(encode_embedding));
                     rows.up_metadata.push(encode_metadata(&r.metadata));
                     rows.up_documents.push(r.document.as_deref());
                     rows.up_offsets.push(r.offset);
@@ -853,7 +853,8 @@ mod tests {
             }
             out
         };
-        let emb = |bytes: usize| Some(std::borrow::Cow::Owned(vec![0u8; bytes]));
+        let zeros = vec![0u8; 3 << 20];
+        let emb = |bytes: usize| Some(&zeros[..bytes]);
         let mut rows = BatchRows::default();
         // 300 KiB each, the id's byte included: the third reaches 768 KiB and closes the chunk.
         for (i, size) in [300 << 10, 300 << 10, 300 << 10, 300 << 10, 2 << 20, 10].into_iter().enumerate() {

@@ -20,7 +20,7 @@ use tokio_util::sync::CancellationToken;
 
 use rusqlite::{params, Connection, ErrorCode, OptionalExtension, TransactionBehavior};
 
-use super::codec::{decode_record, encode_metadata};
+use super::codec::{decode_record, encode_embedding, encode_metadata};
 use super::schema;
 use super::{
     now_ms, BatchCommit, CollectionRow, CommitReport, DlqReplayRow, GapRow, PartitionState, ResetRow, Result,
@@ -402,7 +402,7 @@ fn apply_batch(
                     Some(r) => records.put_parts(
                         &c.id,
                         id,
-                        r.embedding.as_deref(),
+                        r.embedding.as_ref().map(encode_embedding),
                         encode_metadata(&r.metadata),
                         r.document.as_deref(),
                         r.offset,
@@ -927,7 +927,7 @@ mod tests {
             .map(|id| {
                 let record = Record {
                     id: (*id).into(),
-                    embedding: Some(vec![0.5, -1.0]),
+                    embedding: Some(vec![0.5, -1.0].into()),
                     metadata: Default::default(),
                     document: Some(format!("{id} of partition {partition}")),
                     offset: from,
@@ -1000,7 +1000,7 @@ mod tests {
             Record {
                 id: id.into(),
                 // Some records have no value at all, some only a document.
-                embedding: (kind % 3 == 0).then(|| vec![offset as f32, 1.5, -2.0]),
+                embedding: (kind % 3 == 0).then(|| [offset as f32, 1.5, -2.0].into()),
                 metadata,
                 document: (kind % 3 != 2).then(|| format!("{id} at {offset}")),
                 offset,

@@ -151,7 +151,7 @@ impl Log {
                 Op::Put(id, color) => {
                     let after = Record {
                         id: id.clone(),
-                        embedding: Some(vec![offset as f32, 3.0 - (offset % 7) as f32]),
+                        embedding: Some(vec![offset as f32, 3.0 - (offset % 7) as f32].into()),
                         metadata: Metadata::from([("color".to_string(), MetaValue::String(color.to_string()))]),
                         document: Some(format!("{id} at {offset}")),
                         offset,
@@ -748,7 +748,7 @@ pub async fn versioned_map_writes_never_go_back(db: &Sysdb) {
     let put_at = |id: &str, v: i64, doc: &str| OutputDelta::Put {
         record: Record {
             id: id.into(),
-            embedding: Some(vec![v as f32; 3]),
+            embedding: Some(vec![v as f32; 3].into()),
             metadata: Metadata::new(),
             document: Some(doc.into()),
             offset: v,

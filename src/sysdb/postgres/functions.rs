@@ -231,7 +231,7 @@ pub(super) async fn commit_functions(
     let mut pre = (
         Vec::<&str>::new(),
         Vec::<&str>::new(),
-        Vec::<Option<std::borrow::Cow<[u8]>>>::new(),
+        Vec::<Option<&[u8]>>::new(),
         Vec::<Option<String>>::new(),
         Vec::<Option<&str>>::new(),
         Vec::<i64>::new(),
@@ -242,7 +242,7 @@ pub(super) async fn commit_functions(
             if seen.insert((d.function_id, *id)) {
                 pre.0.push(d.function_id);
                 pre.1.push(id);
-                pre.2.push(r.embedding.as_deref().map(encode_embedding));
+                pre.2.push(r.embedding.as_ref().map(encode_embedding));
                 pre.3.push(encode_metadata(&r.metadata));
                 pre.4.push(r.document.as_deref());
                 pre.5.push(r.offset);
@@ -307,8 +307,7 @@ async fn apply_plan(
         plan.maps.iter().filter_map(|w| if let MapWrite::Put(r) = w { Some(r) } else { None }).collect();
     if !puts.is_empty() {
         let ids: Vec<&str> = puts.iter().map(|r| r.id.as_str()).collect();
-        let embeddings: Vec<Option<std::borrow::Cow<[u8]>>> =
-            puts.iter().map(|r| r.embedding.as_deref().map(encode_embedding)).collect();
+        let embeddings: Vec<Option<&[u8]>> = puts.iter().map(|r| r.embedding.as_ref().map(encode_embedding)).collect();
         let metadata: Vec<Option<String>> = puts.iter().map(|r| encode_metadata(&r.metadata)).collect();
         let documents: Vec<Option<&str>> = puts.iter().map(|r| r.document.as_deref()).collect();
         let offsets: Vec<i64> = puts.iter().map(|r| r.offset).collect();

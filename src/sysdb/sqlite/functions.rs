@@ -183,7 +183,7 @@ pub(super) fn commit_functions(
             start.execute(params![d.function_id, o, now])?;
         }
         for (id, r) in &d.preimages {
-            let emb = r.embedding.as_deref().map(encode_embedding);
+            let emb = r.embedding.as_ref().map(encode_embedding);
             preimage.execute(params![d.function_id, id, emb, encode_metadata(&r.metadata), r.document, r.offset])?;
         }
         if !d.plan.is_empty() {

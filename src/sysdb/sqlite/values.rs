@@ -248,7 +248,7 @@ impl<'c> RecordWriter<'c> {
         self.put_parts(
             collection,
             &record.id,
-            record.embedding.as_deref(),
+            record.embedding.as_ref().map(encode_embedding),
             encode_metadata(&record.metadata),
             record.document.as_deref(),
             record.offset,
@@ -259,15 +259,14 @@ impl<'c> RecordWriter<'c> {
         &mut self,
         collection: &str,
         id: &str,
-        embedding: Option<&[f32]>,
+        embedding: Option<&[u8]>,
         metadata: Option<String>,
         document: Option<&str>,
         offset: i64,
     ) -> Result<()> {
         let value = if embedding.is_some() || document.is_some() {
-            let emb = embedding.map(encode_embedding);
             self.appended += 1;
-            Some(self.append_value.insert(params![collection, id, emb.as_deref(), document])?)
+            Some(self.append_value.insert(params![collection, id, embedding, document])?)
         } else {
             None
         };
