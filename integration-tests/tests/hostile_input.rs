@@ -88,11 +88,11 @@ fn nasty(c: &str) -> Vec<(&'static str, Vec<u8>, &'static str)> {
     out.push(("10,000 metadata keys", encode(&r), "too_many_metadata_keys"));
 
     let mut r = data("big-value");
-    r.metadata = Some(Metadata::from([("v".to_string(), MetaValue::String("x".repeat(100 * 1024)))]));
+    r.metadata = Some(Metadata::from_iter([("v".to_string(), MetaValue::String("x".repeat(100 * 1024)))]));
     out.push(("100 KB metadata value", encode(&r), "metadata_value_too_large"));
 
     let mut r = data("nan-metadata");
-    r.metadata = Some(Metadata::from([("d".to_string(), MetaValue::Double(f64::NAN))]));
+    r.metadata = Some(Metadata::from_iter([("d".to_string(), MetaValue::Double(f64::NAN))]));
     out.push(("NaN metadata double", encode(&r), "non_finite_metadata_double"));
 
     for (name, bad) in

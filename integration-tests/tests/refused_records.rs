@@ -156,14 +156,14 @@ fn refused_records(env: Env) {
     // partition, in order.
     let long_value = incompressible(3000, 0x5eed);
     let mut long = LogRecord::data(c.as_str(), "long-value", Operation::Upsert);
-    long.metadata = Some(Metadata::from([
+    long.metadata = Some(Metadata::from_iter([
         ("blob".to_string(), MetaValue::String(long_value.clone())),
         ("color".to_string(), MetaValue::String("red".into())),
     ]));
     let mut nul_id = LogRecord::data(c.as_str(), "bad\0id", Operation::Upsert);
-    nul_id.metadata = Some(Metadata::from([("color".to_string(), MetaValue::String("red".into()))]));
+    nul_id.metadata = Some(Metadata::from_iter([("color".to_string(), MetaValue::String("red".into()))]));
     let mut nul_value = LogRecord::data(c.as_str(), "nul-in-value", Operation::Upsert);
-    nul_value.metadata = Some(Metadata::from([("note".to_string(), MetaValue::String("a\0b".into()))]));
+    nul_value.metadata = Some(Metadata::from_iter([("note".to_string(), MetaValue::String("a\0b".into()))]));
     let second = workload(160, 42, &env.prefix);
     let (before, after) = second.split_at(80);
 

@@ -652,7 +652,8 @@ fn java_producer_v1_and_v2() {
             }
             r.embedding = Some(vec![i as f32, -(i as f32), 0.5, 1e-3].into());
             r.document = (i % 2 == 0).then(|| format!("doc {i}"));
-            r.metadata = Some([("k".to_string(), sluice::record::MetaValue::String(format!("v{i}")))].into());
+            r.metadata =
+                Some([("k".to_string(), sluice::record::MetaValue::String(format!("v{i}")))].into_iter().collect());
             r
         })
         .collect();

@@ -28,7 +28,7 @@ fn record(dim: usize) -> LogRecord {
         Operation::Upsert,
     );
     r.embedding = Some((0..dim).map(|i| ((i as f32) * 0.731).sin()).collect());
-    r.metadata = Some(Metadata::from([
+    r.metadata = Some(Metadata::from_iter([
         ("source".to_string(), MetaValue::String("crawler-eu-west".into())),
         ("page".to_string(), MetaValue::Long(1234)),
         ("score".to_string(), MetaValue::Double(0.875)),

@@ -23,7 +23,8 @@ const LOG_RECORD_V0: &str = r#"{
 fn sample() -> LogRecord {
     let mut r = LogRecord::data("c-1", "r-1", Operation::Upsert);
     r.embedding = Some(vec![1.0, -2.5, f32::MIN_POSITIVE].into());
-    r.metadata = Some(Metadata::from([("a".to_string(), MetaValue::Long(-7)), ("b".to_string(), MetaValue::Null)]));
+    r.metadata =
+        Some(Metadata::from_iter([("a".to_string(), MetaValue::Long(-7)), ("b".to_string(), MetaValue::Null)]));
     r.document = Some("héllo".into());
     r
 }

@@ -18,8 +18,6 @@
 //! - every error names the field and the byte position ([`DecodeError`]), and has a stable
 //!   label ([`DecodeError::kind`]) used as the DLQ reason.
 
-use std::collections::btree_map::Entry;
-
 use super::{BackfillRef, Embedding, Encoding, LogRecord, MetaValue, Metadata, Operation};
 use bytes::Bytes;
 
@@ -320,17 +318,17 @@ impl<'a> Reader<'a> {
         const FIELD: &str = "metadata";
         let mut map = Metadata::new();
         while let Some(block) = self.map_block(FIELD)? {
+            // One allocation for the usual few keys; more grow the vector as they come
+            // (validation refuses more than `max_metadata_keys` after decoding).
+            map.reserve(usize::try_from(block.entries.min(16)).unwrap_or(16));
             for _ in 0..block.entries {
                 let key_pos = self.pos;
                 let key = self.string("metadata.key")?;
                 let value = self.meta_value()?;
-                match map.entry(key) {
-                    Entry::Vacant(slot) => {
-                        slot.insert(value);
-                    }
-                    Entry::Occupied(_) => {
-                        return Err(DecodeError::DuplicateMapKey { field: FIELD, pos: key_pos });
-                    }
+                // Writers often send keys in order: appending is then one comparison.
+                let refused = map.try_append(key, value).and_then(|(key, value)| map.try_insert(key, value));
+                if refused.is_some() {
+                    return Err(DecodeError::DuplicateMapKey { field: FIELD, pos: key_pos });
                 }
             }
             self.end_map_block(FIELD, block)?;

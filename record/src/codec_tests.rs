@@ -58,7 +58,7 @@ pub(crate) fn prefix() -> Vec<u8> {
 pub(crate) fn sample() -> LogRecord {
     let mut r = LogRecord::data("coll-1", "rec-1", Operation::Upsert);
     r.embedding = Some(vec![0.5, -1.0, f32::NAN].into());
-    r.metadata = Some(Metadata::from([
+    r.metadata = Some(Metadata::from_iter([
         ("k1".to_string(), MetaValue::String("v".into())),
         ("k2".to_string(), MetaValue::Double(2.5)),
         ("k3".to_string(), MetaValue::Bool(true)),
@@ -70,6 +70,26 @@ pub(crate) fn sample() -> LogRecord {
 // ---------------------------------------------------------------------------------------
 // Examples
 // ---------------------------------------------------------------------------------------
+
+#[test]
+fn metadata_keys_out_of_order_are_sorted_and_a_repeat_is_refused() {
+    // Writers with hash maps send keys in any order; the map keeps them sorted.
+    let entry = |k: &str| [string(k), long(0)].concat();
+    let body = |keys: &[&str]| {
+        let entries: Vec<u8> = keys.iter().flat_map(|k| entry(k)).collect();
+        [prefix(), long(1), long(keys.len() as i64), entries, long(0), long(0), long(0)].concat()
+    };
+    let r = decode(&body(&["b", "c", "a"])).expect("distinct keys");
+    let keys: Vec<&str> = r.metadata.as_ref().expect("metadata").keys().map(String::as_str).collect();
+    assert_eq!(keys, ["a", "b", "c"]);
+    assert!(bitwise_eq(&r, &decode_generic(&body(&["b", "c", "a"])).expect("generic")));
+    let p = prefix().len() + 2 + 2 * 3; // union branch, count, two entries of 3 bytes
+    assert_eq!(
+        decode(&body(&["b", "c", "b"])).expect_err("repeat"),
+        DecodeError::DuplicateMapKey { field: "metadata", pos: p }
+    );
+    assert_eq!(decode(&body(&["b", "a", "a"])).expect_err("repeat").kind(), "duplicate_map_key");
+}
 
 #[test]
 fn encodes_the_avro_spec_zigzag_varints() {
@@ -102,7 +122,8 @@ fn minimal_record_roundtrips_and_matches_generic_bytes() {
 fn nan_embedding_and_metadata_roundtrip_bit_for_bit() {
     let mut r = sample();
     r.embedding = Some(vec![f32::from_bits(0x7fc0_1234), f32::from_bits(0xffff_ffff), -0.0].into());
-    r.metadata = Some(Metadata::from([("n".to_string(), MetaValue::Double(f64::from_bits(0xfff0_0000_0000_0001)))]));
+    r.metadata =
+        Some(Metadata::from_iter([("n".to_string(), MetaValue::Double(f64::from_bits(0xfff0_0000_0000_0001)))]));
     let decoded = decode(&encode(&r)).expect("decode");
     assert!(bitwise_eq(&decoded, &r), "{decoded:?} != {r:?}");
 }
@@ -126,7 +147,7 @@ fn map_in_several_blocks_with_negative_counts_decodes_like_apache_avro() {
     ]
     .concat();
     let mut expected = LogRecord::data("c", "i", Operation::Add);
-    expected.metadata = Some(Metadata::from([
+    expected.metadata = Some(Metadata::from_iter([
         ("a".to_string(), MetaValue::Long(7)),
         ("b".to_string(), MetaValue::Null),
         ("c".to_string(), MetaValue::Bool(true)),
@@ -303,7 +324,7 @@ pub(crate) fn log_record() -> impl Strategy<Value = LogRecord> {
             operation,
             embedding: embedding.map(Embedding::from),
             encoding: Encoding::Float32,
-            metadata,
+            metadata: metadata.map(|m| m.into_iter().collect()),
             document,
             backfill,
         })

@@ -123,9 +123,9 @@ mod tests {
         assert_eq!(r.operation, Operation::Upsert);
         assert_eq!(r.embedding, Some(vec![1.0, 2.5].into()));
         let m = r.metadata.unwrap();
-        assert_eq!(m["a"], MetaValue::Long(1));
-        assert_eq!(m["b"], MetaValue::Double(1.5));
-        assert_eq!(m["e"], MetaValue::Null);
+        assert_eq!(m.get("a"), Some(&MetaValue::Long(1)));
+        assert_eq!(m.get("b"), Some(&MetaValue::Double(1.5)));
+        assert_eq!(m.get("e"), Some(&MetaValue::Null));
         assert!(parse_line("{").is_err());
         assert!(parse_line(r#"{"collection":"c","id":"1","operation":"merge"}"#).unwrap_err().contains("merge"));
         assert!(parse_line(r#"{"collection":"c","id":"1","operation":"add","extra":1}"#)

@@ -18,8 +18,6 @@ pub mod partitioner;
 pub mod validate;
 pub mod workload;
 
-use std::collections::BTreeMap;
-
 pub use embedding::Embedding;
 
 /// What a log record does to its collection (docs/design.md section 5).
@@ -86,8 +84,10 @@ pub enum MetaValue {
     Bool(bool),
 }
 
-/// Metadata keyed by name, ordered so that encodings and comparisons are stable.
-pub type Metadata = BTreeMap<String, MetaValue>;
+/// Metadata keyed by name, ordered so that encodings and comparisons are stable. A map
+/// kept as one sorted vector: a record's few keys take one allocation and are looked up
+/// by binary search, where a B-tree spends a node of 11 slots on them.
+pub type Metadata = litemap::LiteMap<String, MetaValue>;
 
 /// Payload of a `BACKFILL_FN` control record.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -300,7 +300,7 @@ mod tests {
     fn ok_record() -> LogRecord {
         let mut r = LogRecord::data("coll", "id-1", Operation::Upsert);
         r.embedding = Some(vec![0.25, -1.0, 3.5].into());
-        r.metadata = Some(Metadata::from([
+        r.metadata = Some(Metadata::from_iter([
             ("s".to_string(), MetaValue::String("v".into())),
             ("n".to_string(), MetaValue::Null),
             ("l".to_string(), MetaValue::Long(-3)),
@@ -340,7 +340,7 @@ mod tests {
     fn limits_at_the_boundary_pass() {
         let mut r = LogRecord::data("cccc", "iiii", Operation::Add);
         r.embedding = Some(vec![1.0; 3].into());
-        r.metadata = Some(Metadata::from([
+        r.metadata = Some(Metadata::from_iter([
             ("kkkk".to_string(), MetaValue::String("vvv".into())),
             ("k".to_string(), MetaValue::Double(f64::MAX)),
         ]));
@@ -421,7 +421,7 @@ mod tests {
     fn long_keys_are_cut_in_errors() {
         let key = "ü".repeat(100);
         let mut r = LogRecord::data("c", "i", Operation::Upsert);
-        r.metadata = Some(Metadata::from([(key, MetaValue::Double(f64::NAN))]));
+        r.metadata = Some(Metadata::from_iter([(key, MetaValue::Double(f64::NAN))]));
         match validate(&r, &Limits::default()) {
             Err(ValidationError::NonFiniteMetadataDouble { key }) => {
                 assert_eq!(key.chars().count(), 65)

@@ -159,7 +159,7 @@ mod tests {
     fn count(id: &str, delta: i64, remove_at_zero: bool) -> OutputDelta {
         OutputDelta::Count {
             output_id: id.into(),
-            fields: Metadata::from([("key".to_string(), MetaValue::String("k".into()))]),
+            fields: Metadata::from_iter([("key".to_string(), MetaValue::String("k".into()))]),
             count_field: "count",
             delta,
             remove_at_zero,
@@ -209,12 +209,12 @@ mod tests {
     fn counts_add_up_go_negative_and_vanish_at_zero_only_when_asked() {
         let mut store = OutputStore::default();
         apply_deltas(&mut store, &[count("p", -1, true)], false);
-        assert_eq!(store.records["p"].metadata["count"], MetaValue::Long(-1));
-        assert_eq!(store.records["p"].metadata["key"], MetaValue::String("k".into()));
+        assert_eq!(store.records["p"].metadata.get("count"), Some(&MetaValue::Long(-1)));
+        assert_eq!(store.records["p"].metadata.get("key"), Some(&MetaValue::String("k".into())));
         apply_deltas(&mut store, &[count("p", 1, true)], true);
         assert!(store.records.is_empty());
         apply_deltas(&mut store, &[count("q", 1, false), count("q", -1, false)], false);
-        assert_eq!(store.records["q"].metadata["count"], MetaValue::Long(0));
+        assert_eq!(store.records["q"].metadata.get("count"), Some(&MetaValue::Long(0)));
     }
 
     #[test]

@@ -49,7 +49,7 @@ pub fn reference_outputs(log: &[(i64, LogRecord)], collection: &str, function: &
         "record_counter" => {
             let total = i64::try_from(records.len()).expect("fits");
             let counter = ModelOutput {
-                metadata: Metadata::from([("total_count".to_string(), MetaValue::Long(total))]),
+                metadata: Metadata::from_iter([("total_count".to_string(), MetaValue::Long(total))]),
                 ..ModelOutput::default()
             };
             outputs.insert("function_output".to_string(), counter);
@@ -58,7 +58,7 @@ pub fn reference_outputs(log: &[(i64, LogRecord)], collection: &str, function: &
             for record in records.values() {
                 for (key, value) in &record.metadata {
                     let output = outputs.entry(statistics::output_id(key, value)).or_insert_with(|| ModelOutput {
-                        metadata: Metadata::from([
+                        metadata: Metadata::from_iter([
                             ("key".to_string(), MetaValue::String(key.clone())),
                             ("value".to_string(), value.clone()),
                             ("count".to_string(), MetaValue::Long(0)),
@@ -118,20 +118,20 @@ mod tests {
 
         let counter = reference_outputs(&log, "c", "record_counter");
         assert_eq!(counter.len(), 1);
-        assert_eq!(counter["function_output"].metadata["total_count"], MetaValue::Long(2));
+        assert_eq!(counter["function_output"].metadata.get("total_count"), Some(&MetaValue::Long(2)));
         let empty = reference_outputs(&log, "nothing", "record_counter");
-        assert_eq!(empty["function_output"].metadata["total_count"], MetaValue::Long(0));
+        assert_eq!(empty["function_output"].metadata.get("total_count"), Some(&MetaValue::Long(0)));
 
         let stats = reference_outputs(&log, "c", "statistics");
         assert_eq!(stats.keys().collect::<Vec<_>>(), vec!["k=d:-0.0", "k=l:1"]);
-        assert_eq!(stats["k=l:1"].metadata["count"], MetaValue::Long(1));
-        assert_eq!(stats["k=l:1"].metadata["key"], MetaValue::String("k".into()));
-        assert_eq!(stats["k=d:-0.0"].metadata["value"], MetaValue::Double(-0.0));
+        assert_eq!(stats["k=l:1"].metadata.get("count"), Some(&MetaValue::Long(1)));
+        assert_eq!(stats["k=l:1"].metadata.get("key"), Some(&MetaValue::String("k".into())));
+        assert_eq!(stats["k=d:-0.0"].metadata.get("value"), Some(&MetaValue::Double(-0.0)));
 
         let normalized = reference_outputs(&log, "c", "normalize");
         assert_eq!(normalized.keys().collect::<Vec<_>>(), vec!["a", "b"]);
         assert_eq!(normalized["a"].embedding, Some(vec![0.6, 0.8].into()));
         assert_eq!(normalized["b"].embedding, None);
-        assert_eq!(normalized["b"].metadata["k"], MetaValue::Double(-0.0));
+        assert_eq!(normalized["b"].metadata.get("k"), Some(&MetaValue::Double(-0.0)));
     }
 }

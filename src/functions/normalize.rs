@@ -73,7 +73,7 @@ mod tests {
         Record {
             id: "a".into(),
             embedding: embedding.map(Embedding::from),
-            metadata: Metadata::from([("k".to_string(), MetaValue::String("v".into()))]),
+            metadata: Metadata::from_iter([("k".to_string(), MetaValue::String("v".into()))]),
             document: Some("doc".into()),
             offset,
         }

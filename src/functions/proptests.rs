@@ -21,7 +21,7 @@ pub(super) fn observed(store: &OutputStore, function: &str) -> BTreeMap<String, 
     let mut contents = store.contents();
     if function == record_counter::NAME {
         contents.entry(record_counter::OUTPUT_ID.to_string()).or_insert_with(|| ModelOutput {
-            metadata: Metadata::from([(record_counter::COUNT_FIELD.to_string(), MetaValue::Long(0))]),
+            metadata: Metadata::from_iter([(record_counter::COUNT_FIELD.to_string(), MetaValue::Long(0))]),
             ..ModelOutput::default()
         });
     }
@@ -240,7 +240,10 @@ fn generated_logs_exercise_the_function_cases() {
         );
         let stats = reference_outputs(&log, "c0", "statistics");
         hit("escaped key", stats.keys().any(|k| k.starts_with("a%3Db=") || k.starts_with("50%25=")));
-        hit("count above one", stats.values().any(|o| matches!(o.metadata["count"], MetaValue::Long(n) if n > 1)));
+        hit(
+            "count above one",
+            stats.values().any(|o| matches!(o.metadata.get("count"), Some(MetaValue::Long(n)) if *n > 1)),
+        );
     }
     for case in [
         "several batches",

@@ -68,7 +68,7 @@ mod tests {
         Record {
             id: "a".into(),
             embedding: None,
-            metadata: Metadata::from([("k".to_string(), MetaValue::Long(1))]),
+            metadata: Metadata::from_iter([("k".to_string(), MetaValue::Long(1))]),
             document: None,
             offset,
         }

@@ -109,7 +109,7 @@ fn count_delta(key: &str, value: &MetaValue, delta: i64) -> OutputDelta {
 
 /// The output record's metadata besides the count: `key` and `value`.
 pub fn pair_fields(key: &str, value: &MetaValue) -> Metadata {
-    Metadata::from([
+    Metadata::from_iter([
         (KEY_FIELD.to_string(), MetaValue::String(key.to_string())),
         (VALUE_FIELD.to_string(), value.clone()),
     ])

@@ -497,8 +497,9 @@ fn insert(offset: i64, rec: &LogRecord) -> Record {
 
 /// [`insert`], moving `rec`'s fields instead of cloning them.
 fn insert_owned(offset: i64, rec: LogRecord) -> Record {
-    let mut metadata = Metadata::new();
-    apply_metadata(&mut metadata, rec.metadata.into_iter().flatten());
+    // Onto nothing, the updates are the map itself less its removals (`Null`).
+    let mut metadata = rec.metadata.unwrap_or_default();
+    metadata.retain(|_, v| !matches!(v, MetaValue::Null));
     Record { id: rec.id, embedding: rec.embedding, metadata, document: rec.document, offset }
 }
 

@@ -181,7 +181,8 @@ fn merge_removes_keys_set_to_null_and_overwrites_the_others() {
         ("changed".to_string(), string("two")),
         ("kept".to_string(), long(1)),
     ]
-    .into();
+    .into_iter()
+    .collect();
     assert_eq!(after.metadata, expected);
 }
 
@@ -213,7 +214,7 @@ fn insert_drops_null_metadata_values() {
     let add = with_meta(log(Operation::Add, "a"), &[("null", MetaValue::Null), ("k", long(1))]);
     let out = fold(&store(&[]), None, &[add]);
     let after = out.changes[0].after.as_ref().expect("inserted");
-    assert_eq!(after.metadata, Metadata::from([("k".to_string(), long(1))]));
+    assert_eq!(after.metadata, Metadata::from_iter([("k".to_string(), long(1))]));
 }
 
 #[test]
@@ -251,7 +252,7 @@ fn later_records_of_the_batch_see_the_earlier_ones() {
     assert_eq!(out.changes[1].before, out.changes[0].after);
     assert_eq!(out.changes[2].before, out.changes[1].after);
     let last = out.final_states()["a"].expect("live").clone();
-    assert_eq!(last.metadata, Metadata::from([("y".to_string(), long(2))]));
+    assert_eq!(last.metadata, Metadata::from_iter([("y".to_string(), long(2))]));
     assert_eq!(last.offset, 12);
 }
 

@@ -188,7 +188,7 @@ pub async fn commit_batch_applies_records_collections_and_position(db: &Sysdb) {
     // Second batch: delete a, replace b, insert d; c2 gets its dimension; c1's dimension
     // is already set and must not change; a listed partition never moves an existing row.
     let b2 = Record {
-        metadata: Metadata::from([("k".to_string(), MetaValue::Bool(true))]),
+        metadata: Metadata::from_iter([("k".to_string(), MetaValue::Bool(true))]),
         ..record("b", 5, Some(vec![7.0, 8.0, 9.0]))
     };
     let d = record("d", 6, Some(vec![0.5, 0.25, 0.125]));
@@ -824,7 +824,7 @@ pub async fn a_batch_of_many_megabytes_is_written_whole(db: &Sysdb) {
     let record = |i: usize, offset: i64| Record {
         id: format!("r{i:05}"),
         embedding: Some((0..1536).map(|j| ((i * 1536 + j) as f32 * 1e-4).cos() + offset as f32).collect()),
-        metadata: Metadata::from([("i".to_string(), MetaValue::Long(i as i64))]),
+        metadata: Metadata::from_iter([("i".to_string(), MetaValue::Long(i as i64))]),
         document: (i % 3 == 0).then(|| format!("document {i} at {offset}")),
         offset,
     };

@@ -385,7 +385,7 @@ mod tests {
         prop_oneof![
             (ids.clone(), -2i64..3, any::<bool>(), 0u8..2).prop_map(|(id, delta, rz, f)| OutputDelta::Count {
                 output_id: format!("n{id}"),
-                fields: Metadata::from([("f".to_string(), MetaValue::Long(i64::from(f)))]),
+                fields: Metadata::from_iter([("f".to_string(), MetaValue::Long(i64::from(f)))]),
                 count_field: "count",
                 delta,
                 remove_at_zero: rz,

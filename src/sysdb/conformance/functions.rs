@@ -59,7 +59,7 @@ impl Function for TestCounter {
         }
         for (r, sign) in [(c.before, -1), (c.after, 1)] {
             if let Some(MetaValue::String(color)) = r.and_then(|r| r.metadata.get("color")) {
-                let fields = Metadata::from([("color".to_string(), MetaValue::String(color.clone()))]);
+                let fields = Metadata::from_iter([("color".to_string(), MetaValue::String(color.clone()))]);
                 out.push(count(&format!("color={color}"), fields, sign, true));
             }
         }
@@ -152,7 +152,7 @@ impl Log {
                     let after = Record {
                         id: id.clone(),
                         embedding: Some(vec![offset as f32, 3.0 - (offset % 7) as f32].into()),
-                        metadata: Metadata::from([("color".to_string(), MetaValue::String(color.to_string()))]),
+                        metadata: Metadata::from_iter([("color".to_string(), MetaValue::String(color.to_string()))]),
                         document: Some(format!("{id} at {offset}")),
                         offset,
                     };
@@ -820,7 +820,7 @@ pub async fn counts_vanish_at_zero_only_when_asked(db: &Sysdb) {
     let f = attach(db, &log, "test_counter", &unique("out")).await;
     log.commit(db, &[marker(&f)], &[(&f.id, &TestCounter)]).await;
     let c = |id: &str, d: i64, rz: bool, tag: &str| {
-        count(id, Metadata::from([("tag".to_string(), MetaValue::String(tag.into()))]), d, rz)
+        count(id, Metadata::from_iter([("tag".to_string(), MetaValue::String(tag.into()))]), d, rz)
     };
 
     log.commit_deltas(db, &f.id, vec![vec![c("p", 1, true, "a")], vec![c("q", 1, false, "a")]]).await;
@@ -953,7 +953,7 @@ pub async fn outputs_match_the_reference_for_random_deltas(db: &Sysdb) {
                         let tag = MetaValue::Long(rng.below(3) as i64);
                         count(
                             &format!("c{}", rng.below(3)),
-                            Metadata::from([("tag".to_string(), tag)]),
+                            Metadata::from_iter([("tag".to_string(), tag)]),
                             rng.below(5) as i64 - 2,
                             rng.chance(50),
                         )
