@@ -64,6 +64,13 @@ impl<'a> EmbeddingRef<'a> {
         (bytes.len() % 4 == 0).then_some(EmbeddingRef { bytes })
     }
 
+    /// The view of bytes already checked to be a whole number of values (an
+    /// [`super::Embedding`]'s).
+    pub(crate) fn whole(bytes: &'a [u8]) -> Self {
+        debug_assert_eq!(bytes.len() % 4, 0);
+        EmbeddingRef { bytes }
+    }
+
     /// Number of values (the dimension).
     pub fn len(&self) -> usize {
         self.bytes.len() / 4

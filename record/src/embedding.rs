@@ -13,6 +13,8 @@
 
 use bytes::Bytes;
 
+use super::borrowed::EmbeddingRef;
+
 /// Packed little-endian f32 values, a whole number of them. Cloning shares the bytes.
 #[derive(Clone, Default)]
 pub struct Embedding {
@@ -30,9 +32,14 @@ impl Embedding {
         Embedding { bytes: Bytes::from(super::codec::f32s_to_le_bytes(values)) }
     }
 
+    /// The borrowed view, which reads the values.
+    pub fn view(&self) -> EmbeddingRef<'_> {
+        EmbeddingRef::whole(&self.bytes)
+    }
+
     /// Number of values (the dimension).
     pub fn len(&self) -> usize {
-        self.bytes.len() / 4
+        self.view().len()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -46,19 +53,17 @@ impl Embedding {
 
     /// The value at `index`, if there is one.
     pub fn get(&self, index: usize) -> Option<f32> {
-        let at = index.checked_mul(4)?;
-        let b = self.bytes.get(at..at.checked_add(4)?)?;
-        Some(f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        self.view().get(index)
     }
 
     /// The values in order.
     pub fn iter(&self) -> impl ExactSizeIterator<Item = f32> + '_ {
-        self.bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        self.view().iter()
     }
 
     /// The values as floats (one copy).
     pub fn to_vec(&self) -> Vec<f32> {
-        super::codec::f32s_from_le_bytes(&self.bytes).unwrap_or_default()
+        self.view().to_vec()
     }
 
     /// The same values in bytes of their own: for an embedding kept longer than the
@@ -69,8 +74,8 @@ impl Embedding {
 }
 
 /// A copy of the borrowed decoder's view (already a whole number of values).
-impl From<super::borrowed::EmbeddingRef<'_>> for Embedding {
-    fn from(view: super::borrowed::EmbeddingRef<'_>) -> Self {
+impl From<EmbeddingRef<'_>> for Embedding {
+    fn from(view: EmbeddingRef<'_>) -> Self {
         Embedding { bytes: Bytes::copy_from_slice(view.as_bytes()) }
     }
 }
