@@ -60,6 +60,21 @@ if ! cargo +nightly fuzz build -s none >"$build_log" 2>&1; then
 fi
 echo "== built in $(( $(date +%s) - build_start ))s"
 
+# The seeds are checked in; the generator must still build and write exactly them, so a
+# change to the record types cannot leave it behind (a stable build of the example).
+echo "== the checked-in seeds are what fuzz/examples/gen_seeds.rs writes"
+seeds_now="$(mktemp -d)"
+if ! cargo run -q --example gen_seeds -- "$seeds_now" >"$FUZZ/artifacts/gen_seeds.log" 2>&1; then
+    tail -n 40 "$FUZZ/artifacts/gen_seeds.log" >&2
+    echo "fuzz.sh: fuzz/examples/gen_seeds.rs did not build or run (log: $FUZZ/artifacts/gen_seeds.log)" >&2
+    exit 1
+fi
+if ! diff -r "$FUZZ/seeds" "$seeds_now" >&2; then
+    echo "fuzz.sh: fuzz/seeds differs from what gen_seeds writes; regenerate them (cd fuzz && cargo run --example gen_seeds) and commit" >&2
+    exit 1
+fi
+rm -rf "$seeds_now"
+
 SUMMARY="$FUZZ/artifacts/summary.txt"
 failed=()
 printf '\n%-20s %8s %14s %10s %8s  %s\n' TARGET SECONDS EXECS EXECS/S CORPUS OUTCOME > "$SUMMARY"

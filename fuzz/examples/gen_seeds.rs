@@ -5,9 +5,11 @@
 //!
 //!     cargo run --manifest-path fuzz/Cargo.toml --example gen_seeds --target-dir target
 //!
-//! (run from the repository root; `--target-dir target` reuses the root build.)
+//! (run from the repository root; `--target-dir target` reuses the root build.) With a
+//! directory as its argument it writes there instead: `scripts/fuzz.sh` checks that the
+//! checked-in seeds are what this writes.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use sluice_record::jsonl::log_record_to_json;
 use sluice_record::codec::encode;
@@ -20,8 +22,8 @@ fn edge_records() -> Vec<LogRecord> {
         out.push(LogRecord::data("c", "id-1", op));
     }
     let mut full = LogRecord::data("coll-ü", "id-é", Operation::Upsert);
-    full.embedding = Some(vec![0.25, -1.0, 3.5, f32::MIN_POSITIVE]);
-    full.metadata = Some(Metadata::from([
+    full.embedding = Some(vec![0.25, -1.0, 3.5, f32::MIN_POSITIVE].into());
+    full.metadata = Some(Metadata::from_iter([
         ("s".to_string(), MetaValue::String("v".into())),
         ("n".to_string(), MetaValue::Null),
         ("l".to_string(), MetaValue::Long(i64::MIN)),
@@ -31,11 +33,11 @@ fn edge_records() -> Vec<LogRecord> {
     full.document = Some("a document\nwith two lines".into());
     out.push(full.clone());
     let mut nan = full.clone();
-    nan.embedding = Some(vec![f32::NAN, f32::INFINITY]);
-    nan.metadata = Some(Metadata::from([("x".to_string(), MetaValue::Double(f64::NAN))]));
+    nan.embedding = Some(vec![f32::NAN, f32::INFINITY].into());
+    nan.metadata = Some(Metadata::from_iter([("x".to_string(), MetaValue::Double(f64::NAN))]));
     out.push(nan);
     let mut empty = LogRecord::data("", "", Operation::Add);
-    empty.embedding = Some(vec![]);
+    empty.embedding = Some(Default::default());
     empty.metadata = Some(Metadata::new());
     empty.document = Some(String::new());
     out.push(empty);
@@ -107,7 +109,10 @@ fn write(dir: &Path, name: String, bytes: &[u8]) {
 }
 
 fn main() {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("seeds");
+    let root = std::env::args()
+        .nth(1)
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("seeds"));
     let records = edge_records();
     let avro = root.join("decode_log_record");
     let jsonl = root.join("jsonl_line");
