@@ -304,7 +304,7 @@ struct PendingCommit {
 }
 
 /// Commit every waiting batch in ONE transaction (group commit; see
-/// [`SqliteSysdb::commit_batch`]). Each batch runs inside a savepoint: its compare-and-set
+/// [`SqliteSysdb::commit_batch`]). Each batch keeps its own outcome: its compare-and-set
 /// and its writes either all stay or are rolled back alone, so one batch's conflict or
 /// refused value never touches another's. If the transaction itself cannot begin or
 /// commit, every batch gets that error and nothing of any of them is stored.
@@ -319,12 +319,27 @@ fn commit_group(conn: &mut Connection, group: Vec<PendingCommit>) {
     }
 }
 
+/// The group's batches first go in together, without savepoints: inside a savepoint,
+/// SQLite copies every page before its first change to a sub-journal (a temporary file
+/// beyond 64 KiB), a cost per batch that only a failing batch needs. If one of them
+/// fails, nothing of that attempt stays and the group runs again, each batch in its own
+/// savepoint ([`commit_each`]).
 fn commit_group_sync(conn: &mut Connection, group: &[PendingCommit]) -> Result<Vec<Result<CommitReport>>> {
-    // Dropping `tx` without commit rolls back, so an early return stores nothing.
+    if group.len() > 1 {
+        if let Some(reports) = commit_all_or_none(conn, group)? {
+            return Ok(reports.into_iter().map(Ok).collect());
+        }
+    }
+    commit_each(conn, group)
+}
+
+/// Begin a group's write transaction and choose where its records go. Dropping the
+/// transaction without commit rolls back, so an early return stores nothing.
+fn begin_group<'c>(
+    conn: &'c mut Connection,
+    group: &[PendingCommit],
+) -> Result<(rusqlite::Transaction<'c>, values::Target)> {
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-    let now = now_ms();
-    let mut outcomes = Vec::with_capacity(group.len());
-    let mut appended = 0;
     let writes: usize = group.iter().flat_map(|p| &p.batch.collections).map(|c| c.writes.len()).sum();
     // Large transactions, and those with function outputs (whose writes read the output
     // records first, in SQL), merge the delta and write `records` directly.
@@ -334,6 +349,45 @@ fn commit_group_sync(conn: &mut Connection, group: &[PendingCommit]) -> Result<V
     } else {
         values::Target::Delta
     };
+    Ok((tx, target))
+}
+
+/// Compact what the group appended and commit.
+fn finish_group(tx: rusqlite::Transaction<'_>, target: values::Target, appended: usize) -> Result<()> {
+    match target {
+        values::Target::Records => values::compact(&tx, appended)?,
+        // The values appended through the delta are compacted at its merge.
+        values::Target::Delta => {
+            values::merge_delta(&tx, false)?;
+        }
+    }
+    tx.commit()?;
+    Ok(())
+}
+
+/// Every batch of the group in one transaction, or none: `None` when a batch failed
+/// (the transaction is rolled back and nothing of the group is stored).
+fn commit_all_or_none(conn: &mut Connection, group: &[PendingCommit]) -> Result<Option<Vec<CommitReport>>> {
+    let (tx, target) = begin_group(conn, group)?;
+    let now = now_ms();
+    let mut appended = 0;
+    let mut reports = Vec::with_capacity(group.len());
+    for pending in group {
+        match apply_batch(&tx, &pending.batch, now, &mut appended, target) {
+            Ok(report) => reports.push(report),
+            Err(_) => return Ok(None),
+        }
+    }
+    finish_group(tx, target, appended)?;
+    Ok(Some(reports))
+}
+
+/// Every batch of the group in its own savepoint, with its own outcome.
+fn commit_each(conn: &mut Connection, group: &[PendingCommit]) -> Result<Vec<Result<CommitReport>>> {
+    let (tx, target) = begin_group(conn, group)?;
+    let now = now_ms();
+    let mut outcomes = Vec::with_capacity(group.len());
+    let mut appended = 0;
     for pending in group {
         if group.len() == 1 {
             outcomes.push(apply_batch(&tx, &pending.batch, now, &mut appended, target));
@@ -353,14 +407,7 @@ fn commit_group_sync(conn: &mut Connection, group: &[PendingCommit]) -> Result<V
         outcomes.push(outcome);
     }
     if outcomes.iter().any(Result::is_ok) {
-        match target {
-            values::Target::Records => values::compact(&tx, appended)?,
-            // The values appended through the delta are compacted at its merge.
-            values::Target::Delta => {
-                values::merge_delta(&tx, false)?;
-            }
-        }
-        tx.commit()?;
+        finish_group(tx, target, appended)?;
     }
     Ok(outcomes)
 }
@@ -1207,6 +1254,41 @@ mod tests {
             .map(Result::unwrap)
             .collect();
         assert_eq!(collections, vec!["coll-0", "coll-3"]);
+    }
+
+    /// The group's first attempt: every batch or none. Three good batches all commit; with
+    /// a conflicting one among them nothing is stored, and the group is left to the
+    /// savepoint path.
+    #[test]
+    fn a_group_goes_in_whole_or_not_at_all_before_savepoints() {
+        let mut conn = open_connection(":memory:").unwrap();
+        configure(&conn, ":memory:").unwrap();
+        migrate(&mut conn).unwrap();
+        for p in 0..4 {
+            write_next_offset(&conn, "group", p, 0, 0).unwrap();
+        }
+        let pending = |batches: &[Arc<BatchCommit>]| -> Vec<PendingCommit> {
+            batches
+                .iter()
+                .map(|b| PendingCommit { batch: Arc::clone(b), reply: tokio::sync::oneshot::channel().0 })
+                .collect()
+        };
+        let positions = |conn: &Connection| -> Vec<i64> {
+            (0..4).map(|p| read_next_offset(conn, "group", p).unwrap().unwrap()).collect()
+        };
+        let mixed = [group_batch(0, 0, 5, &["a"]), group_batch(1, 3, 5, &["b"]), group_batch(2, 0, 5, &["c"])];
+        assert!(commit_all_or_none(&mut conn, &pending(&mixed)).unwrap().is_none(), "a conflict fails the attempt");
+        assert_eq!(positions(&conn), vec![0, 0, 0, 0], "nothing of the failed attempt is stored");
+        let count = |conn: &Connection| -> i64 {
+            conn.query_row(&format!("SELECT count(*) FROM {}", values::CURRENT_RECORDS), [], |r| r.get(0)).unwrap()
+        };
+        assert_eq!(count(&conn), 0);
+
+        let good = [group_batch(0, 0, 5, &["a"]), group_batch(1, 0, 5, &["b", "b2"]), group_batch(2, 0, 5, &["c"])];
+        let reports = commit_all_or_none(&mut conn, &pending(&good)).unwrap().expect("every batch commits");
+        assert_eq!(reports.len(), 3);
+        assert_eq!(positions(&conn), vec![5, 5, 5, 0]);
+        assert_eq!(count(&conn), 4);
     }
 
     /// Many partitions committing at once through the public API (grouped or not, as the
