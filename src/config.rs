@@ -211,11 +211,11 @@ pub struct ProcessorConfig {
     /// workers, fetch buffers, on SQLite the page caches (34 MiB), on PostgreSQL a message
     /// buffer of about 1 MiB per pooled connection. With P partitions that is about
     /// P x (2 x `batch_max_bytes` + 10 MiB) + 100 MiB, before the allocator's own
-    /// retention. Measured peaks of a W1 drain on 8 partitions: 358-397 MB at 16 MiB. A
+    /// retention. Measured peaks of a W1 drain on 8 partitions: 285-314 MB at 16 MiB. A
     /// lower value lowers the bound and costs CPU per record (on W1, 8 MiB: about 6% more;
     /// 4 MiB: about a sixth more). The allocator (mimalloc) returns freed memory to the
-    /// system after a second; `MIMALLOC_PURGE_DELAY=100` (milliseconds) in the
-    /// environment lowered that W1 peak by about 49 MB for about 3% more CPU.
+    /// system 10-100 ms after it is freed (`MIMALLOC_PURGE_DELAY`, in milliseconds, in
+    /// the environment: 10 by default).
     pub batch_max_bytes: usize,
     /// ...or, once nothing more waits for the worker, after lingering for more records:
     /// while the partition is behind (see `batch_linger_behind_ms`), a batch lingers a
