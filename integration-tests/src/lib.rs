@@ -158,7 +158,11 @@ impl Env {
     /// A fresh PostgreSQL database (created from the test database's server).
     pub async fn postgres(name: &str) -> Env {
         let s = suffix();
-        let db = format!("it_{}_{}", name.replace('-', "_"), s);
+        // PostgreSQL cuts names at 63 bytes: shorten the test's name so that the unique
+        // suffix always stays in (a long name would otherwise meet an earlier run's).
+        let short: String =
+            name.replace('-', "_").chars().filter(char::is_ascii).take(63 - "it__".len() - s.len()).collect();
+        let db = format!("it_{short}_{s}");
         let (client, conn) = tokio_postgres::connect(&postgres_url(), tokio_postgres::NoTls).await.expect("postgres");
         tokio::spawn(conn);
         client.batch_execute(&format!("CREATE DATABASE {db}")).await.expect("create database");
