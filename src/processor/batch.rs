@@ -172,6 +172,12 @@ pub fn route(
                 continue;
             }
         };
+        // A collection that already has records in the batch passed the checks below,
+        // which depend on the collection alone.
+        if let Some((_, records)) = out.collections.get_mut(rec.collection_id.as_str()) {
+            records.push((offset, rec));
+            continue;
+        }
         let row = match known.get(&rec.collection_id) {
             Some(Known::Registered(row)) => {
                 if row.partition != partition {
@@ -214,7 +220,7 @@ pub fn route(
                 None
             }
         };
-        out.collections.entry(rec.collection_id.clone()).or_insert_with(|| (row, Vec::new())).1.push((offset, rec));
+        out.collections.insert(rec.collection_id.clone(), (row, vec![(offset, rec)]));
     }
     out
 }
@@ -530,14 +536,21 @@ mod tests {
         // Find a collection id whose home partition (of 4) is 1.
         let home1 = (0..).map(|i| format!("c{i}")).find(|c| partition_for(c.as_bytes(), 4) == 1).unwrap();
         let other = (0..).map(|i| format!("c{i}")).find(|c| partition_for(c.as_bytes(), 4) == 2).unwrap();
-        let decoded = vec![(10, Ok(rec(&home1, "a", Operation::Add))), (11, Ok(rec(&other, "a", Operation::Add)))];
+        let decoded = vec![
+            (10, Ok(rec(&home1, "a", Operation::Add))),
+            (11, Ok(rec(&other, "a", Operation::Add))),
+            (12, Ok(rec(&home1, "b", Operation::Add))),
+            (13, Ok(rec(&other, "b", Operation::Add))),
+        ];
         let r = route(decoded.clone(), 1, 4, &HashMap::new(), UnknownCollections::Register);
         assert_eq!(r.collections.len(), 1);
-        assert_eq!(r.dlq.len(), 1);
-        assert_eq!((r.dlq[0].offset, r.dlq[0].kind), (11, kinds::MISROUTED));
+        let offsets: Vec<i64> = r.collections[&home1].1.iter().map(|(o, _)| *o).collect();
+        assert_eq!(offsets, vec![10, 12], "a collection's records, in offset order");
+        let dlq: Vec<(i64, &str)> = r.dlq.iter().map(|d| (d.offset, d.kind)).collect();
+        assert_eq!(dlq, vec![(11, kinds::MISROUTED), (13, kinds::MISROUTED)], "every record of it, not only the first");
 
         let rejected = route(decoded.clone(), 1, 4, &HashMap::new(), UnknownCollections::Reject);
-        assert_eq!(rejected.dlq.iter().map(|d| d.kind).collect::<Vec<_>>(), vec![kinds::UNKNOWN_COLLECTION; 2]);
+        assert_eq!(rejected.dlq.iter().map(|d| d.kind).collect::<Vec<_>>(), vec![kinds::UNKNOWN_COLLECTION; 4]);
 
         // A registered collection on another partition is misrouted whatever its hash.
         let mut known = HashMap::new();
@@ -552,7 +565,7 @@ mod tests {
             }),
         );
         let r = route(decoded, 1, 4, &known, UnknownCollections::Register);
-        assert_eq!(r.dlq.iter().map(|d| d.offset).collect::<Vec<_>>(), vec![10, 11]);
+        assert_eq!(r.dlq.iter().map(|d| d.offset).collect::<Vec<_>>(), vec![10, 11, 12, 13]);
     }
 
     #[test]

@@ -372,20 +372,27 @@ impl Worker {
         let committed_ms = crate::sysdb::now_ms();
 
         for u in &plan.commit.collections {
-            let prev = match self.known.get(&u.id) {
-                Some(Known::Registered(r)) => r.record_count,
-                _ => 0,
-            };
-            self.known.insert(
-                u.id.clone(),
-                Known::Registered(crate::sysdb::CollectionRow {
-                    id: u.id.clone(),
-                    partition: u.partition,
-                    dimension: u.dimension,
-                    log_position: u.log_position,
-                    record_count: prev + u.record_count_delta,
-                }),
-            );
+            // The row as the commit left it, updated in place when the worker knows it.
+            match self.known.get_mut(&u.id) {
+                Some(Known::Registered(r)) => {
+                    r.partition = u.partition;
+                    r.dimension = u.dimension;
+                    r.log_position = u.log_position;
+                    r.record_count += u.record_count_delta;
+                }
+                _ => {
+                    self.known.insert(
+                        u.id.clone(),
+                        Known::Registered(crate::sysdb::CollectionRow {
+                            id: u.id.clone(),
+                            partition: u.partition,
+                            dimension: u.dimension,
+                            log_position: u.log_position,
+                            record_count: u.record_count_delta,
+                        }),
+                    );
+                }
+            }
         }
         let m = &self.shared.metrics;
         let counts = &plan.counts;
