@@ -1197,17 +1197,23 @@ mod tests {
         assert!(err.to_string().contains("no such column: rowid"), "{err}");
     }
 
-    /// One group transaction, four batches: each keeps its own outcome. A conflicting
-    /// batch and one whose value the database refuses leave nothing behind (not even
-    /// their collection rows), and the others commit.
-    #[test]
-    fn a_group_commit_keeps_each_batch_outcome_apart() {
+    /// A migrated in-memory database with partitions 0-3 of topic `group` at offset 0.
+    fn group_connection() -> Connection {
         let mut conn = open_connection(":memory:").unwrap();
         configure(&conn, ":memory:").unwrap();
         migrate(&mut conn).unwrap();
         for p in 0..4 {
             write_next_offset(&conn, "group", p, 0, 0).unwrap();
         }
+        conn
+    }
+
+    /// One group transaction, four batches: each keeps its own outcome. A conflicting
+    /// batch and one whose value the database refuses leave nothing behind (not even
+    /// their collection rows), and the others commit.
+    #[test]
+    fn a_group_commit_keeps_each_batch_outcome_apart() {
+        let mut conn = group_connection();
         // A value SQLite refuses, as a constraint would: class Record.
         conn.execute_batch(
             "CREATE TRIGGER refuse_poison BEFORE INSERT ON record_delta WHEN NEW.id = 'poison'
@@ -1261,12 +1267,7 @@ mod tests {
     /// savepoint path.
     #[test]
     fn a_group_goes_in_whole_or_not_at_all_before_savepoints() {
-        let mut conn = open_connection(":memory:").unwrap();
-        configure(&conn, ":memory:").unwrap();
-        migrate(&mut conn).unwrap();
-        for p in 0..4 {
-            write_next_offset(&conn, "group", p, 0, 0).unwrap();
-        }
+        let mut conn = group_connection();
         let pending = |batches: &[Arc<BatchCommit>]| -> Vec<PendingCommit> {
             batches
                 .iter()
