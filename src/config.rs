@@ -55,7 +55,7 @@ pub struct Config {
     /// `sasl.password` (preferred for the password: keeps it out of files). Secret values
     /// (keys containing `password`, `secret` or `key`) are never logged; `sluice config
     /// show` prints `***`. Env: `SLUICE_LIBRDKAFKA__<KEY>` with `_` for `.`.
-    /// Tuning the consumer gets unless set here: `queued.max.messages.kbytes` 4096 and
+    /// Tuning the consumer gets unless set here: `queued.max.messages.kbytes` 2048 and
     /// `queued.min.messages` 10000 (the prefetch bounds per partition, in bytes and in
     /// messages), `fetch.queue.backoff.ms` 10 and `fetch.wait.max.ms` 20 (librdkafka:
     /// 65536, 100000, 1000 and 500), so a partition that fell behind for a moment is
@@ -205,13 +205,13 @@ pub struct ProcessorConfig {
     /// chunks waiting for its worker (2 in its inbox, 2 more before the consumer stops
     /// reading the partition; a chunk is at most 512 messages and 1 MiB, in one buffer
     /// freed with the last of its messages), and librdkafka's queue of the partition
-    /// (`queued.max.messages.kbytes`, 4 MiB, or `queued.min.messages`, 10,000 messages,
+    /// (`queued.max.messages.kbytes`, 2 MiB, or `queued.min.messages`, 10,000 messages,
     /// whichever comes first, unless set under `[librdkafka]`; overshot by at most one
     /// fetch of it). Per process: up to 32 chunks on their way to the partitions'
     /// workers, fetch buffers, on SQLite the page caches (34 MiB), on PostgreSQL a message
     /// buffer of about 1 MiB per pooled connection. With P partitions that is about
-    /// P x (2 x `batch_max_bytes` + 10 MiB) + 100 MiB, before the allocator's own
-    /// retention. Measured peaks of a W1 drain on 8 partitions: 285-314 MB at 16 MiB. A
+    /// P x (2 x `batch_max_bytes` + 8 MiB) + 100 MiB, before the allocator's own
+    /// retention. Measured peaks of a W1 drain on 8 partitions: 266-294 MB at 16 MiB. A
     /// lower value lowers the bound and costs CPU per record (on W1, 8 MiB: about 6% more;
     /// 4 MiB: about a sixth more). The allocator (mimalloc) returns freed memory to the
     /// system 10-100 ms after it is freed (`MIMALLOC_PURGE_DELAY`, in milliseconds, in

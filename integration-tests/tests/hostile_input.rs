@@ -14,8 +14,8 @@
 //! DLQ entry without its payload (header `sluice.payload.omitted=too_large`) instead of
 //! retrying forever and stalling the partition. The consumer side needs nothing: librdkafka fetches a message larger than
 //! `fetch.max.bytes`/`max.partition.fetch.bytes` anyway (KIP-74), up to
-//! `receive.message.max.bytes` (default 100 MB), and `queued.max.messages.kbytes` (16 MiB
-//! in Sluice) is a soft prefetch bound.
+//! `receive.message.max.bytes` (default 100 MB), and `queued.max.messages.kbytes` (2 MiB
+//! per partition in Sluice) is a soft prefetch bound.
 
 use std::collections::BTreeMap;
 use std::process::Command;
