@@ -63,14 +63,16 @@ echo "== built in $(( $(date +%s) - build_start ))s"
 # The seeds are checked in; the generator must still build and write exactly them, so a
 # change to the record types cannot leave it behind (a stable build of the example).
 echo "== the checked-in seeds are what fuzz/examples/gen_seeds.rs writes"
-seeds_now="$(mktemp -d)"
+# Written under the artifacts (replaced on every run), so a mismatch can be looked at.
+seeds_now="$FUZZ/artifacts/gen_seeds"
+rm -rf "$seeds_now" && mkdir -p "$seeds_now"
 if ! cargo run -q --example gen_seeds -- "$seeds_now" >"$FUZZ/artifacts/gen_seeds.log" 2>&1; then
     tail -n 40 "$FUZZ/artifacts/gen_seeds.log" >&2
     echo "fuzz.sh: fuzz/examples/gen_seeds.rs did not build or run (log: $FUZZ/artifacts/gen_seeds.log)" >&2
     exit 1
 fi
 if ! diff -r "$FUZZ/seeds" "$seeds_now" >&2; then
-    echo "fuzz.sh: fuzz/seeds differs from what gen_seeds writes; regenerate them (cd fuzz && cargo run --example gen_seeds) and commit" >&2
+    echo "fuzz.sh: fuzz/seeds differs from what gen_seeds writes (into $seeds_now); regenerate them (cd fuzz && cargo run --example gen_seeds) and commit" >&2
     exit 1
 fi
 rm -rf "$seeds_now"
