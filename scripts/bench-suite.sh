@@ -355,10 +355,12 @@ pg_drop() {
 
 # wait_log FILE REGEX COUNT TIMEOUT_S [PID]: until FILE has COUNT lines matching REGEX
 wait_log() {
-    local f="$1" re="$2" n="$3" deadline pid="${5:-}"
+    local f="$1" re="$2" n="$3" deadline pid="${5:-}" seen
     deadline=$(($(date +%s) + $4))
     while :; do
-        (($(grep -c -E -e "$re" "$f" 2>/dev/null || true) >= n)) && return 0
+        # Nothing printed while FILE does not exist yet: count that as 0 lines.
+        seen=$(grep -c -E -e "$re" "$f" 2>/dev/null || true)
+        ((${seen:-0} >= n)) && return 0
         [[ -z "$pid" ]] || kill -0 "$pid" 2>/dev/null || return 1
         (($(date +%s) <= deadline)) || return 1
         sleep 0.05
