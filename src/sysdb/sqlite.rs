@@ -392,32 +392,12 @@ fn begin_group<'c>(
     // Large transactions, and those with function outputs (whose writes read the output
     // records first, in SQL), merge the delta and write `records` directly.
     let target = if writes >= values::DIRECT_WRITES || group.iter().any(|p| !p.batch.functions.is_empty()) {
-        values::merge_delta(&tx)?;
+        values::merge_delta(&tx, true)?;
         values::Target::Records
     } else {
         values::Target::Delta
     };
     Ok((tx, target))
-}
-
-/// Merge the records delta in a transaction of its own once it holds
-/// [`values::DELTA_MERGE_ROWS`] rows, called by the writer when no batch waits for it:
-/// the merge then holds up only the batches that arrive during it. A failure is left to
-/// the group commits, which merge by themselves from [`values::DELTA_MERGE_BUSY_ROWS`]
-/// rows and report what fails there as the batch's error.
-fn merge_while_idle(conn: &mut Connection) {
-    let merge = |conn: &mut Connection| -> Result<()> {
-        if values::delta_rows(conn)? < values::DELTA_MERGE_ROWS {
-            return Ok(());
-        }
-        let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-        values::merge_delta(&tx)?;
-        tx.commit()?;
-        Ok(())
-    };
-    if let Err(e) = merge(conn) {
-        tracing::debug!(error = %e, "merging the records delta between commits failed; the next group commits merge it");
-    }
 }
 
 /// Compact what the group appended and commit.
@@ -426,7 +406,7 @@ fn finish_group(tx: rusqlite::Transaction<'_>, target: values::Target, appended:
         values::Target::Records => values::compact(&tx, appended)?,
         // The values appended through the delta are compacted at its merge.
         values::Target::Delta => {
-            values::merge_delta_from(&tx, values::DELTA_MERGE_BUSY_ROWS)?;
+            values::merge_delta(&tx, false)?;
         }
     }
     tx.commit()?;
@@ -855,7 +835,7 @@ impl SqliteSysdb {
                 c.prepare_cached("SELECT EXISTS (SELECT 1 FROM record_delta)")?.query_row([], |r| r.get(0))?;
             if pending {
                 let tx = c.transaction_with_behavior(TransactionBehavior::Immediate)?;
-                values::merge_delta(&tx)?;
+                values::merge_delta(&tx, true)?;
                 tx.commit()?;
             }
             let raws = match &after_id {
@@ -895,9 +875,6 @@ impl SqliteSysdb {
             if !group.is_empty() {
                 tracing::debug!(batches = group.len(), "sqlite group commit");
                 commit_group(&mut conn, group);
-                if inner.pending.lock().unwrap_or_else(|p| p.into_inner()).is_empty() {
-                    merge_while_idle(&mut conn);
-                }
             }
         })
         .await
@@ -1193,7 +1170,7 @@ mod tests {
             // Forced merges now and then, between the ones the delta's size brings.
             if tx % 37 == 36 {
                 let t = conn.transaction().unwrap();
-                values::merge_delta(&t).unwrap();
+                values::merge_delta(&t, true).unwrap();
                 t.commit().unwrap();
                 let left: i64 = conn.query_row("SELECT count(*) FROM record_delta", [], |r| r.get(0)).unwrap();
                 assert_eq!(left, 0, "a merge empties the delta");
@@ -1204,9 +1181,8 @@ mod tests {
         }
         let (span, live) = values::log_span(&conn);
         assert!(live > 0);
-        // Values appended through the delta are compacted at its merges (here the group
-        // commits' own: nothing calls the idle merge).
-        let bound = values::SPACE_FACTOR * live + values::SLACK + values::DELTA_MERGE_BUSY_ROWS + 2 * 200;
+        // Values appended through the delta are compacted at its merges.
+        let bound = values::SPACE_FACTOR * live + values::SLACK + values::DELTA_MERGE_ROWS + 2 * 200;
         assert!(span <= bound, "the value log spans {span} values for {live} live ones");
         let moved: i64 = conn
             .query_row(
@@ -1448,37 +1424,6 @@ mod tests {
         let left: i64 = conn.query_row("SELECT count(*) FROM record_delta", [], |r| r.get(0)).unwrap();
         assert_eq!(left, 0);
         values::check_layout(&conn).unwrap();
-    }
-
-    /// Small batches fill the delta; once it holds `DELTA_MERGE_ROWS` rows and no batch
-    /// waits for the writer, the writer merges it between two commits (a group commit
-    /// alone would wait for `DELTA_MERGE_BUSY_ROWS`). Every record reads back the same.
-    #[tokio::test]
-    async fn the_writer_merges_a_long_delta_between_commits() {
-        let dir = tempfile::tempdir().unwrap();
-        let (db, _) = open_file(&dir).await;
-        db.init_position("group", 0, 0).await.unwrap();
-        let conn = Connection::open(dir.path().join("sysdb.sqlite")).unwrap();
-        let delta = || conn.query_row("SELECT count(*) FROM record_delta", [], |r| r.get::<_, i64>(0)).unwrap();
-        let per_batch = values::DIRECT_WRITES - 1;
-        let batches = (values::DELTA_MERGE_ROWS as usize).div_ceil(per_batch) as i64;
-        assert!(batches as usize * per_batch < values::DELTA_MERGE_BUSY_ROWS as usize);
-        let ids = |b: i64| -> Vec<String> { (0..per_batch).map(|i| format!("b{b}-{i:04}")).collect() };
-        for b in 0..batches {
-            let ids = ids(b);
-            let ids: Vec<&str> = ids.iter().map(String::as_str).collect();
-            db.commit_batch(group_batch(0, b, b + 1, &ids)).await.unwrap();
-            if b + 1 < batches {
-                assert_eq!(delta(), (b + 1) * per_batch as i64, "batch {b} waits in the delta");
-            }
-        }
-        assert_eq!(delta(), 0, "the delta was not merged after {batches} batches");
-        let merges: i64 = conn.query_row("SELECT delta_merges FROM value_log", [], |r| r.get(0)).unwrap();
-        assert_eq!(merges, 1);
-        values::check_layout(&conn).unwrap();
-        let (first, last) = (ids(0)[0].clone(), ids(batches - 1)[per_batch - 1].clone());
-        let doc = |id: &str| (id.to_string(), Some(format!("{id} of partition 0")));
-        assert_eq!(read(&db, &[&first, &last]).await, vec![doc(&first), doc(&last)]);
     }
 
     #[tokio::test]

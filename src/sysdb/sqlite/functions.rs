@@ -336,7 +336,7 @@ fn backfill_step_sync(
     }
     // The chunk is read from `records`, and the outputs are written there: fold the
     // records delta in first (`values::merge_delta`).
-    values::merge_delta(&tx)?;
+    values::merge_delta(&tx, true)?;
     let marker = row
         .marker_offset
         .ok_or_else(|| invalid(format!("function {function_id:?} is backfilling without a marker offset")))?;
@@ -394,7 +394,7 @@ impl SqliteSysdb {
         self.write(move |c| {
             let tx = c.transaction_with_behavior(TransactionBehavior::Immediate)?;
             // The rules ask whether the output collection holds records: in `records`.
-            values::merge_delta(&tx)?;
+            values::merge_delta(&tx, true)?;
             if let Some(refusal) = attach_rules(&tx, &new)? {
                 return Ok(refusal);
             }
@@ -472,7 +472,7 @@ impl SqliteSysdb {
                     |r| r.get(0),
                 )?;
                 if live == 0 {
-                    values::merge_delta(&tx)?;
+                    values::merge_delta(&tx, true)?;
                     let dropped = tx.execute("DELETE FROM records WHERE collection_id = ?1", [out])?;
                     values::count_records(&tx, -(dropped as i64))?;
                     tx.execute("DELETE FROM tombstones WHERE collection_id = ?1", [out])?;

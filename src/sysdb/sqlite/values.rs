@@ -28,9 +28,9 @@
 //! The records delta: a small transaction appends its row changes to `record_delta`
 //! (no key; a delete is a row with a NULL `last_offset`) instead of rewriting `records`,
 //! one 16 KiB page per record; the newest row of a key there overrides `records`. The
-//! writer merges them in key order once there are [`DELTA_MERGE_ROWS`] when nothing waits
-//! for it, or [`DELTA_MERGE_BUSY_ROWS`] in any case ([`merge_delta`]); large transactions
-//! merge first and write `records` directly ([`Target`]). The processor reads the unmerged rows from memory ([`DeltaCache`]);
+//! transaction that finds [`DELTA_MERGE_ROWS`] rows merges them in key order
+//! ([`merge_delta`]); large transactions merge first and write `records` directly
+//! ([`Target`]). The processor reads the unmerged rows from memory ([`DeltaCache`]);
 //! every other reader of `records` merges first. Compaction needs a complete `records`
 //! (its liveness check reads it): it runs after a merge, or in a transaction that merged
 //! first.
@@ -85,18 +85,10 @@ pub(super) enum Target {
 /// through the delta would write them twice.
 pub(super) const DIRECT_WRITES: usize = 1024;
 
-/// The writer merges `record_delta` once it holds this many rows, in a transaction of
-/// its own right after a group commit when no batch is waiting for it. Measured SQL-only
-/// (`bench/sqlite-layout`, 150-record transactions, every key read first): 4,096 rows cut
-/// the writer and checkpointer CPU per record by 38%; a merge took ~10 ms.
+/// A transaction that finds this many rows or more in `record_delta` merges it. Measured
+/// SQL-only (`bench/sqlite-layout`, 150-record transactions, every key read first):
+/// 4,096 rows cut the writer and checkpointer CPU per record by 38%; a merge took ~10 ms.
 pub(super) const DELTA_MERGE_ROWS: i64 = 4096;
-
-/// A group commit merges the delta itself (inside its transaction) only from this many
-/// rows: while batches keep waiting for the writer, a merge of its own would hold them up
-/// all the same, and a merge inside a group holds up the group's batches as well. At
-/// 65,000-70,000 paced records/s, merging only when idle below this bound: p99 from the
-/// broker's append 40.5-72.7 ms against 53.3-134.1 (7 interleaved pairs), the same CPU.
-pub(super) const DELTA_MERGE_BUSY_ROWS: i64 = 2 * DELTA_MERGE_ROWS;
 
 /// A row change waiting in the delta: metadata, last offset (`None`: deleted), value.
 type DeltaRow = (Option<String>, Option<i64>, Option<i64>);
@@ -160,21 +152,19 @@ impl DeltaCache {
     }
 }
 
-/// Fold `record_delta` into `records`, whatever it holds: the newest row of each key, in
-/// key order, then empty it and compact the value log for the values those rows
-/// appended. Runs inside the caller's transaction, so a crash leaves the delta or its
-/// merge, never half. It counts a merge in `value_log.delta_merges`, even with an empty
-/// delta: every transaction that changes `records` itself runs it first, and readers that
-/// keep the delta in memory ([`DeltaCache`]) start over when the count moves. Returns the
-/// rows merged.
-pub(super) fn merge_delta(tx: &Connection) -> Result<i64> {
-    Ok(merge_delta_from(tx, 0)?.unwrap_or(0))
-}
-
-/// [`merge_delta`] if the delta holds at least `min_rows` rows (`None`: it did not run).
-pub(super) fn merge_delta_from(tx: &Connection, min_rows: i64) -> Result<Option<i64>> {
-    let rows = delta_rows(tx)?;
-    if rows < min_rows {
+/// Fold `record_delta` into `records` once it holds [`DELTA_MERGE_ROWS`] rows (`force`:
+/// whatever it holds): the newest row of each key, in key order, then empty it and
+/// compact the value log for the values those rows appended. Runs
+/// inside the caller's transaction, so a crash leaves the delta or its merge, never half.
+/// When it runs it counts a merge in `value_log.delta_merges`, even with an empty delta:
+/// every transaction that changes `records` itself runs it first, and readers that keep
+/// the delta in memory ([`DeltaCache`]) start over when the count moves. Returns the rows
+/// merged, or `None` if it did not run.
+pub(super) fn merge_delta(tx: &Connection, force: bool) -> Result<Option<i64>> {
+    // Rows are only ever deleted all at once, so rowids run 1..=n: the last one is the
+    // count, read from the b-tree's edge instead of a scan of the delta.
+    let rows: i64 = tx.prepare_cached("SELECT COALESCE(max(seq), 0) FROM record_delta")?.query_row([], |r| r.get(0))?;
+    if !force && rows < DELTA_MERGE_ROWS {
         return Ok(None);
     }
     let began = std::time::Instant::now();
@@ -204,15 +194,9 @@ pub(super) fn merge_delta_from(tx: &Connection, min_rows: i64) -> Result<Option<
     }
     tx.prepare_cached("UPDATE value_log SET delta_merges = delta_merges + 1")?.execute([])?;
     if rows > 0 {
-        tracing::debug!(rows, min_rows, elapsed_ms = began.elapsed().as_millis() as u64, "records delta merged");
+        tracing::debug!(rows, force, elapsed_ms = began.elapsed().as_millis() as u64, "records delta merged");
     }
     Ok(Some(rows))
-}
-
-/// Rows in `record_delta`. Rows are only ever deleted all at once, so rowids run 1..=n:
-/// the last one is the count, read from the b-tree's edge instead of a scan of the delta.
-pub(super) fn delta_rows(c: &Connection) -> Result<i64> {
-    Ok(c.prepare_cached("SELECT COALESCE(max(seq), 0) FROM record_delta")?.query_row([], |r| r.get(0))?)
 }
 
 const UPSERT_RECORD: &str =
