@@ -159,15 +159,12 @@ fn spawn_checkpointer(path: &str, inner: std::sync::Weak<Inner>) -> Result<()> {
     configure(&conn, path)?;
     conn.pragma_update(None, "cache_size", -CHECKPOINTER_CACHE_KIB)?;
     conn.busy_timeout(WAL_RESTART_BUSY)?;
-    let db_file = match conn.path() {
-        Some(file) => Some(std::fs::OpenOptions::new().read(true).write(true).open(file).map_err(|e| {
-            SysdbError::Unavailable {
-                backend: BACKEND,
-                message: format!("opening {file:?} for the checkpoint thread: {e}"),
-            }
-        })?),
-        None => None,
-    };
+    // The file SQLite opened (`path` is a plain file name: `open_connection` uses no URI).
+    let db_file =
+        std::fs::OpenOptions::new().read(true).write(true).open(path).map_err(|e| SysdbError::Unavailable {
+            backend: BACKEND,
+            message: format!("opening {path:?} for the checkpoint thread: {e}"),
+        })?;
     let checkpointer = Checkpointer { conn, db_file };
     std::thread::Builder::new()
         .name("sqlite-checkpoint".into())
@@ -204,8 +201,7 @@ type CheckpointOutcome = (i64, i64, i64);
 /// The checkpoint thread's connection, and the database file it fsyncs.
 struct Checkpointer {
     conn: Connection,
-    /// `None` for a database without a file name (never checkpointed: `:memory:`).
-    db_file: Option<std::fs::File>,
+    db_file: std::fs::File,
 }
 
 impl Checkpointer {
@@ -222,12 +218,10 @@ impl Checkpointer {
     fn restart(&self, writer: &Mutex<Connection>) -> Result<CheckpointOutcome> {
         let began = std::time::Instant::now();
         self.checkpoint("PASSIVE")?;
-        if let Some(file) = &self.db_file {
-            file.sync_data().map_err(|e| SysdbError::Unavailable {
-                backend: BACKEND,
-                message: format!("syncing the database file before a checkpoint: {e}"),
-            })?;
-        }
+        self.db_file.sync_data().map_err(|e| SysdbError::Unavailable {
+            backend: BACKEND,
+            message: format!("syncing the database file before a checkpoint: {e}"),
+        })?;
         let before = began.elapsed();
         let writer = writer.lock().unwrap_or_else(|p| p.into_inner());
         let locked = began.elapsed();
