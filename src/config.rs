@@ -217,7 +217,7 @@ pub struct ProcessorConfig {
     /// system 10-100 ms after it is freed (`MIMALLOC_PURGE_DELAY`, in milliseconds, in
     /// the environment: 10 by default). Memory it returned is faulted in again by the
     /// next batches: on W1 drains, 1000 took about a tenth less CPU and raised the peak
-    /// by 25-80 MB; 100, about 4% less and 20-30 MB more.
+    /// by 55-70 MB; 100, about 4% less and 20-30 MB more.
     pub batch_max_bytes: usize,
     /// ...or, once nothing more waits for the worker, after lingering for more records:
     /// while the partition is behind (see `batch_linger_behind_ms`), a batch lingers a
