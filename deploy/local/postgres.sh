@@ -20,6 +20,11 @@
 # Environment:
 #   SLUICE_PG_PORT       TCP port (default 55432, never clashes with a system cluster on 5432)
 #   SLUICE_PG_FSYNC      on|off (default on; `off` makes tests faster, data unsafe on crash)
+#   SLUICE_PG_SHARED_BUFFERS  PostgreSQL's buffer cache (default 1GB; the server default,
+#                        128MB, is smaller than a W1 benchmark's records table, and every
+#                        upsert then reads and writes its page through the kernel: see
+#                        docs/operations.md, "PostgreSQL server settings"). Needs a restart:
+#                        a start on a running server says so when it differs.
 #   SLUICE_PG_DIR        base directory of the cluster (absolute; default $REPO/.local/postgres):
 #                        a second, independent cluster, e.g. for a test that stops its server
 #                        (with its own SLUICE_PG_PORT).
@@ -49,6 +54,7 @@ REPO="$(git -C "$SCRIPT_DIR" rev-parse --show-toplevel 2>/dev/null || (cd "$SCRI
 
 PORT="${SLUICE_PG_PORT:-55432}"
 FSYNC="${SLUICE_PG_FSYNC:-on}"
+SHARED_BUFFERS="${SLUICE_PG_SHARED_BUFFERS:-1GB}"
 HOST_AUTH="${SLUICE_PG_HOST_AUTH:-scram-sha-256}"
 PG_USER=sluice
 PG_PASSWORD=sluice
@@ -84,6 +90,8 @@ case "$FSYNC" in
   on|off) ;;
   *) die "SLUICE_PG_FSYNC='$FSYNC' must be on or off. Fix: export SLUICE_PG_FSYNC=on" ;;
 esac
+[[ "$SHARED_BUFFERS" =~ ^[0-9]+(kB|MB|GB)?$ ]] ||
+  die "SLUICE_PG_SHARED_BUFFERS='$SHARED_BUFFERS' is not a size like 1GB or 256MB. Fix: export SLUICE_PG_SHARED_BUFFERS=1GB"
 case "$HOST_AUTH" in
   scram-sha-256|md5|password|trust|reject) ;;
   *) die "SLUICE_PG_HOST_AUTH='$HOST_AUTH' is not a pg_hba method this script supports (scram-sha-256, md5, password, trust, reject). Fix: unset SLUICE_PG_HOST_AUTH" ;;
@@ -223,6 +231,7 @@ listen_addresses = '127.0.0.1'
 port = $PORT
 unix_socket_directories = '$RUN'
 fsync = $FSYNC
+shared_buffers = '$SHARED_BUFFERS'
 max_connections = 200
 logging_collector = off
 log_line_prefix = '%m [%p] %q%u@%d '
@@ -302,6 +311,9 @@ cmd_start() {
       log "pg_hba.conf updated (TCP: $HOST_AUTH); reloading"
     fi
     reload_conf
+    if [ "$(psql_admin -At -c "SELECT count(*) FROM pg_settings WHERE pending_restart")" != 0 ]; then
+      log "the running server has settings that take effect only on a restart (shared_buffers = $SHARED_BUFFERS?). Fix: $0 stop && SLUICE_PG_SHARED_BUFFERS=$SHARED_BUFFERS $0 start"
+    fi
     provision
     log "url: $(url)"
     return 0
@@ -313,7 +325,7 @@ cmd_start() {
   init_cluster
   write_conf
   write_hba >/dev/null
-  log "starting PostgreSQL ($BINDIR) on 127.0.0.1:$PORT, fsync=$FSYNC (log: $LOGFILE)"
+  log "starting PostgreSQL ($BINDIR) on 127.0.0.1:$PORT, fsync=$FSYNC, shared_buffers=$SHARED_BUFFERS (log: $LOGFILE)"
   # 9>&- : do not leak the lock fd into the server (it would hold the lock forever)
   if ! as_pg "$BINDIR/pg_ctl" -D "$DATA" -l "$LOGFILE" -w -t 60 start >/dev/null 9>&-; then
     tail -n 30 "$LOGFILE" >&2 || true

@@ -118,6 +118,17 @@ async fn concurrent_first_opens_migrate_once_and_a_newer_schema_is_refused() {
             .expect("count")
             .get(0);
         assert_eq!(rows, version, "a migration step was recorded twice");
+        // Step 9: `records` pages keep room for a row's next version (HOT updates).
+        let options: Option<Vec<String>> = admin
+            .query_one(
+                "SELECT c.reloptions FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+                 WHERE n.nspname = $1 AND c.relname = 'records'",
+                &[&schema],
+            )
+            .await
+            .expect("records' storage options")
+            .get(0);
+        assert_eq!(options, Some(vec!["fillfactor=70".to_string()]), "records' fill factor");
         conformance::init_position_returns_the_existing_value(&a).await;
 
         admin

@@ -73,6 +73,11 @@
 //! transaction that brings it to its merge size folds it into `records` in key order and
 //! empties it; `value_log.delta_merges` counts those merges. The migration only creates
 //! both (the delta starts empty).
+//!
+//! Step 9, PostgreSQL's `records` fill factor: pages are filled to 70% on insert, so an
+//! upsert's new row version usually fits on the row's own page (measured in
+//! `BENCHMARKS.md`: a W1 drain's server CPU fell by a tenth). SQLite's step 9 changes
+//! nothing.
 
 use super::SysdbError;
 
@@ -322,6 +327,12 @@ CREATE TABLE record_delta (
 ALTER TABLE value_log ADD COLUMN delta_merges INTEGER NOT NULL DEFAULT 0;
 "#,
     },
+    Migration {
+        version: 9,
+        description: "records: pages filled to 70%, room for a row's next version on its own page (PostgreSQL)",
+        // SQLite has no fill factor: its upserts rewrite the row in place.
+        sql: "SELECT 1;",
+    },
 ];
 
 /// PostgreSQL steps.
@@ -504,6 +515,15 @@ CREATE TABLE dlq_replays (
         // PostgreSQL writes a row's new version and a WAL record of it, not whole pages
         // per commit (after a page's first change since a checkpoint).
         sql: "SELECT 1;",
+    },
+    Migration {
+        version: 9,
+        description: "records: pages filled to 70%, room for a row's next version on its own page (PostgreSQL)",
+        // An upsert writes the row's new version; with room on the row's page it stays
+        // there (a HOT update: no new entry in the primary key index, and the page's dead
+        // versions are pruned in place). Full pages send it to another page and add an
+        // index entry. Applies to pages written from now on.
+        sql: "ALTER TABLE records SET (fillfactor = 70);",
     },
 ];
 
