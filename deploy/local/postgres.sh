@@ -311,8 +311,10 @@ cmd_start() {
       log "pg_hba.conf updated (TCP: $HOST_AUTH); reloading"
     fi
     reload_conf
-    if [ "$(psql_admin -At -c "SELECT count(*) FROM pg_settings WHERE pending_restart")" != 0 ]; then
-      log "the running server has settings that take effect only on a restart (shared_buffers = $SHARED_BUFFERS?). Fix: $0 stop && SLUICE_PG_SHARED_BUFFERS=$SHARED_BUFFERS $0 start"
+    local pending
+    pending="$(psql_admin -At -c "SELECT string_agg(name, ', ') FROM pg_settings WHERE pending_restart")"
+    if [ -n "$pending" ]; then
+      log "the running server applies these settings only after a restart: $pending. Fix: $0 stop && SLUICE_PG_SHARED_BUFFERS=$SHARED_BUFFERS $0 start"
     fi
     provision
     log "url: $(url)"
