@@ -103,6 +103,7 @@ pub async fn run_all(db: &Sysdb) {
     dlq_replays_are_recorded_once(db).await;
     halts_are_stored_listed_and_cleared_by_a_reset(db).await;
     refused_values_are_record_errors_that_leave_the_position(db).await;
+    a_stale_batch_with_a_refused_value_is_a_conflict(db).await;
     list_records_pages_in_id_order(db).await;
     get_records_returns_only_present_ids(db).await;
     get_records_many_reads_several_collections_at_once(db).await;
@@ -564,6 +565,35 @@ pub async fn refused_values_are_record_errors_that_leave_the_position(db: &Sysdb
     .expect("the batch without the refused record commits");
     assert_eq!(db.positions(&topic).await.expect("positions"), HashMap::from([(0, 12)]));
     assert!(all_records(db, &coll).await.iter().any(|r| r.id == "good"));
+}
+
+/// A batch whose position has moved is a conflict even when it also holds a value the
+/// database refuses: a zombie replica's stale batch must stop it, not send a record to
+/// the DLQ. (PostgreSQL sends the position's check and the writes of a batch together,
+/// so both fail there.)
+pub async fn a_stale_batch_with_a_refused_value_is_a_conflict(db: &Sysdb) {
+    let topic = unique("stale-refused");
+    let coll = unique("coll");
+    db.init_position(&topic, 0, 0).await.expect("init");
+    db.commit_batch(batch(&topic, 0, 0, 5, vec![update(&coll, 0, None, 4, 1, vec![upsert(record("a", 4, None))])]))
+        .await
+        .expect("setup commit");
+    let bad = format!("nul\0{}", unique("id"));
+    let stale = batch(
+        &topic,
+        0,
+        0,
+        5,
+        vec![update(&coll, 0, None, 4, 2, vec![upsert(record("b", 3, None)), upsert(record(&bad, 4, None))])],
+    );
+    expect_conflict(
+        db.commit_batch(stale).await,
+        IncompatibleDelta::PositionMoved { partition: 0, expected: 0, stored: 5 },
+        "a stale batch holding a refused value",
+    );
+    let ids: Vec<String> = all_records(db, &coll).await.into_iter().map(|r| r.id).collect();
+    assert_eq!(ids, ["a"], "the stale batch wrote records");
+    assert_eq!(db.positions(&topic).await.expect("positions"), HashMap::from([(0, 5)]));
 }
 
 /// One read of several collections by name: the known ones with their stored rows (as
