@@ -38,8 +38,9 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use deadpool_postgres::{Manager, ManagerConfig, Object, Pool, PoolError, RecyclingMethod, Runtime};
+use deadpool_postgres::{Manager, ManagerConfig, Object, Pool, PoolError, RecyclingMethod, Runtime, Transaction};
 use tokio_postgres::error::SqlState;
+use tokio_postgres::types::ToSql;
 use tokio_postgres::NoTls;
 
 use super::codec::{decode_record, encode_embedding, encode_metadata};
@@ -289,6 +290,82 @@ const DELETE_RECORDS: &str = "DELETE FROM records r USING UNNEST($1::text[], $2:
 const COLLECTION_COLUMNS: &str = "id, partition, dimension, log_position, record_count";
 const RECORD_COLUMNS: &str = "id, embedding, metadata, document, last_offset";
 
+type Params<'p> = Vec<&'p (dyn ToSql + Sync)>;
+
+/// One records upsert's parameters: a chunk of the batch's upserts ([`BatchRows::chunk_end`]).
+type Chunk<'s, 'a> =
+    (&'s [&'a str], &'s [&'a str], &'s [Option<&'a [u8]>], &'s [Option<String>], &'s [Option<&'a str>], &'s [i64]);
+
+impl<'a> BatchRows<'a> {
+    /// The records upserts' parameters, chunk by chunk.
+    fn chunks(&self) -> Vec<Chunk<'_, 'a>> {
+        let mut chunks = Vec::new();
+        let mut start = 0;
+        while start < self.up_ids.len() {
+            let end = self.chunk_end(start);
+            let r = start..end;
+            chunks.push((
+                &self.up_collections[r.clone()],
+                &self.up_ids[r.clone()],
+                &self.up_embeddings[r.clone()],
+                &self.up_metadata[r.clone()],
+                &self.up_documents[r.clone()],
+                &self.up_offsets[r],
+            ));
+            start = end;
+        }
+        chunks
+    }
+}
+
+/// The statements that write a batch's collections and records.
+struct WriteStatements {
+    upsert_collections: tokio_postgres::Statement,
+    upsert_records: tokio_postgres::Statement,
+    delete_records: tokio_postgres::Statement,
+}
+
+impl WriteStatements {
+    async fn prepare(tx: &Transaction<'_>) -> std::result::Result<Self, tokio_postgres::Error> {
+        Ok(WriteStatements {
+            upsert_collections: tx.prepare_cached(UPSERT_COLLECTIONS).await?,
+            upsert_records: tx.prepare_cached(UPSERT_RECORDS).await?,
+            delete_records: tx.prepare_cached(DELETE_RECORDS).await?,
+        })
+    }
+
+    /// A batch's writes with their parameters, in the order they run: the collections
+    /// upsert, one records upsert per chunk, the deletes (each only if it has rows).
+    fn writes<'s>(
+        &'s self,
+        rows: &'s BatchRows<'_>,
+        chunks: &'s [Chunk<'s, '_>],
+        now: &'s i64,
+    ) -> Vec<(&'s tokio_postgres::Statement, Params<'s>)> {
+        let mut writes: Vec<(&tokio_postgres::Statement, Params<'s>)> = Vec::with_capacity(chunks.len() + 3);
+        if !rows.coll_ids.is_empty() {
+            writes.push((
+                &self.upsert_collections,
+                vec![
+                    &rows.coll_ids,
+                    &rows.coll_partitions,
+                    &rows.coll_dimensions,
+                    &rows.coll_positions,
+                    &rows.coll_deltas,
+                    now,
+                ],
+            ));
+        }
+        for c in chunks {
+            writes.push((&self.upsert_records, vec![&c.0, &c.1, &c.2, &c.3, &c.4, &c.5]));
+        }
+        if !rows.del_ids.is_empty() {
+            writes.push((&self.delete_records, vec![&rows.del_collections, &rows.del_ids]));
+        }
+        writes
+    }
+}
+
 /// One attempt of a batch commit. The outer `Result` is the database's, the inner one the
 /// CAS outcome (rolled back, nothing written).
 async fn commit_once(
@@ -320,45 +397,10 @@ async fn commit_once(
     // (lock order: partition, functions, collections; see `postgres/functions.rs`).
     let states = functions::lock_functions(&tx, batch).await?;
     let now = now_ms();
-    if !rows.coll_ids.is_empty() {
-        let stmt = tx.prepare_cached(UPSERT_COLLECTIONS).await?;
-        tx.execute(
-            &stmt,
-            &[
-                &rows.coll_ids,
-                &rows.coll_partitions,
-                &rows.coll_dimensions,
-                &rows.coll_positions,
-                &rows.coll_deltas,
-                &now,
-            ],
-        )
-        .await?;
-    }
-    if !rows.up_ids.is_empty() {
-        let stmt = tx.prepare_cached(UPSERT_RECORDS).await?;
-        let mut start = 0;
-        while start < rows.up_ids.len() {
-            let end = rows.chunk_end(start);
-            let r = start..end;
-            tx.execute(
-                &stmt,
-                &[
-                    &&rows.up_collections[r.clone()],
-                    &&rows.up_ids[r.clone()],
-                    &&rows.up_embeddings[r.clone()],
-                    &&rows.up_metadata[r.clone()],
-                    &&rows.up_documents[r.clone()],
-                    &&rows.up_offsets[r],
-                ],
-            )
-            .await?;
-            start = end;
-        }
-    }
-    if !rows.del_ids.is_empty() {
-        let stmt = tx.prepare_cached(DELETE_RECORDS).await?;
-        tx.execute(&stmt, &[&rows.del_collections, &rows.del_ids]).await?;
+    let prepared = WriteStatements::prepare(&tx).await?;
+    let chunks = rows.chunks();
+    for (stmt, params) in prepared.writes(rows, &chunks, &now) {
+        tx.execute(stmt, &params).await?;
     }
     let report = functions::commit_functions(&tx, batch, states, now).await?;
     let stmt = tx.prepare_cached(UPDATE_POSITION).await?;
@@ -377,55 +419,17 @@ async fn commit_once(
 /// the writes did: `Err(conflict)` then, as [`PositionDelta::check`] says, even if a write
 /// failed as well.
 async fn write_pipelined(
-    tx: &deadpool_postgres::Transaction<'_>,
+    tx: &Transaction<'_>,
     batch: &BatchCommit,
     rows: &BatchRows<'_>,
 ) -> std::result::Result<std::result::Result<(), IncompatibleDelta>, functions::TxError> {
-    use tokio_postgres::types::ToSql;
-    type Params<'p> = Vec<&'p (dyn ToSql + Sync)>;
     let (topic, partition) = (&batch.topic, &batch.delta.partition);
     let select = tx.prepare_cached(SELECT_FOR_UPDATE).await?;
-    let upsert_collections = tx.prepare_cached(UPSERT_COLLECTIONS).await?;
-    let upsert_records = tx.prepare_cached(UPSERT_RECORDS).await?;
-    let delete_records = tx.prepare_cached(DELETE_RECORDS).await?;
+    let prepared = WriteStatements::prepare(tx).await?;
     let update_position = tx.prepare_cached(UPDATE_POSITION).await?;
     let now = now_ms();
-    // Every statement's parameters, alive until all of them have run.
-    let mut chunks = Vec::new();
-    let mut start = 0;
-    while start < rows.up_ids.len() {
-        let end = rows.chunk_end(start);
-        let r = start..end;
-        chunks.push((
-            &rows.up_collections[r.clone()],
-            &rows.up_ids[r.clone()],
-            &rows.up_embeddings[r.clone()],
-            &rows.up_metadata[r.clone()],
-            &rows.up_documents[r.clone()],
-            &rows.up_offsets[r],
-        ));
-        start = end;
-    }
-    let mut statements: Vec<(&tokio_postgres::Statement, Params<'_>)> = Vec::with_capacity(chunks.len() + 3);
-    if !rows.coll_ids.is_empty() {
-        statements.push((
-            &upsert_collections,
-            vec![
-                &rows.coll_ids,
-                &rows.coll_partitions,
-                &rows.coll_dimensions,
-                &rows.coll_positions,
-                &rows.coll_deltas,
-                &now,
-            ],
-        ));
-    }
-    for c in &chunks {
-        statements.push((&upsert_records, vec![&c.0, &c.1, &c.2, &c.3, &c.4, &c.5]));
-    }
-    if !rows.del_ids.is_empty() {
-        statements.push((&delete_records, vec![&rows.del_collections, &rows.del_ids]));
-    }
+    let chunks = rows.chunks();
+    let mut statements = prepared.writes(rows, &chunks, &now);
     let to = batch.delta.to;
     statements.push((&update_position, vec![topic, partition, &to, &now]));
     let key: [&(dyn ToSql + Sync); 2] = [topic, partition];
