@@ -415,9 +415,9 @@ async fn commit_once(
 /// polled in order, so the server runs them in this order: the partition row lock first
 /// (a second writer of the partition waits there, with all its writes behind it), then
 /// collections, records, deletes and the position, as in the sequential path. If the
-/// read shows that the position moved, nothing is kept: the caller rolls back whatever
-/// the writes did: `Err(conflict)` then, as [`PositionDelta::check`] says, even if a write
-/// failed as well.
+/// read shows that the position moved, the answer is `Err(conflict)` (as
+/// [`PositionDelta::check`] says), even if a write failed as well, and the caller rolls
+/// back whatever the writes did.
 async fn write_pipelined(
     tx: &Transaction<'_>,
     batch: &BatchCommit,
