@@ -2,6 +2,7 @@
 //!
 //! See `ARCHITECTURE.md` for the code map and the invariants each module keeps.
 
+pub mod alloc;
 pub mod api;
 pub mod backfill;
 pub mod cli;

@@ -146,7 +146,6 @@ fn init_logs(
     Ok(Some(telemetry))
 }
 
-/// mimalloc instead of the system allocator: the write path allocates a record's parts
-/// on a partition's worker and frees them after the commit (see Cargo.toml).
+/// mimalloc for ordinary allocations, the system allocator for large ones (src/alloc.rs).
 #[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static GLOBAL: sluice::alloc::Split = sluice::alloc::Split;
