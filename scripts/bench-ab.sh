@@ -8,7 +8,8 @@
 #
 # The same binary with two configurations: AB_CONFIG_A / AB_CONFIG_B name a TOML config
 # file for that side (SLUICE_CONFIG). AB_PREFIX reuses a log produced by an earlier run
-# (its prefix is printed), so that a series of A/Bs drains the same records.
+# (its prefix is printed), so that a series of A/Bs drains the same records (each run
+# with a consumer group of its own: a group with committed offsets would start at them).
 #
 # Needs a broker (deploy/local/kafka.sh start). The consumer is pinned to CPU 1 when
 # taskset exists, like the suite's contenders.
@@ -38,12 +39,12 @@ drain() { # BIN RUN CONFIG -> prints records/s, checks the checksum
     local db="sqlite://$dir/$run.db"
     local start end
     start=$(date +%s.%N)
-    env ${cfg:+SLUICE_CONFIG=$cfg} SLUICE_SYSDB=$db SLUICE_TOPIC_PREFIX=$prefix SLUICE_GROUP="$prefix-$run" "${pin[@]}" "$bin" process >"$dir/$run.log" 2>&1 &
+    env ${cfg:+SLUICE_CONFIG=$cfg} SLUICE_SYSDB=$db SLUICE_TOPIC_PREFIX=$prefix SLUICE_GROUP="$prefix-$run-${dir##*-}" "${pin[@]}" "$bin" process >"$dir/$run.log" 2>&1 &
     local pid=$!
     while :; do
         sleep 0.5
         local lag
-        lag=$(SLUICE_SYSDB=$db SLUICE_TOPIC_PREFIX=$prefix SLUICE_GROUP="$prefix-$run" "$B" offsets show --format json 2>/dev/null |
+        lag=$(SLUICE_SYSDB=$db SLUICE_TOPIC_PREFIX=$prefix SLUICE_GROUP="$prefix-$run-${dir##*-}" "$B" offsets show --format json 2>/dev/null |
             python3 -c 'import json,sys; rows=json.load(sys.stdin); print(sum(r["lag"] for r in rows) if rows and all(r["sysdb_next_offset"] is not None for r in rows) else -1)' 2>/dev/null || echo -1)
         [ "$lag" = 0 ] && break
         kill -0 $pid 2>/dev/null || { echo "bench-ab: $run exited; log $dir/$run.log" >&2; exit 1; }
@@ -65,3 +66,5 @@ done
 median() { printf '%s\n' "$@" | sort -n | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2)}'; }
 ma=$(median "${ra[@]}"); mb=$(median "${rb[@]}")
 echo "bench-ab: A $A median $ma records/s; B $B median $mb records/s; B/A = $(python3 -c "print(f'{$mb/$ma:.3f}')"); checksums equal"
+# The sysdbs take gigabytes; a failed run keeps them (and its logs) for inspection.
+rm -rf "$dir"
