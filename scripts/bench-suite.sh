@@ -536,7 +536,7 @@ seed_w5() {
     # digits). collections.record_count = the seeded rows; log_position -1: none of them
     # came from the log; last_offset -1 likewise. SQLite keeps a record's embedding and
     # document in the value log `record_values` (src/sysdb/sqlite/values.rs), and
-    # `value_log.records` counts the records.
+    # `value_log` counts the values' bytes (13: 'seeded record'), all of them live.
     cat >"$WORK/seed-sqlite.sql" <<EOF
 PRAGMA cache_size = -262144;
 BEGIN;
@@ -545,9 +545,10 @@ INSERT INTO collections (id, partition, dimension, log_position, record_count, c
 INSERT INTO record_values (collection_id, id, embedding, document)
   SELECT c.column1, printf('id-%06d', s.value), NULL, 'seeded record'
   FROM (VALUES $values) AS c, generate_series(0, $((n - 1))) AS s;
-INSERT INTO records (collection_id, id, metadata, last_offset, value)
-  SELECT collection_id, id, '{"seeded":true}', -1, seq FROM record_values ORDER BY seq;
-UPDATE value_log SET records = records + (SELECT count(*) FROM records);
+INSERT INTO records (collection_id, id, metadata, last_offset, value, value_bytes)
+  SELECT collection_id, id, '{"seeded":true}', -1, seq, 13 FROM record_values ORDER BY seq;
+UPDATE value_log SET log_bytes = log_bytes + 13 * (SELECT count(*) FROM records),
+                     live_bytes = live_bytes + 13 * (SELECT count(*) FROM records);
 COMMIT;
 EOF
     # PostgreSQL: the primary key is dropped for the bulk insert and added back (same

@@ -10,6 +10,7 @@
 //! `***`.
 
 pub mod docs;
+pub mod memory;
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -37,6 +38,7 @@ pub enum ConfigError {
 pub struct Config {
     pub kafka: KafkaConfig,
     pub sysdb: SysdbConfig,
+    pub sqlite: SqliteConfig,
     pub processor: ProcessorConfig,
     /// Validation limits applied to every log record (oversized input goes to the DLQ).
     pub limits: Limits,
@@ -191,6 +193,63 @@ impl Default for SysdbConfig {
     }
 }
 
+/// How the SQLite sysdb bounds its stores, in bytes (used when `sysdb.url` is
+/// `sqlite://`). The layout is explained in `docs/sqlite.md`: small transactions append
+/// their record changes to a *delta* that is merged into the records in large runs, and
+/// embeddings and documents go to an append-only *value log* that compaction keeps within
+/// a multiple of the live values.
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields, default)]
+pub struct SqliteConfig {
+    /// The records delta is merged once it holds this many row changes (default 4,096:
+    /// a merge of that size cost ~10 ms and cut the writer's CPU per record by a third
+    /// against merging every 1,024).
+    pub delta_max_rows: u32,
+    /// ...or once its rows' keys, metadata and the embeddings and documents they appended
+    /// take this many bytes (default 32 MiB), so that large records are merged after a
+    /// few of them, not thousands (the values they overwrote are compacted only then).
+    pub delta_max_bytes: u64,
+    /// The processor keeps the unmerged delta in memory for its reads: every key, and the
+    /// metadata of as many rows as fit in this many bytes (default 16 MiB); the metadata
+    /// of the others is read from the delta table when needed.
+    pub delta_cache_bytes: u64,
+    /// Compaction starts when the bytes of dead values (overwritten or deleted records'
+    /// embeddings and documents) exceed this many times the live values' bytes, plus
+    /// `dead_value_slack_bytes` (default 2.0: the value log holds up to about three times
+    /// the live values). Lower saves disk and costs CPU: at 1.0, more of the oldest
+    /// values are still live when compaction reaches them and are copied forward.
+    pub dead_value_ratio: f64,
+    /// Dead bytes always allowed beside the ratio (default 64 MiB): a small database is
+    /// never compacted value by value.
+    pub dead_value_slack_bytes: u64,
+    /// The most bytes of values one commit's compaction examines, and the most it copies
+    /// (default 64 MiB); compaction goes on over later commits. Each commit examines
+    /// twice the bytes it appended (at least 1 MiB), up to this bound.
+    pub compaction_step_bytes: u64,
+    /// Read-only connections for reads (admin API, CLI, backfill scans; default 2). Reads
+    /// never use the writer: they run in one snapshot each, never wait for a commit and
+    /// never merge or compact.
+    pub reader_connections: u32,
+}
+
+impl SqliteConfig {
+    pub const DEFAULT: SqliteConfig = SqliteConfig {
+        delta_max_rows: 4096,
+        delta_max_bytes: 32 << 20,
+        delta_cache_bytes: 16 << 20,
+        dead_value_ratio: 2.0,
+        dead_value_slack_bytes: 64 << 20,
+        compaction_step_bytes: 64 << 20,
+        reader_connections: 2,
+    };
+}
+
+impl Default for SqliteConfig {
+    fn default() -> Self {
+        SqliteConfig::DEFAULT
+    }
+}
+
 #[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct ProcessorConfig {
@@ -198,26 +257,18 @@ pub struct ProcessorConfig {
     pub batch_max_records: usize,
     /// ...or this many payload bytes (default 16 MiB)...
     ///
-    /// Memory: what is in flight is bounded in bytes. Per partition: the batch being
-    /// committed (its payload and its decoded records, which share the payload's
-    /// embeddings but own their ids, metadata and documents: at most twice this value,
-    /// nearer once for records that are mostly embedding), about 4
-    /// chunks waiting for its worker (2 in its inbox, 2 more before the consumer stops
-    /// reading the partition; a chunk is at most 512 messages and 1 MiB, in one buffer
-    /// freed with the last of its messages), and librdkafka's queue of the partition
-    /// (`queued.max.messages.kbytes`, 2 MiB, or `queued.min.messages`, 10,000 messages,
-    /// whichever comes first, unless set under `[librdkafka]`; overshot by at most one
-    /// fetch of it). Per process: up to 32 chunks on their way to the partitions'
-    /// workers, fetch buffers, on SQLite the page caches (34 MiB), on PostgreSQL a message
-    /// buffer of about 1 MiB per pooled connection. With P partitions that is about
-    /// P x (2 x `batch_max_bytes` + 8 MiB) + 100 MiB, before the allocator's own
-    /// retention. Measured peaks of a W1 drain on 8 partitions: 266-294 MB at 16 MiB. A
-    /// lower value lowers the bound and costs CPU per record (on W1, 8 MiB: about 6% more;
-    /// 4 MiB: about a sixth more). The allocator (mimalloc) returns freed memory to the
-    /// system 10-100 ms after it is freed (`MIMALLOC_PURGE_DELAY`, in milliseconds, in
-    /// the environment: 10 by default). Memory it returned is faulted in again by the
-    /// next batches: on W1 drains, 1000 took about a tenth less CPU and raised the peak
-    /// by 55-70 MB; 100, about 4% less and 20-30 MB more.
+    /// Memory: a batch being committed holds its payload, its decoded records (which
+    /// share the payload's embeddings but own their ids, metadata and documents) and the
+    /// stored records they replace: at most three times this value plus a chunk, per
+    /// partition. The whole bound of a replica is in
+    /// "Memory: the worst case" at the end of this reference. A lower value lowers it and
+    /// costs CPU per record (on W1, 8 MiB: about 6% more; 4 MiB: about a sixth more).
+    /// Measured peaks of a W1 drain on 8 partitions: 266-294 MB at 16 MiB. The allocator
+    /// (mimalloc) returns freed memory to the system 10-100 ms after it is freed
+    /// (`MIMALLOC_PURGE_DELAY`, in milliseconds, in the environment: 10 by default).
+    /// Memory it returned is faulted in again by the next batches: on W1 drains, 1000 took
+    /// about a tenth less CPU and raised the peak by 55-70 MB; 100, about 4% less and 20-30
+    /// MB more.
     pub batch_max_bytes: usize,
     /// ...or, once nothing more waits for the worker, after lingering for more records:
     /// while the partition is behind (see `batch_linger_behind_ms`), a batch lingers a
@@ -349,6 +400,9 @@ pub struct BackfillConfig {
     /// Records per backfill chunk (one transaction each). Smaller chunks hold the
     /// function's row for less time, so live batches of that collection wait less.
     pub chunk_size: usize,
+    /// ...or this many bytes of the fields the function reads (default 16 MiB), whichever
+    /// comes first: a chunk of records with large metadata or documents stays small.
+    pub chunk_max_bytes: usize,
     /// Backfills running at once in this replica.
     pub concurrency: usize,
     /// Pause between two chunks of one backfill, to leave room for live processing.
@@ -371,6 +425,7 @@ impl Default for BackfillConfig {
     fn default() -> Self {
         BackfillConfig {
             chunk_size: 1000,
+            chunk_max_bytes: 16 << 20,
             concurrency: 2,
             pause_ms: 0,
             live_share: 0.1,
@@ -668,14 +723,31 @@ impl Config {
         if p.batch_max_records == 0 || p.batch_max_bytes == 0 {
             return Err(ConfigError::Invalid("processor.batch_max_records and batch_max_bytes must be > 0".into()));
         }
-        if self.backfill.chunk_size == 0 || self.backfill.concurrency == 0 {
-            return Err(ConfigError::Invalid("backfill.chunk_size and backfill.concurrency must be > 0".into()));
+        if self.backfill.chunk_size == 0 || self.backfill.chunk_max_bytes == 0 || self.backfill.concurrency == 0 {
+            return Err(ConfigError::Invalid(
+                "backfill.chunk_size, backfill.chunk_max_bytes and backfill.concurrency must be > 0".into(),
+            ));
         }
         if !(self.backfill.live_share > 0.0 && self.backfill.live_share <= 1.0) {
             return Err(ConfigError::Invalid(format!(
                 "backfill.live_share must be in (0, 1] (1 = no throttle), got {}",
                 self.backfill.live_share
             )));
+        }
+        let q = &self.sqlite;
+        if q.delta_max_rows == 0 || q.delta_max_bytes == 0 || q.compaction_step_bytes < (1 << 20) {
+            return Err(ConfigError::Invalid(
+                "sqlite.delta_max_rows and delta_max_bytes must be > 0, sqlite.compaction_step_bytes at least 1 MiB (1048576)".into(),
+            ));
+        }
+        if !(q.dead_value_ratio.is_finite() && q.dead_value_ratio >= 0.25) {
+            return Err(ConfigError::Invalid(format!(
+                "sqlite.dead_value_ratio must be a number >= 0.25 (dead bytes allowed per live byte), got {}",
+                q.dead_value_ratio
+            )));
+        }
+        if q.reader_connections == 0 || q.reader_connections > 64 {
+            return Err(ConfigError::Invalid("sqlite.reader_connections must be between 1 and 64".into()));
         }
         if self.kafka.partitions <= 0 || self.kafka.replication_factor <= 0 {
             return Err(ConfigError::Invalid("kafka.partitions and kafka.replication_factor must be > 0".into()));

@@ -40,6 +40,7 @@ use prometheus_client::registry::{Registry, Unit};
 use crate::kafka::consumer::ConsumerStats;
 use crate::materialize::IgnoreReason;
 use crate::record::Operation;
+use crate::sysdb::sqlite::SqliteStats;
 
 /// The `Content-Type` of [`Metrics::encode`]'s output (OpenMetrics text 1.0.0).
 pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
@@ -205,6 +206,55 @@ impl ConsumerCollector {
             ConstCounter::new(*n).encode(m.encode_family(&labels)?)?;
         }
         Ok(())
+    }
+}
+
+/// Reads the SQLite writer's [`SqliteStats`] at scrape time; nothing is exported until a
+/// SQLite sysdb is attached (none on PostgreSQL).
+#[derive(Debug, Default)]
+struct SqliteCollector {
+    stats: Mutex<Option<Arc<SqliteStats>>>,
+}
+
+impl Collector for SqliteCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> fmt::Result {
+        let Some(stats) = self.stats.lock().unwrap_or_else(|p| p.into_inner()).clone() else { return Ok(()) };
+        let s = stats.snapshot();
+        let m = encoder.encode_descriptor(
+            "sqlite_write_transactions",
+            "Write transactions begun on the SQLite writer (batch groups, backfill steps, attaches, resets); reads never begin one",
+            None,
+            MetricType::Counter,
+        )?;
+        ConstCounter::new(s.write_transactions).encode(m)?;
+        let m = encoder.encode_descriptor(
+            "sqlite_compactions",
+            "Compactions of the SQLite value log (a commit whose dead values passed the bound)",
+            None,
+            MetricType::Counter,
+        )?;
+        ConstCounter::new(s.compactions).encode(m)?;
+        let m = encoder.encode_descriptor(
+            "sqlite_compaction_examined_bytes",
+            "Bytes of values the SQLite value log's compactions examined (the dead ones are freed)",
+            None,
+            MetricType::Counter,
+        )?;
+        ConstCounter::new(s.compaction_examined_bytes).encode(m)?;
+        let m = encoder.encode_descriptor(
+            "sqlite_compaction_copied_bytes",
+            "Bytes of live values the SQLite value log's compactions copied forward",
+            None,
+            MetricType::Counter,
+        )?;
+        ConstCounter::new(s.compaction_copied_bytes).encode(m)?;
+        ConsumerCollector::encode_counter(
+            &mut encoder,
+            "sqlite_delta_merges",
+            "Merges of the SQLite records delta, by reason: rows or bytes (its bounds), writer (a transaction that writes records directly)",
+            "reason",
+            &s.merges,
+        )
     }
 }
 
@@ -452,6 +502,7 @@ pub struct Metrics {
     registry: Registry,
     partitions: PartitionGauges,
     consumer: Arc<ConsumerCollector>,
+    sqlite: Arc<SqliteCollector>,
     functions: Arc<FunctionsCollector>,
     records_processed: Family<OperationLabel, Counter>,
     records_ignored: Family<ReasonLabel, Counter>,
@@ -551,6 +602,7 @@ impl Metrics {
             registry: Registry::default(), // replaced below, once everything is registered
             partitions,
             consumer: Arc::new(ConsumerCollector::default()),
+            sqlite: Arc::new(SqliteCollector::default()),
             functions: Arc::new(FunctionsCollector::default()),
             records_processed: Family::default(),
             records_ignored: Family::default(),
@@ -662,6 +714,7 @@ impl Metrics {
         );
         r.register("build", "Build information", Info::new(VersionLabel { version: env!("CARGO_PKG_VERSION") }));
         r.register_collector(Box::new(m.consumer.clone()));
+        r.register_collector(Box::new(m.sqlite.clone()));
         r.register_collector(Box::new(LagSecondsCollector { state: m.partitions.state.clone() }));
         r.register_collector(Box::new(m.functions.clone()));
         // Series that exist from the start at 0, so that rate() and dashboards see them
@@ -697,6 +750,11 @@ impl Metrics {
     /// Export this consumer's commit and rebalance counters from now on.
     pub fn attach_consumer(&self, stats: Arc<ConsumerStats>) {
         *self.consumer.stats.lock().unwrap_or_else(|p| p.into_inner()) = Some(stats);
+    }
+
+    /// Export the SQLite writer's counters from now on.
+    pub fn attach_sqlite(&self, stats: Arc<SqliteStats>) {
+        *self.sqlite.stats.lock().unwrap_or_else(|p| p.into_inner()) = Some(stats);
     }
 
     // ---- records and batches ------------------------------------------------------

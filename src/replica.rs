@@ -141,6 +141,9 @@ async fn start(config: &Config, stop: &CancellationToken) -> Result<Started> {
     crate::kafka::preflight::check(&ClientSettings::from_config(config)).await?;
     let sysdb = Arc::new(open_sysdb_patiently(config, stop).await?);
     let metrics = Metrics::with_options(config.metrics.per_collection);
+    if let Some(stats) = sysdb.sqlite_stats() {
+        metrics.attach_sqlite(stats);
+    }
     let health = Health::new();
     let server = if config.http.listen.is_empty() {
         None
@@ -158,7 +161,7 @@ async fn open_sysdb_patiently(config: &Config, stop: &CancellationToken) -> Resu
     let deadline = Instant::now() + SYSDB_OPEN_FOR;
     let mut delays = crate::retry::default_backoff();
     loop {
-        match Sysdb::open(&config.sysdb.url).await {
+        match Sysdb::open_with(&config.sysdb.url, &config.sqlite).await {
             Ok(db) => return Ok(db),
             Err(e) if e.is_retryable() && Instant::now() < deadline => {
                 warn!(error = %e, "sysdb unavailable at start-up; retrying");

@@ -53,9 +53,10 @@ INSERT INTO collections (id, partition, dimension, log_position, record_count, c
 INSERT INTO record_values (collection_id, id, embedding, document)
   WITH RECURSIVE s(value) AS (SELECT 0 UNION ALL SELECT value + 1 FROM s WHERE value < {SEEDED_IDS - 1})
   SELECT c.column1, printf('id-%06d', s.value), NULL, 'seeded record' FROM (VALUES {values}) AS c, s;
-INSERT INTO records (collection_id, id, metadata, last_offset, value)
-  SELECT collection_id, id, '{{"seeded":true}}', -1, seq FROM record_values ORDER BY seq;
-UPDATE value_log SET records = records + (SELECT count(*) FROM records);
+INSERT INTO records (collection_id, id, metadata, last_offset, value, value_bytes)
+  SELECT collection_id, id, '{{"seeded":true}}', -1, seq, 13 FROM record_values ORDER BY seq;
+UPDATE value_log SET log_bytes = log_bytes + 13 * (SELECT count(*) FROM records),
+                     live_bytes = live_bytes + 13 * (SELECT count(*) FROM records);
 COMMIT;
 PRAGMA wal_checkpoint(TRUNCATE);
 """)

@@ -7,9 +7,8 @@ use std::time::Duration;
 use serde_json::Value;
 use sluice::record::LogRecord;
 use sluice::workload::{generate, WorkloadSpec};
-use sluice_integration_tests::{
-    assert_records_match_model, jsonl_lines, require_kafka, require_postgres, Env, Replica,
-};
+use sluice_integration_tests::faults::expect_abort_at;
+use sluice_integration_tests::{assert_records_match_model, jsonl_lines, require_kafka, require_postgres, Env};
 
 const WAIT: Duration = Duration::from_secs(120);
 
@@ -33,15 +32,6 @@ fn assert_matches_model(env: &Env, produced: &[LogRecord]) {
     assert_records_match_model(env, produced);
 }
 
-/// The replica stopped at the named fail point (its own stderr line), not elsewhere.
-fn assert_fail_point_reached(r: &Replica, name: &str) {
-    let log = r.log_text();
-    assert!(
-        log.contains(&format!("sluice: fail point {name} reached")),
-        "the replica did not stop at the fail point {name}:\n{log}"
-    );
-}
-
 fn positions(env: &Env) -> Vec<Value> {
     serde_json::from_str::<Value>(&env.run(&["offsets", "show", "--format", "json"]))
         .unwrap()
@@ -60,9 +50,7 @@ fn crash_after_sysdb_commit_then_restart(env: Env) {
     env.produce(&jsonl_lines(&produced));
     // Abort right after the 2nd sysdb commit, before its group commit.
     let mut r = env.spawn_replica("crash", &[("SLUICE_FAILPOINT", "after_sysdb_commit:2")]);
-    let status = r.wait_exit(WAIT).expect("replica reaches the fail point");
-    assert!(!status.success(), "the fail point aborts the process");
-    assert_fail_point_reached(&r, "after_sysdb_commit");
+    expect_abort_at(&mut r, "after_sysdb_commit", WAIT);
     let before: Value = serde_json::from_str(&env.run(&["offsets", "show", "--format", "json"])).unwrap();
     let sysdb_sum: i64 = before.as_array().unwrap().iter().map(|r| r["sysdb_next_offset"].as_i64().unwrap_or(0)).sum();
     let group_sum: i64 = before.as_array().unwrap().iter().map(|r| r["group_offset"].as_i64().unwrap_or(0)).sum();
@@ -112,9 +100,7 @@ fn crash_before_sysdb_commit_then_restart(env: Env) {
     let produced = workload(2_000, 11, &env.prefix);
     env.produce(&jsonl_lines(&produced));
     let mut r = env.spawn_replica("crash", &[("SLUICE_FAILPOINT", "before_sysdb_commit:1")]);
-    let status = r.wait_exit(WAIT).expect("replica reaches the fail point");
-    assert!(!status.success(), "the fail point aborts the process");
-    assert_fail_point_reached(&r, "before_sysdb_commit");
+    expect_abort_at(&mut r, "before_sysdb_commit", WAIT);
     // The aborted batch was the first commit: nothing reached the sysdb.
     let after_crash = positions(&env);
     let committed: i64 = after_crash.iter().map(|p| p["sysdb_next_offset"].as_i64().unwrap_or(0)).sum();

@@ -149,7 +149,10 @@ impl Worker {
         let started = Instant::now();
         let mut cursor = row.backfill_cursor.clone();
         let mut delays = crate::retry::default_backoff();
-        let chunk = self.config.backfill.chunk_size;
+        let chunk = crate::sysdb::ChunkLimit {
+            records: self.config.backfill.chunk_size,
+            bytes: self.config.backfill.chunk_max_bytes,
+        };
         let pause = Duration::from_millis(self.config.backfill.pause_ms);
         let mut throttled = Duration::ZERO;
         let mut live = LiveLoad::new(self.metrics.batches_committed());

@@ -21,7 +21,7 @@ use crate::sysdb::{redact_url, Sysdb};
 /// Open the sysdb for a command that writes (init, attach, detach, reset): creates and
 /// migrates it as needed.
 pub async fn open_sysdb(config: &Config) -> Result<Sysdb> {
-    Sysdb::open(&config.sysdb.url)
+    Sysdb::open_with(&config.sysdb.url, &config.sqlite)
         .await
         .with_context(|| format!("cannot open the sysdb at {}", redact_url(&config.sysdb.url)))
 }

@@ -89,6 +89,11 @@ pub fn render() -> String {
     while md.ends_with("\n\n") {
         md.pop();
     }
+    md.push('\n');
+    md.push_str(&super::memory::render());
+    while md.ends_with("\n\n") {
+        md.pop();
+    }
     md
 }
 

@@ -749,7 +749,7 @@ const FULL_WAIT: Duration = Duration::from_millis(2);
 /// 4 MiB lowered the peak RSS from 331 to 271 MB (medians) at the same CPU (0.986) and
 /// rate; W4, W3, PostgreSQL and a paced run moved by at most 1.5% of CPU. (1 MiB ran dry
 /// between fetches and cost time.)
-const PREFETCH_KBYTES: usize = 2048;
+const PREFETCH_KBYTES: u64 = crate::config::memory::DEFAULT_PREFETCH_KBYTES;
 
 /// librdkafka's `queued.min.messages` (the prefetch bound per partition in messages),
 /// unless set under `[librdkafka]`. It binds only for small records: W1's (1.5 KB) reach

@@ -264,6 +264,21 @@ pub enum StepResult {
     Applied { processed: usize, cursor: Option<String>, finished: bool, held: std::time::Duration },
 }
 
+/// How large one backfill chunk may be: `records` records, and it closes after the
+/// record that reaches `bytes` of the fields the function reads (at least one record).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ChunkLimit {
+    pub records: usize,
+    pub bytes: usize,
+}
+
+impl From<usize> for ChunkLimit {
+    /// A count alone (tests): no bound in bytes.
+    fn from(records: usize) -> Self {
+        ChunkLimit { records, bytes: usize::MAX }
+    }
+}
+
 /// Position of one partition as stored.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PartitionPosition {
@@ -332,12 +347,18 @@ macro_rules! dispatch {
 }
 
 impl Sysdb {
-    /// Open and migrate (migrations are embedded and idempotent).
+    /// Open and migrate (migrations are embedded and idempotent), with the default
+    /// `[sqlite]` settings.
     pub async fn open(url: &str) -> Result<Sysdb> {
+        Sysdb::open_with(url, &crate::config::SqliteConfig::DEFAULT).await
+    }
+
+    /// [`Sysdb::open`] with the `[sqlite]` settings (used for `sqlite://` URLs only).
+    pub async fn open_with(url: &str, sqlite: &crate::config::SqliteConfig) -> Result<Sysdb> {
         if let Some(path) = url.strip_prefix("sqlite://") {
-            Ok(Sysdb::Sqlite(sqlite::SqliteSysdb::open(path).await?))
+            Ok(Sysdb::Sqlite(sqlite::SqliteSysdb::open_tuned(path, sqlite).await?))
         } else if url == "sqlite::memory:" {
-            Ok(Sysdb::Sqlite(sqlite::SqliteSysdb::open(":memory:").await?))
+            Ok(Sysdb::Sqlite(sqlite::SqliteSysdb::open_tuned(":memory:", sqlite).await?))
         } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
             Ok(Sysdb::Postgres(postgres::PostgresSysdb::open(url).await?))
         } else {
@@ -348,9 +369,11 @@ impl Sysdb {
         }
     }
 
-    /// Open a sysdb that `sluice init` created, for commands that only read: creates and
-    /// migrates nothing (a missing SQLite file stays missing). A sysdb without Sluice's
-    /// schema or at an older version is an error that says to run `sluice init`.
+    /// Open a sysdb that `sluice init` created, for commands that only read: creates,
+    /// migrates and writes nothing (a missing SQLite file stays missing; SQLite opens
+    /// read-only connections and no checkpoint thread, so a file the user may only read
+    /// works). A sysdb without Sluice's schema or at another version is an error that says
+    /// to run `sluice init`. Calling a method that writes on it is an error.
     pub async fn open_existing(url: &str) -> Result<Sysdb> {
         if let Some(path) = url.strip_prefix("sqlite://") {
             Ok(Sysdb::Sqlite(sqlite::SqliteSysdb::open_existing(path).await?))
@@ -360,6 +383,15 @@ impl Sysdb {
             Ok(Sysdb::Postgres(postgres::PostgresSysdb::open_existing(url).await?))
         } else {
             Sysdb::open(url).await
+        }
+    }
+
+    /// The SQLite writer's counters (merges, compactions, write transactions); `None` on
+    /// PostgreSQL.
+    pub fn sqlite_stats(&self) -> Option<Arc<sqlite::SqliteStats>> {
+        match self {
+            Sysdb::Sqlite(s) => Some(s.stats()),
+            Sysdb::Postgres(_) => None,
         }
     }
 
@@ -523,19 +555,21 @@ impl Sysdb {
     /// One backfill chunk of `function_id`, in one transaction that holds the function
     /// row (no batch of its collection commits in between): check it is `backfilling`
     /// with `backfill_cursor == expected_cursor`; read, **in one statement**, the next
-    /// `limit` ids after the cursor of the collection as of the marker O — current records
+    /// `limit.records` ids after the cursor (fewer once `limit.bytes` are read) of the collection as of the marker O — current records
     /// with `last_offset < O` that have no preimage, and the function's preimages; apply
     /// `f`'s deltas for each as an insert (`before = None`, `after = record`, offset = the
     /// record's offset) with versioned output writes; advance the cursor and
-    /// `backfill_done` (and set `backfill_total` on the first step). A chunk shorter than
-    /// `limit` finishes: status `ready`, preimages and the output's tombstones deleted.
+    /// `backfill_done` (and set `backfill_total` on the first step). A chunk that ran out of
+    /// records (shorter than `limit.records` and not cut by `limit.bytes`) finishes:
+    /// status `ready`, preimages and the output's tombstones deleted.
     pub async fn backfill_step(
         &self,
         function_id: &str,
         expected_cursor: Option<&str>,
-        limit: usize,
+        limit: impl Into<ChunkLimit>,
         f: &dyn Function,
     ) -> Result<StepResult> {
+        let limit = limit.into();
         dispatch!(self, s => s.backfill_step(function_id, expected_cursor, limit, f).await)
     }
 

@@ -332,6 +332,46 @@ pub(crate) fn backfill_plan(records: &[Record], f: &dyn Function) -> OutputPlan 
     plan
 }
 
+/// The bytes a backfill chunk counts for a record toward [`crate::sysdb::ChunkLimit`]:
+/// the fields read (those the function does not read are absent), at about their stored
+/// size.
+pub(crate) fn chunk_bytes(r: &Record) -> usize {
+    let metadata: usize = r
+        .metadata
+        .iter()
+        .map(|(k, v)| {
+            k.len()
+                + match v {
+                    crate::record::MetaValue::String(s) => s.len(),
+                    _ => 8,
+                }
+        })
+        .sum();
+    r.id.len() + metadata + r.document.as_ref().map_or(0, String::len) + r.embedding.as_ref().map_or(0, |e| 4 * e.len())
+}
+
+/// Read a chunk's rows until `limit`: `Ok((records, cut))`, `cut` when the byte bound
+/// stopped the read before the rows ran out (the chunk is then not the last).
+pub(crate) fn read_chunk<E>(
+    rows: impl Iterator<Item = std::result::Result<Record, E>>,
+    limit: crate::sysdb::ChunkLimit,
+) -> std::result::Result<(Vec<Record>, bool), E> {
+    let mut out = Vec::new();
+    let mut bytes = 0usize;
+    for row in rows {
+        if out.len() >= limit.records {
+            break;
+        }
+        if bytes >= limit.bytes {
+            return Ok((out, true));
+        }
+        let r = row?;
+        bytes = bytes.saturating_add(chunk_bytes(&r));
+        out.push(r);
+    }
+    Ok((out, false))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

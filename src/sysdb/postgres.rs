@@ -888,6 +888,12 @@ impl PostgresSysdb {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The memory formula (`config/memory.rs`) counts this pool.
+    #[test]
+    fn the_memory_formula_counts_this_pool() {
+        assert_eq!(POOL_SIZE as u64, crate::config::memory::POSTGRES_POOL);
+    }
     use crate::record::{Metadata, Record};
     use crate::sysdb::CollectionUpdate;
 

@@ -333,6 +333,38 @@ ALTER TABLE value_log ADD COLUMN delta_merges INTEGER NOT NULL DEFAULT 0;
         // SQLite has no fill factor: its upserts rewrite the row in place.
         sql: "SELECT 1;",
     },
+    Migration {
+        version: 10,
+        description: "records: the value log and the delta bounded in bytes (SQLite)",
+        // `value_bytes`: the bytes of a row's value (embedding + document), so that
+        // overwriting or merging a record knows what it frees without reading the value;
+        // NULL for rows written before this step (read from the value then). `log_bytes`
+        // and `live_bytes`: every value's bytes and the bytes of the values `records`
+        // points at (the delta's rows count once merged); `delta_bytes`: keys, metadata
+        // and values of the unmerged delta rows. The count of records is no longer needed.
+        // Reads every value's header once (lengths only): the time of a scan of the file.
+        sql: r#"
+ALTER TABLE records ADD COLUMN value_bytes INTEGER NULL;
+ALTER TABLE record_delta ADD COLUMN value_bytes INTEGER NULL;
+ALTER TABLE value_log ADD COLUMN log_bytes INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE value_log ADD COLUMN live_bytes INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE value_log ADD COLUMN delta_bytes INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE value_log DROP COLUMN records;
+UPDATE value_log SET
+    log_bytes = (SELECT COALESCE(sum(COALESCE(length(embedding), 0) + COALESCE(octet_length(document), 0)), 0)
+                 FROM record_values),
+    live_bytes = (SELECT COALESCE(sum(COALESCE(length(v.embedding), 0) + COALESCE(octet_length(v.document), 0)), 0)
+                  FROM records r JOIN record_values v ON v.seq = r.value),
+    delta_bytes = 0;
+UPDATE record_delta SET value_bytes = (SELECT COALESCE(length(v.embedding), 0) + COALESCE(octet_length(v.document), 0)
+                                       FROM record_values v WHERE v.seq = record_delta.value)
+    WHERE value IS NOT NULL;
+UPDATE value_log SET
+    delta_bytes = (SELECT COALESCE(sum(octet_length(collection_id) + octet_length(id) + COALESCE(octet_length(metadata), 0)
+                                       + COALESCE(value_bytes, 0)), 0)
+                   FROM record_delta);
+"#,
+    },
 ];
 
 /// PostgreSQL steps.
@@ -524,6 +556,12 @@ CREATE TABLE dlq_replays (
         // versions are pruned in place). Full pages send it to another page and add an
         // index entry. Applies to pages written from now on.
         sql: "ALTER TABLE records SET (fillfactor = 70);",
+    },
+    Migration {
+        version: 10,
+        description: "records: the value log and the delta bounded in bytes (SQLite)",
+        // PostgreSQL's dead row versions are vacuumed by the server (autovacuum).
+        sql: "SELECT 1;",
     },
 ];
 

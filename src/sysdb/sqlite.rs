@@ -25,12 +25,17 @@ use super::{
     now_ms, BatchCommit, CollectionRow, CommitReport, DlqReplayRow, GapRow, PartitionState, ResetRow, Result,
     SysdbError,
 };
+use crate::config::SqliteConfig;
 use crate::positions::PositionDelta;
 use crate::record::Record;
 use values::{RECORDS_WITH_VALUES, RECORD_COLUMNS};
 
 mod functions;
+mod reads;
+mod stats;
 mod values;
+
+pub use stats::SqliteStats;
 
 const BACKEND: &str = "sqlite";
 
@@ -45,7 +50,7 @@ const PAGE_SIZE: i64 = 16 * 1024;
 /// it does not hold are read from the memory map below, not copied, so a larger cache
 /// buys little: measured on W1 drains (600k records), 16 MiB against 64 MiB cost the
 /// same CPU (median ratio 0.99 over 4 pairs) and lowered the peak RSS by about 56 MB.
-const CACHE_SIZE_KIB: i64 = 16 * 1024;
+pub(crate) const CACHE_SIZE_KIB: i64 = 16 * 1024;
 
 /// Reads go through a memory map of the database file of up to this many bytes (2 GiB,
 /// the most SQLite's default build maps): a page read is a memory access instead of a
@@ -58,12 +63,12 @@ const CACHE_SIZE_KIB: i64 = 16 * 1024;
 /// from it, so that is a crash like any other.
 const MMAP_SIZE: i64 = 2 * 1024 * 1024 * 1024;
 
-/// The reader connection (admin API, backfill scans) gets a smaller cache: the
+/// Each reader connection (admin API, CLI, backfill scans) gets a smaller cache: the
 /// processor reads through the writer.
-const READER_CACHE_SIZE_KIB: i64 = 16 * 1024;
+pub(crate) const READER_CACHE_SIZE_KIB: i64 = 8 * 1024;
 
 /// The checkpoint thread copies pages, it does not need to keep them.
-const CHECKPOINTER_CACHE_KIB: i64 = 2 * 1024;
+pub(crate) const CHECKPOINTER_CACHE_KIB: i64 = 2 * 1024;
 
 /// How often the checkpoint thread checkpoints the WAL.
 const CHECKPOINT_INTERVAL: Duration = Duration::from_millis(200);
@@ -115,7 +120,15 @@ impl From<rusqlite::Error> for SysdbError {
             e.sqlite_error_code(),
             Some(ErrorCode::TooBig | ErrorCode::ConstraintViolation | ErrorCode::TypeMismatch)
         );
-        if retryable {
+        if e.sqlite_error_code() == Some(ErrorCode::DiskFull) {
+            SysdbError::Unavailable {
+                backend: BACKEND,
+                message: format!(
+                    "disk full: {e}; free space on the file system that holds the sysdb (and its -wal file): \
+                     nothing was written, the commit is retried"
+                ),
+            }
+        } else if retryable {
             SysdbError::Unavailable { backend: BACKEND, message: e.to_string() }
         } else if rejected {
             SysdbError::Rejected { backend: BACKEND, message: e.to_string() }
@@ -126,13 +139,33 @@ impl From<rusqlite::Error> for SysdbError {
 }
 
 struct Inner {
-    writer: Mutex<Connection>,
+    /// `None` for a sysdb opened read-only (`open_existing`): every write is refused.
+    writer: Option<Mutex<Connection>>,
     /// Batches waiting for the next group commit (taken by whoever holds `writer`).
     pending: Mutex<Vec<PendingCommit>>,
-    /// `None` for `:memory:` (a second connection would open another, empty database).
-    reader: Option<Mutex<Connection>>,
+    /// Connections that only read (`query_only`), each used by one read at a time. Empty
+    /// for `:memory:` (a second connection would open another, empty database): reads go
+    /// to the writer there.
+    readers: Vec<Mutex<Connection>>,
+    /// Round robin over `readers`.
+    next_reader: std::sync::atomic::AtomicUsize,
     /// The unmerged records delta, for the processor's reads (locked after `writer`).
     delta: Mutex<values::DeltaCache>,
+    tuning: SqliteConfig,
+    stats: Arc<SqliteStats>,
+}
+
+impl Inner {
+    fn writer(&self) -> Result<std::sync::MutexGuard<'_, Connection>> {
+        let writer = self.writer.as_ref().ok_or_else(|| {
+            SysdbError::Config(
+                "this command opened the SQLite sysdb read-only and cannot change it (a bug: report it)".into(),
+            )
+        })?;
+        // A panic while holding the lock poisons it; the connection itself is still
+        // consistent (an open transaction was rolled back when it was dropped).
+        Ok(writer.lock().unwrap_or_else(|p| p.into_inner()))
+    }
 }
 
 /// Checkpoint the WAL from a connection of its own, off the writer's path. A checkpoint
@@ -159,13 +192,7 @@ fn spawn_checkpointer(path: &str, inner: std::sync::Weak<Inner>) -> Result<()> {
     configure(&conn, path)?;
     conn.pragma_update(None, "cache_size", -CHECKPOINTER_CACHE_KIB)?;
     conn.busy_timeout(WAL_RESTART_BUSY)?;
-    // The file SQLite opened (`path` is a plain file name: `open_connection` uses no URI).
-    let db_file =
-        std::fs::OpenOptions::new().read(true).write(true).open(path).map_err(|e| SysdbError::Unavailable {
-            backend: BACKEND,
-            message: format!("opening {path:?} for the checkpoint thread: {e}"),
-        })?;
-    let checkpointer = Checkpointer { conn, db_file };
+    let checkpointer = Checkpointer { conn };
     std::thread::Builder::new()
         .name("sqlite-checkpoint".into())
         .spawn(move || {
@@ -173,14 +200,14 @@ fn spawn_checkpointer(path: &str, inner: std::sync::Weak<Inner>) -> Result<()> {
             loop {
                 std::thread::sleep(CHECKPOINT_INTERVAL);
                 // The sysdb was dropped: nothing left to checkpoint.
-                if inner.strong_count() == 0 {
-                    break;
-                }
+                let Some(strong) = inner.upgrade() else { break };
                 let mut outcome = checkpointer.checkpoint("PASSIVE");
                 if matches!(outcome, Ok((_, frames, _)) if frames > WAL_RESTART_PAGES) {
-                    let Some(inner) = inner.upgrade() else { break };
-                    outcome = checkpointer.restart(&inner.writer);
+                    if let Some(writer) = strong.writer.as_ref() {
+                        outcome = checkpointer.restart(writer);
+                    }
                 }
+                drop(strong);
                 match outcome {
                     Ok(_) => warned = false,
                     Err(e) if !warned => {
@@ -198,10 +225,12 @@ fn spawn_checkpointer(path: &str, inner: std::sync::Weak<Inner>) -> Result<()> {
 /// `PRAGMA wal_checkpoint`'s answer: (busy, frames in the WAL, frames checkpointed).
 type CheckpointOutcome = (i64, i64, i64);
 
-/// The checkpoint thread's connection, and the database file it fsyncs.
+/// The checkpoint thread's connection. It syncs the database file through this
+/// connection's own file handle, never through a descriptor of its own: on Linux,
+/// closing any descriptor of a file drops every POSIX lock the process holds on it,
+/// including SQLite's (SQLite's "How To Corrupt An SQLite Database File", 2.2).
 struct Checkpointer {
     conn: Connection,
-    db_file: std::fs::File,
 }
 
 impl Checkpointer {
@@ -212,16 +241,13 @@ impl Checkpointer {
     }
 
     /// Once the WAL is long: another passive checkpoint (it copies what was committed
-    /// during the last one), an fsync of the database file (else the RESTART would write
+    /// during the last one), a sync of the database file (else the RESTART would write
     /// back every page the passive checkpoints copied, holding the write lock), then the
     /// RESTART checkpoint, holding this process's `writer` connection.
     fn restart(&self, writer: &Mutex<Connection>) -> Result<CheckpointOutcome> {
         let began = std::time::Instant::now();
         self.checkpoint("PASSIVE")?;
-        self.db_file.sync_data().map_err(|e| SysdbError::Unavailable {
-            backend: BACKEND,
-            message: format!("syncing the database file before a checkpoint: {e}"),
-        })?;
+        sync_database_file(&self.conn)?;
         let before = began.elapsed();
         let writer = writer.lock().unwrap_or_else(|p| p.into_inner());
         let locked = began.elapsed();
@@ -236,6 +262,44 @@ impl Checkpointer {
         );
         outcome
     }
+}
+
+/// Sync the main database file of `conn` through SQLite's own handle of it
+/// (`SQLITE_FCNTL_FILE_POINTER`, then the VFS's `xSync`), so that no second descriptor of
+/// the file is ever opened or closed by this process.
+fn sync_database_file(conn: &Connection) -> Result<()> {
+    use rusqlite::ffi;
+    let failed = |what: &str, rc: i32| SysdbError::Unavailable {
+        backend: BACKEND,
+        message: format!("syncing the database file before a checkpoint: {what} returned SQLite code {rc}"),
+    };
+    let mut file: *mut ffi::sqlite3_file = std::ptr::null_mut();
+    // SAFETY: `conn` is borrowed for this call, so its handle is live; the file control
+    // writes the connection's `sqlite3_file*` of the main database (or null) into `file`.
+    let rc = unsafe {
+        ffi::sqlite3_file_control(
+            conn.handle(),
+            c"main".as_ptr(),
+            ffi::SQLITE_FCNTL_FILE_POINTER,
+            (&mut file as *mut *mut ffi::sqlite3_file).cast(),
+        )
+    };
+    if rc != ffi::SQLITE_OK {
+        return Err(failed("SQLITE_FCNTL_FILE_POINTER", rc));
+    }
+    // SAFETY: a non-null `file` is the connection's open database file, owned by SQLite
+    // and kept open while the connection is (it is, borrowed here); its methods are
+    // called from the thread that owns the connection, as SQLite itself would.
+    let rc = unsafe {
+        match file.as_ref().and_then(|f| f.pMethods.as_ref()).and_then(|m| m.xSync) {
+            Some(x_sync) => x_sync(file, ffi::SQLITE_SYNC_NORMAL),
+            None => ffi::SQLITE_OK,
+        }
+    };
+    if rc != ffi::SQLITE_OK {
+        return Err(failed("xSync", rc));
+    }
+    Ok(())
 }
 
 /// The SQLite sysdb. Cheap to clone (the connections are shared).
@@ -277,6 +341,16 @@ fn configure(conn: &Connection, path: &str) -> Result<()> {
     // is cut back to WAL_SIZE_LIMIT when it starts over.
     conn.pragma_update(None, "wal_autocheckpoint", WAL_AUTOCHECKPOINT_PAGES)?;
     conn.pragma_update(None, "journal_size_limit", WAL_SIZE_LIMIT)?;
+    Ok(())
+}
+
+/// Settings of a reader connection: `query_only` (it cannot write, so it never takes the
+/// write lock), its own smaller page cache, the same memory map and busy timeout.
+fn configure_reader(conn: &Connection) -> Result<()> {
+    conn.busy_timeout(BUSY_TIMEOUT)?;
+    conn.pragma_update(None, "cache_size", -READER_CACHE_SIZE_KIB)?;
+    conn.pragma_update(None, "mmap_size", MMAP_SIZE)?;
+    conn.pragma_update(None, "query_only", true)?;
     Ok(())
 }
 
@@ -346,13 +420,46 @@ struct PendingCommit {
     reply: tokio::sync::oneshot::Sender<Result<CommitReport>>,
 }
 
+/// What a write transaction needs besides its connection: the `[sqlite]` bounds and the
+/// writer's counters.
+#[derive(Clone, Copy)]
+struct Writing<'a> {
+    pub tuning: &'a SqliteConfig,
+    pub stats: &'a SqliteStats,
+}
+
+impl<'a> Writing<'a> {
+    fn of(inner: &'a Inner) -> Writing<'a> {
+        Writing { tuning: &inner.tuning, stats: &inner.stats }
+    }
+
+    /// Merge the records delta (`force`, or once it passed a bound), counting the merge.
+    pub fn merge(self, tx: &Connection, force: bool, acct: &mut values::Account) -> Result<bool> {
+        let reason = values::merge_delta(tx, force, self.tuning, acct)?;
+        if let Some(r) = reason {
+            self.stats.merged(r);
+        }
+        Ok(reason.is_some())
+    }
+
+    /// Write the transaction's counts and compact the value log if its dead bytes passed
+    /// the bound (`records` must be complete: the delta merged in this transaction).
+    pub fn flush_and_compact(self, tx: &Connection, acct: &mut values::Account) -> Result<()> {
+        acct.flush(tx)?;
+        if let Some(c) = values::compact(tx, self.tuning, acct.appended_bytes)? {
+            self.stats.compacted(c);
+        }
+        Ok(())
+    }
+}
+
 /// Commit every waiting batch in ONE transaction (group commit; see
 /// [`SqliteSysdb::commit_batch`]). Each batch keeps its own outcome: its compare-and-set
 /// and its writes either all stay or are rolled back alone, so one batch's conflict or
 /// refused value never touches another's. If the transaction itself cannot begin or
 /// commit, every batch gets that error and nothing of any of them is stored.
-fn commit_group(conn: &mut Connection, group: Vec<PendingCommit>) {
-    let outcomes = match commit_group_sync(conn, &group) {
+fn commit_group(conn: &mut Connection, w: Writing<'_>, group: Vec<PendingCommit>) {
+    let outcomes = match commit_group_sync(conn, w, &group) {
         Ok(outcomes) => outcomes,
         Err(e) => group.iter().map(|_| Err(e.clone())).collect(),
     };
@@ -367,102 +474,131 @@ fn commit_group(conn: &mut Connection, group: Vec<PendingCommit>) {
 /// beyond 64 KiB), a cost per batch that only a failing batch needs. If one of them
 /// fails, nothing of that attempt stays and the group runs again, each batch in its own
 /// savepoint ([`commit_each`]).
-fn commit_group_sync(conn: &mut Connection, group: &[PendingCommit]) -> Result<Vec<Result<CommitReport>>> {
+fn commit_group_sync(
+    conn: &mut Connection,
+    w: Writing<'_>,
+    group: &[PendingCommit],
+) -> Result<Vec<Result<CommitReport>>> {
     if group.len() > 1 {
-        if let Some(reports) = commit_all_or_none(conn, group)? {
+        if let Some(reports) = commit_all_or_none(conn, w, group)? {
             return Ok(reports.into_iter().map(Ok).collect());
         }
     }
-    commit_each(conn, group)
+    commit_each(conn, w, group)
+}
+
+/// A group's open write transaction: where its records go and what it changed.
+struct GroupTx<'c> {
+    tx: rusqlite::Transaction<'c>,
+    target: values::Target,
+    acct: values::Account,
 }
 
 /// Begin a group's write transaction and choose where its records go. Dropping the
 /// transaction without commit rolls back, so an early return stores nothing.
-fn begin_group<'c>(
-    conn: &'c mut Connection,
-    group: &[PendingCommit],
-) -> Result<(rusqlite::Transaction<'c>, values::Target)> {
+fn begin_group<'c>(conn: &'c mut Connection, w: Writing<'_>, group: &[PendingCommit]) -> Result<GroupTx<'c>> {
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-    let writes: usize = group.iter().flat_map(|p| &p.batch.collections).map(|c| c.writes.len()).sum();
-    // Large transactions, and those with function outputs (whose writes read the output
-    // records first, in SQL), merge the delta and write `records` directly.
-    let target = if writes >= values::DIRECT_WRITES || group.iter().any(|p| !p.batch.functions.is_empty()) {
-        values::merge_delta(&tx, true)?;
+    let mut acct = values::Account::default();
+    let writes = group.iter().flat_map(|p| &p.batch.collections).flat_map(|c| &c.writes);
+    let (count, row_bytes) = writes.fold((0usize, 0usize), |(n, b), (id, r)| {
+        let value = r.as_ref().map_or(0, |r| {
+            values::metadata_size(&r.metadata)
+                + r.document.as_ref().map_or(0, String::len)
+                + r.embedding.as_ref().map_or(0, |e| 4 * e.len())
+        });
+        (n + 1, b + id.len() + value)
+    });
+    // Large transactions, those whose rows would fill the delta at once, and those with
+    // function outputs (whose writes read the output records first, in SQL) merge the
+    // delta and write `records` directly.
+    let target = if count >= values::DIRECT_WRITES
+        || row_bytes as u64 >= w.tuning.delta_max_bytes
+        || group.iter().any(|p| !p.batch.functions.is_empty())
+    {
+        w.merge(&tx, true, &mut acct)?;
         values::Target::Records
     } else {
         values::Target::Delta
     };
-    Ok((tx, target))
+    Ok(GroupTx { tx, target, acct })
 }
 
-/// Compact what the group appended and commit.
-fn finish_group(tx: rusqlite::Transaction<'_>, target: values::Target, appended: usize) -> Result<()> {
-    match target {
-        values::Target::Records => values::compact(&tx, appended)?,
-        // The values appended through the delta are compacted at its merge.
-        values::Target::Delta => {
-            values::merge_delta(&tx, false)?;
-        }
+/// Merge the delta if it passed a bound, compact if `records` changed, and commit.
+fn finish_group(mut g: GroupTx<'_>, w: Writing<'_>) -> Result<()> {
+    let records_changed = match g.target {
+        values::Target::Records => true,
+        // The values appended through the delta are compacted after its merge.
+        values::Target::Delta => w.merge(&g.tx, false, &mut g.acct)?,
+    };
+    if records_changed {
+        w.flush_and_compact(&g.tx, &mut g.acct)?;
+    } else {
+        g.acct.flush(&g.tx)?;
     }
-    tx.commit()?;
+    g.tx.commit()?;
     Ok(())
 }
 
 /// Every batch of the group in one transaction, or none: `None` when a batch failed
 /// (the transaction is rolled back and nothing of the group is stored).
-fn commit_all_or_none(conn: &mut Connection, group: &[PendingCommit]) -> Result<Option<Vec<CommitReport>>> {
-    let (tx, target) = begin_group(conn, group)?;
+fn commit_all_or_none(
+    conn: &mut Connection,
+    w: Writing<'_>,
+    group: &[PendingCommit],
+) -> Result<Option<Vec<CommitReport>>> {
+    let mut g = begin_group(conn, w, group)?;
     let now = now_ms();
-    let mut appended = 0;
     let mut reports = Vec::with_capacity(group.len());
     for pending in group {
-        match apply_batch(&tx, &pending.batch, now, &mut appended, target) {
+        match apply_batch(&g.tx, &pending.batch, now, &mut g.acct, g.target) {
             Ok(report) => reports.push(report),
             Err(_) => return Ok(None),
         }
     }
-    finish_group(tx, target, appended)?;
+    finish_group(g, w)?;
     Ok(Some(reports))
 }
 
 /// Every batch of the group in its own savepoint, with its own outcome.
-fn commit_each(conn: &mut Connection, group: &[PendingCommit]) -> Result<Vec<Result<CommitReport>>> {
-    let (tx, target) = begin_group(conn, group)?;
+fn commit_each(conn: &mut Connection, w: Writing<'_>, group: &[PendingCommit]) -> Result<Vec<Result<CommitReport>>> {
+    let mut g = begin_group(conn, w, group)?;
     let now = now_ms();
     let mut outcomes = Vec::with_capacity(group.len());
-    let mut appended = 0;
     for pending in group {
         if group.len() == 1 {
-            outcomes.push(apply_batch(&tx, &pending.batch, now, &mut appended, target));
+            outcomes.push(apply_batch(&g.tx, &pending.batch, now, &mut g.acct, g.target));
             continue;
         }
-        tx.execute_batch("SAVEPOINT batch")?;
-        let outcome = apply_batch(&tx, &pending.batch, now, &mut appended, target);
+        g.tx.execute_batch("SAVEPOINT batch")?;
+        // A batch rolled back to its savepoint takes its counts with it.
+        let before = g.acct;
+        let outcome = apply_batch(&g.tx, &pending.batch, now, &mut g.acct, g.target);
         if let Err(e) = &outcome {
+            g.acct = before;
             // Some errors (disk full, I/O) end the whole transaction in SQLite: then the
             // savepoint is gone and nothing of the group is stored; every batch gets the
             // error that ended it.
-            if tx.execute_batch("ROLLBACK TO batch").is_err() || tx.is_autocommit() {
+            if g.tx.execute_batch("ROLLBACK TO batch").is_err() || g.tx.is_autocommit() {
                 return Err(e.clone());
             }
         }
-        tx.execute_batch("RELEASE batch")?;
+        g.tx.execute_batch("RELEASE batch")?;
         outcomes.push(outcome);
     }
     if outcomes.iter().any(Result::is_ok) {
-        finish_group(tx, target, appended)?;
+        finish_group(g, w)?;
     }
     Ok(outcomes)
 }
 
 /// One batch's writes inside an open write transaction: the compare-and-set first (the
 /// database's only write lock is held, so nothing can move the position in between).
-/// `appended` counts the values it appended to the value log (`sqlite/values.rs`).
+/// What it changes in the value log's counts goes into `acct` (`sqlite/values.rs`).
 fn apply_batch(
     tx: &Connection,
     batch: &BatchCommit,
     now: i64,
-    appended: &mut usize,
+    acct: &mut values::Account,
     target: values::Target,
 ) -> Result<CommitReport> {
     validate_delta(&batch.delta)?;
@@ -496,16 +632,15 @@ fn apply_batch(
                         encode_metadata(&r.metadata),
                         r.document.as_deref(),
                         r.offset,
+                        acct,
                     )?,
-                    None => records.delete(&c.id, id)?,
+                    None => records.delete(&c.id, id, acct)?,
                 }
             }
         }
-        *appended += records.appended;
-        values::count_records(tx, batch.collections.iter().map(|c| c.record_count_delta).sum())?;
     }
     // Attached functions: their status is read here, inside the write transaction.
-    let report = functions::commit_functions(tx, batch, now, appended)?;
+    let report = functions::commit_functions(tx, batch, now, acct)?;
     write_next_offset(tx, &batch.topic, batch.delta.partition, batch.delta.to, now)?;
     Ok(report)
 }
@@ -537,64 +672,33 @@ const COLLECTION_COLUMNS: &str = "id, partition, dimension, log_position, record
 
 impl SqliteSysdb {
     /// Open (creating if needed) and migrate the database at `path` (`:memory:` for a
-    /// private in-memory database).
+    /// private in-memory database), with the default tuning.
     pub async fn open(path: &str) -> Result<SqliteSysdb> {
-        Self::open_with(path, true).await
+        Self::open_tuned(path, &SqliteConfig::DEFAULT).await
     }
 
-    /// Open the database `sluice init` created at `path`, creating and migrating nothing:
-    /// a missing file, a file without Sluice's schema or one at an older schema version
-    /// is a `Config` error naming `sluice init`. The check runs on a read-only connection.
-    pub async fn open_existing(path: &str) -> Result<SqliteSysdb> {
-        if !is_memory(path) {
-            let p = path.to_string();
-            tokio::task::spawn_blocking(move || -> Result<()> {
-                if !std::path::Path::new(&p).is_file() {
-                    return Err(SysdbError::Config(format!(
-                        "no sysdb at {p:?} (the file does not exist): run `sluice init` to create it"
-                    )));
-                }
-                let flags = rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX;
-                let conn = Connection::open_with_flags(&p, flags)?;
-                let has_table: bool = conn.query_row(
-                    "SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'schema_migrations')",
-                    [],
-                    |r| r.get(0),
-                )?;
-                let current = if has_table {
-                    Some(conn.query_row("SELECT COALESCE(MAX(version), 0) FROM schema_migrations", [], |r| r.get(0))?)
-                } else {
-                    None
-                };
-                schema::require_current(schema::SQLITE, current, BACKEND)
-            })
-            .await
-            .map_err(join_error)??;
-        }
-        Self::open_with(path, false).await
-    }
-
-    async fn open_with(path: &str, migrate_schema: bool) -> Result<SqliteSysdb> {
-        let path = path.to_string();
+    /// [`SqliteSysdb::open`] with the `[sqlite]` settings.
+    pub async fn open_tuned(path: &str, tuning: &SqliteConfig) -> Result<SqliteSysdb> {
+        let (path, tuning) = (path.to_string(), tuning.clone());
         let inner = tokio::task::spawn_blocking(move || -> Result<Arc<Inner>> {
             let mut writer = open_connection(&path)?;
             configure(&writer, &path)?;
-            if migrate_schema || is_memory(&path) {
-                migrate(&mut writer)?;
-            }
-            let reader = if is_memory(&path) {
-                None
+            migrate(&mut writer)?;
+            let readers = if is_memory(&path) {
+                Vec::new()
             } else {
-                let reader = open_connection(&path)?;
-                configure(&reader, &path)?;
-                reader.pragma_update(None, "cache_size", -READER_CACHE_SIZE_KIB)?;
-                Some(Mutex::new(reader))
+                (0..tuning.reader_connections.max(1))
+                    .map(|_| reads::open_reader(&path, false).map(Mutex::new))
+                    .collect::<Result<Vec<_>>>()?
             };
             let inner = Arc::new(Inner {
-                writer: Mutex::new(writer),
+                writer: Some(Mutex::new(writer)),
                 pending: Mutex::new(Vec::new()),
-                reader,
-                delta: Mutex::new(values::DeltaCache::default()),
+                readers,
+                next_reader: Default::default(),
+                delta: Mutex::new(values::DeltaCache::new(tuning.delta_cache_bytes as usize)),
+                tuning,
+                stats: Arc::default(),
             });
             if !is_memory(&path) {
                 spawn_checkpointer(&path, Arc::downgrade(&inner))?;
@@ -606,24 +710,77 @@ impl SqliteSysdb {
         Ok(SqliteSysdb { inner })
     }
 
-    /// Run `f` on the writer connection, off the async runtime.
+    /// Open the database `sluice init` created at `path` for commands that only read:
+    /// read-only connections (`SQLITE_OPEN_READONLY`), no writer, no checkpoint thread;
+    /// nothing is created, migrated, merged or written, so a file (and directory) the user
+    /// may only read works (`docs/sqlite.md` says which WAL files must exist then). A
+    /// missing file, a file without Sluice's schema or one at another schema version is a
+    /// `Config` error naming `sluice init`.
+    pub async fn open_existing(path: &str) -> Result<SqliteSysdb> {
+        if is_memory(path) {
+            return Self::open(path).await;
+        }
+        let path = path.to_string();
+        let inner = tokio::task::spawn_blocking(move || -> Result<Arc<Inner>> {
+            if !std::path::Path::new(&path).is_file() {
+                return Err(SysdbError::Config(format!(
+                    "no sysdb at {path:?} (the file does not exist): run `sluice init` to create it"
+                )));
+            }
+            let first = reads::open_reader(&path, true)?;
+            let has_table: bool = first.query_row(
+                "SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'schema_migrations')",
+                [],
+                |r| r.get(0),
+            )?;
+            let current = if has_table {
+                Some(first.query_row("SELECT COALESCE(MAX(version), 0) FROM schema_migrations", [], |r| r.get(0))?)
+            } else {
+                None
+            };
+            schema::require_current(schema::SQLITE, current, BACKEND)?;
+            let tuning = SqliteConfig { reader_connections: 1, ..SqliteConfig::DEFAULT };
+            Ok(Arc::new(Inner {
+                writer: None,
+                pending: Mutex::new(Vec::new()),
+                readers: vec![Mutex::new(first)],
+                next_reader: Default::default(),
+                delta: Mutex::new(values::DeltaCache::new(0)),
+                tuning,
+                stats: Arc::default(),
+            }))
+        })
+        .await
+        .map_err(join_error)??;
+        Ok(SqliteSysdb { inner })
+    }
+
+    /// Counters of the writer's work (merges, compactions, write transactions), for the
+    /// metrics and for tests.
+    pub fn stats(&self) -> Arc<SqliteStats> {
+        Arc::clone(&self.inner.stats)
+    }
+
+    /// Run `f` on the writer connection, off the async runtime. Counts a write
+    /// transaction: every caller writes.
     async fn write<T, F>(&self, f: F) -> Result<T>
     where
         T: Send + 'static,
-        F: FnOnce(&mut Connection) -> Result<T> + Send + 'static,
+        F: FnOnce(&mut Connection, Writing<'_>) -> Result<T> + Send + 'static,
     {
         let inner = Arc::clone(&self.inner);
         tokio::task::spawn_blocking(move || {
-            // A panic while holding the lock poisons it; the connection itself is still
-            // consistent (an open transaction was rolled back when it was dropped).
-            let mut conn = inner.writer.lock().unwrap_or_else(|p| p.into_inner());
-            f(&mut conn)
+            let mut conn = inner.writer()?;
+            inner.stats.write_transaction();
+            f(&mut conn, Writing::of(&inner))
         })
         .await
         .map_err(join_error)?
     }
 
-    /// Run `f` on the reader connection (the writer for `:memory:`).
+    /// Run `f` on a reader connection (the writer for `:memory:`). Readers are
+    /// `query_only`: a read that tried to write would fail, and none waits for the
+    /// writer's lock.
     async fn read<T, F>(&self, f: F) -> Result<T>
     where
         T: Send + 'static,
@@ -631,9 +788,37 @@ impl SqliteSysdb {
     {
         let inner = Arc::clone(&self.inner);
         tokio::task::spawn_blocking(move || {
-            let lock = inner.reader.as_ref().unwrap_or(&inner.writer);
-            let conn = lock.lock().unwrap_or_else(|p| p.into_inner());
+            if inner.readers.is_empty() {
+                let conn = inner.writer()?;
+                return f(&conn);
+            }
+            let n = inner.readers.len();
+            let first = inner.next_reader.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % n;
+            // A free reader if there is one, else wait for the next in turn.
+            for i in 0..n {
+                if let Ok(conn) = inner.readers[(first + i) % n].try_lock() {
+                    return f(&conn);
+                }
+            }
+            let conn = inner.readers[first].lock().unwrap_or_else(|p| p.into_inner());
             f(&conn)
+        })
+        .await
+        .map_err(join_error)?
+    }
+
+    /// Run `f` on the writer connection without counting a write transaction: the
+    /// processor's lookups of the records its next commit rewrites (their pages land in
+    /// the writer's cache, where that commit needs them).
+    async fn on_writer<T, F>(&self, f: F) -> Result<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&mut Connection) -> Result<T> + Send + 'static,
+    {
+        let inner = Arc::clone(&self.inner);
+        tokio::task::spawn_blocking(move || {
+            let mut conn = inner.writer()?;
+            f(&mut conn)
         })
         .await
         .map_err(join_error)?
@@ -646,7 +831,7 @@ impl SqliteSysdb {
 
     pub async fn set_topic_partitions(&self, topic: &str, partitions: i32) -> Result<()> {
         let key = super::topic_partitions_key(topic);
-        self.write(move |c| {
+        self.write(move |c, _w| {
             c.execute(
                 "INSERT INTO meta (key, value) VALUES (?1, ?2) ON CONFLICT (key) DO UPDATE SET value = excluded.value",
                 params![key, partitions.to_string()],
@@ -694,7 +879,7 @@ impl SqliteSysdb {
 
     pub async fn set_partition_halted(&self, topic: &str, partition: i32, reason: Option<&str>) -> Result<()> {
         let (topic, reason) = (topic.to_string(), reason.map(str::to_string));
-        self.write(move |c| {
+        self.write(move |c, _w| {
             let changed = c.prepare_cached(HALT_SQL)?.execute(params![topic, partition, reason, now_ms()])?;
             if changed == 0 && reason.is_some() {
                 return Err(invalid(format!("cannot halt partition {partition} of {topic:?}: it has no position row")));
@@ -709,7 +894,7 @@ impl SqliteSysdb {
             return Err(invalid(format!("partition {partition}: next_offset {next_offset} is negative")));
         }
         let topic = topic.to_string();
-        self.write(move |c| {
+        self.write(move |c, _w| {
             let tx = c.transaction_with_behavior(TransactionBehavior::Immediate)?;
             tx.execute(
                 "INSERT INTO partitions (topic, partition, next_offset, updated_at_ms) VALUES (?1, ?2, ?3, ?4)
@@ -776,7 +961,7 @@ impl SqliteSysdb {
         // (measured: ~10% of the processor's CPU was copying pages into a second cache).
         // A key's newest row in the records delta overrides `records` (`sqlite/values.rs`).
         let inner = Arc::clone(&self.inner);
-        self.write(move |c| {
+        self.on_writer(move |c| {
             let mut full = c.prepare_cached(&format!(
                 "SELECT {RECORD_COLUMNS} FROM {RECORDS_WITH_VALUES} WHERE r.collection_id = ?1 AND r.id = ?2"
             ))?;
@@ -822,32 +1007,9 @@ impl SqliteSysdb {
     pub async fn list_records(&self, collection: &str, after_id: Option<&str>, limit: usize) -> Result<Vec<Record>> {
         let collection = collection.to_string();
         let after_id = after_id.map(str::to_string);
-        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-        // Pages in id order come from `records` alone: merge the records delta first, if
-        // it holds anything (a write transaction that changes no record read back).
-        self.write(move |c| {
-            let pending: bool =
-                c.prepare_cached("SELECT EXISTS (SELECT 1 FROM record_delta)")?.query_row([], |r| r.get(0))?;
-            if pending {
-                let tx = c.transaction_with_behavior(TransactionBehavior::Immediate)?;
-                values::merge_delta(&tx, true)?;
-                tx.commit()?;
-            }
-            let raws = match &after_id {
-                Some(after) => c
-                    .prepare_cached(&format!(
-                        "SELECT {RECORD_COLUMNS} FROM {RECORDS_WITH_VALUES} WHERE r.collection_id = ?1 AND r.id > ?2 ORDER BY r.id LIMIT ?3"
-                    ))?
-                    .query_map(params![collection, after, limit], raw_record)?
-                    .collect::<rusqlite::Result<Vec<_>>>()?,
-                None => c
-                    .prepare_cached(&format!(
-                        "SELECT {RECORD_COLUMNS} FROM {RECORDS_WITH_VALUES} WHERE r.collection_id = ?1 ORDER BY r.id LIMIT ?2"
-                    ))?
-                    .query_map(params![collection, limit], raw_record)?
-                    .collect::<rusqlite::Result<Vec<_>>>()?,
-            };
-            raws.into_iter().map(decode_raw).collect()
+        // On a reader, in one snapshot; unmerged delta rows are folded in at read time.
+        self.read(move |c| {
+            reads::list_page(c, &collection, after_id.as_deref(), limit)?.into_iter().map(decode_raw).collect()
         })
         .await
     }
@@ -863,13 +1025,22 @@ impl SqliteSysdb {
         self.inner.pending.lock().unwrap_or_else(|p| p.into_inner()).push(PendingCommit { batch, reply });
         let inner = Arc::clone(&self.inner);
         tokio::task::spawn_blocking(move || {
-            let mut conn = inner.writer.lock().unwrap_or_else(|p| p.into_inner());
+            let mut conn = match inner.writer() {
+                Ok(conn) => conn,
+                Err(e) => {
+                    for pending in std::mem::take(&mut *inner.pending.lock().unwrap_or_else(|p| p.into_inner())) {
+                        let _ = pending.reply.send(Err(e.clone()));
+                    }
+                    return;
+                }
+            };
             // Whoever holds the writer takes every waiting batch; ours may already have
             // been taken by the previous holder, which then answers it.
             let group = std::mem::take(&mut *inner.pending.lock().unwrap_or_else(|p| p.into_inner()));
             if !group.is_empty() {
                 tracing::debug!(batches = group.len(), "sqlite group commit");
-                commit_group(&mut conn, group);
+                inner.stats.write_transaction();
+                commit_group(&mut conn, Writing::of(&inner), group);
             }
         })
         .await
@@ -884,7 +1055,7 @@ impl SqliteSysdb {
     pub async fn record_gap(&self, topic: &str, partition: i32, from: i64, to: i64) -> Result<()> {
         let delta = PositionDelta::new(partition, from, to).map_err(|e| invalid(format!("gap: {e}")))?;
         let topic = topic.to_string();
-        self.write(move |c| {
+        self.write(move |c, _w| {
             let tx = c.transaction_with_behavior(TransactionBehavior::Immediate)?;
             delta.check(read_next_offset(&tx, &topic, partition)?)?;
             let now = now_ms();
@@ -925,7 +1096,7 @@ impl SqliteSysdb {
             return Err(invalid(format!("partition {partition}: cannot reset to negative offset {to}")));
         }
         let (topic, actor, reason) = (topic.to_string(), actor.to_string(), reason.to_string());
-        self.write(move |c| {
+        self.write(move |c, _w| {
             let tx = c.transaction_with_behavior(TransactionBehavior::Immediate)?;
             let previous = read_next_offset(&tx, &topic, partition)?;
             let now = now_ms();
@@ -969,7 +1140,7 @@ impl SqliteSysdb {
 
     pub async fn record_dlq_replay(&self, r: &DlqReplayRow) -> Result<bool> {
         let r = r.clone();
-        self.write(move |c| {
+        self.write(move |c, _w| {
             let n = c.execute(
                 "INSERT INTO dlq_replays (topic, dlq_partition, dlq_offset, replayed_at, log_partition, log_offset)
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6) ON CONFLICT (topic, dlq_partition, dlq_offset) DO NOTHING",
@@ -1041,10 +1212,25 @@ mod tests {
         })
     }
 
+    /// Small bounds, so that a test of a few thousand records merges and compacts often.
+    const TIGHT: SqliteConfig = SqliteConfig {
+        delta_max_rows: 150,
+        delta_max_bytes: 12 * 1024,
+        delta_cache_bytes: 2 * 1024,
+        dead_value_ratio: 1.0,
+        dead_value_slack_bytes: 4 * 1024,
+        compaction_step_bytes: 1 << 20,
+        reader_connections: 1,
+    };
+
+    fn writing(tuning: &SqliteConfig) -> (SqliteConfig, SqliteStats) {
+        (tuning.clone(), SqliteStats::default())
+    }
+
     /// Commit one batch alone through the group-commit path, as the processor does.
-    fn commit_one(conn: &mut Connection, batch: BatchCommit) {
+    fn commit_one(conn: &mut Connection, w: Writing<'_>, batch: BatchCommit) {
         let (reply, mut rx) = tokio::sync::oneshot::channel();
-        commit_group(conn, vec![PendingCommit { batch: Arc::new(batch), reply }]);
+        commit_group(conn, w, vec![PendingCommit { batch: Arc::new(batch), reply }]);
         rx.try_recv().expect("answered").expect("committed");
     }
 
@@ -1065,13 +1251,15 @@ mod tests {
         .collect()
     }
 
-    /// The value log under a long run of overwrites and deletes: after every commit the
-    /// records read back are exactly the model's, every record points at a value that
-    /// carries its key, and the count of records the log's bound uses is exact. The log
-    /// stays within its bound, and records written once at the start and never again
-    /// survive the compactions that copied their values forward.
+    /// The value log under a long run of overwrites and deletes, with tight byte bounds:
+    /// after every commit the records read back are exactly the model's, every record
+    /// points at a value of its key and size, and the log's byte counts (all values, live
+    /// values, delta rows) are exact. Pages read on a reader with the delta folded in at
+    /// read time equal the model too. The dead bytes stay within the bound (plus what the
+    /// transactions since the last compaction added), and records written once at the
+    /// start and never again survive the compactions that copied their values forward.
     #[test]
-    fn the_value_log_keeps_every_record_exact_and_stays_bounded() {
+    fn the_value_log_keeps_every_record_exact_and_stays_bounded_in_bytes() {
         use crate::record::{MetaValue, Metadata};
         let mut conn = open_connection(":memory:").unwrap();
         configure(&conn, ":memory:").unwrap();
@@ -1088,17 +1276,23 @@ mod tests {
         let record = |id: &str, kind: u64, offset: i64| {
             let mut metadata = Metadata::new();
             metadata.insert("n".into(), MetaValue::Long(offset));
+            // Some stretches of the log carry larger metadata: the delta fills by bytes there.
+            if (offset / 400) % 3 == 0 {
+                metadata.insert("pad".into(), MetaValue::String("p".repeat(120)));
+            }
             Record {
                 id: id.into(),
-                // Some records have no value at all, some only a document.
+                // Some records have no value at all, some only a document (of varied sizes).
                 embedding: (kind % 3 == 0).then(|| [offset as f32, 1.5, -2.0].into()),
                 metadata,
-                document: (kind % 3 != 2).then(|| format!("{id} at {offset}")),
+                document: (kind % 3 != 2).then(|| format!("{id} at {offset}").repeat(1 + (offset % 7) as usize)),
                 offset,
             }
         };
         let mut offset = 0i64;
         let mut first_values_end = 0i64;
+        let (tuning, stats) = writing(&TIGHT);
+        let w = Writing { tuning: &tuning, stats: &stats };
         for tx in 0..300 {
             let mut per_collection: std::collections::BTreeMap<
                 String,
@@ -1111,12 +1305,12 @@ mod tests {
             } else if tx % 10 == 5 {
                 2 * values::DIRECT_WRITES as i64 + 200
             } else {
-                200
+                40
             };
-            for w in 0..writes {
+            for wi in 0..writes {
                 // The first transaction also writes 50 ids of a collection never written again.
-                let (c, id) = if tx == 0 && w < 50 {
-                    ("static".to_string(), format!("s{w}"))
+                let (c, id) = if tx == 0 && wi < 50 {
+                    ("static".to_string(), format!("s{wi}"))
                 } else {
                     (format!("c{}", next(3)), format!("id{}", next(500)))
                 };
@@ -1152,6 +1346,7 @@ mod tests {
             let from = offset - writes;
             commit_one(
                 &mut conn,
+                w,
                 BatchCommit {
                     topic: "values".into(),
                     delta: PositionDelta::new(0, from, offset).unwrap(),
@@ -1162,10 +1357,12 @@ mod tests {
             if tx == 0 {
                 first_values_end = conn.query_row("SELECT max(seq) FROM record_values", [], |r| r.get(0)).unwrap();
             }
-            // Forced merges now and then, between the ones the delta's size brings.
+            // Forced merges now and then, between the ones the delta's bounds bring.
             if tx % 37 == 36 {
                 let t = conn.transaction().unwrap();
-                values::merge_delta(&t, true).unwrap();
+                let mut acct = values::Account::default();
+                w.merge(&t, true, &mut acct).unwrap();
+                w.flush_and_compact(&t, &mut acct).unwrap();
                 t.commit().unwrap();
                 let left: i64 = conn.query_row("SELECT count(*) FROM record_delta", [], |r| r.get(0)).unwrap();
                 assert_eq!(left, 0, "a merge empties the delta");
@@ -1173,12 +1370,50 @@ mod tests {
             values::check_layout(&conn).unwrap_or_else(|e| panic!("after transaction {tx}: {e}"));
             let stored = stored_records(&conn);
             assert!(stored == model, "after transaction {tx}: the records read back differ from the model");
+            if tx % 25 == 24 {
+                for c in ["c0", "c1", "c2", "static"] {
+                    let mut page_model: Vec<Record> =
+                        model.iter().filter(|((mc, _), _)| mc == c).map(|(_, r)| r.clone()).collect();
+                    page_model.sort_by(|a, b| a.id.cmp(&b.id));
+                    let mut read = Vec::new();
+                    let mut after: Option<String> = None;
+                    loop {
+                        let page: Vec<Record> = reads::list_page(&conn, c, after.as_deref(), 37)
+                            .unwrap()
+                            .into_iter()
+                            .map(|raw| decode_raw(raw).unwrap())
+                            .collect();
+                        after = page.last().map(|r| r.id.clone());
+                        let done = page.len() < 37;
+                        read.extend(page);
+                        if done {
+                            break;
+                        }
+                    }
+                    assert!(read == page_model, "after transaction {tx}: pages of {c} read with the delta folded in");
+                }
+            }
         }
-        let (span, live) = values::log_span(&conn);
+        let s = stats.snapshot();
+        assert!(s.compactions > 10, "compactions: {s:?}");
+        assert!(s.merges.iter().find(|(r, _)| *r == "rows").unwrap().1 > 0, "merges by rows: {s:?}");
+        assert!(s.merges.iter().find(|(r, _)| *r == "bytes").unwrap().1 > 0, "merges by bytes: {s:?}");
+        // Once merged and compacted until it stops, the dead bytes are within the bound.
+        loop {
+            let t = conn.transaction().unwrap();
+            let mut acct = values::Account::default();
+            w.merge(&t, true, &mut acct).unwrap();
+            acct.flush(&t).unwrap();
+            let done = values::compact(&t, &tuning, 0).unwrap().is_none();
+            t.commit().unwrap();
+            if done {
+                break;
+            }
+        }
+        let (log, live) = values::log_bytes(&conn);
         assert!(live > 0);
-        // Values appended through the delta are compacted at its merges.
-        let bound = values::SPACE_FACTOR * live + values::SLACK + values::DELTA_MERGE_ROWS + 2 * 200;
-        assert!(span <= bound, "the value log spans {span} values for {live} live ones");
+        let allowed = (tuning.dead_value_ratio * live as f64) as i64 + tuning.dead_value_slack_bytes as i64;
+        assert!(log - live <= allowed, "{} dead bytes for {live} live ones (allowed {allowed})", log - live);
         let moved: i64 = conn
             .query_row(
                 &format!(
@@ -1193,6 +1428,7 @@ mod tests {
             model.iter().filter(|((c, _), r)| c == "static" && (r.embedding.is_some() || r.document.is_some())).count();
         assert!(with_value > 0);
         assert_eq!(moved as usize, with_value, "every static value was copied forward by compaction");
+        values::check_layout(&conn).unwrap();
     }
 
     /// A database written by the previous layout (values inside `records`, schema
@@ -1279,7 +1515,8 @@ mod tests {
                 PendingCommit { batch: Arc::clone(b), reply }
             })
             .collect();
-        commit_group(&mut conn, group);
+        let (tuning, stats) = writing(&SqliteConfig::DEFAULT);
+        commit_group(&mut conn, Writing { tuning: &tuning, stats: &stats }, group);
         let outcomes: Vec<_> = outcomes.into_iter().map(|mut rx| rx.try_recv().expect("answered")).collect();
         assert!(outcomes[0].is_ok(), "{:?}", outcomes[0]);
         assert!(matches!(outcomes[1], Err(SysdbError::Conflict(_))), "{:?}", outcomes[1]);
@@ -1322,7 +1559,9 @@ mod tests {
             (0..4).map(|p| read_next_offset(conn, "group", p).unwrap().unwrap()).collect()
         };
         let mixed = [group_batch(0, 0, 5, &["a"]), group_batch(1, 3, 5, &["b"]), group_batch(2, 0, 5, &["c"])];
-        assert!(commit_all_or_none(&mut conn, &pending(&mixed)).unwrap().is_none(), "a conflict fails the attempt");
+        let (tuning, stats) = writing(&SqliteConfig::DEFAULT);
+        let w = Writing { tuning: &tuning, stats: &stats };
+        assert!(commit_all_or_none(&mut conn, w, &pending(&mixed)).unwrap().is_none(), "a conflict fails the attempt");
         assert_eq!(positions(&conn), vec![0, 0, 0, 0], "nothing of the failed attempt is stored");
         let count = |conn: &Connection| -> i64 {
             conn.query_row(&format!("SELECT count(*) FROM {}", values::CURRENT_RECORDS), [], |r| r.get(0)).unwrap()
@@ -1330,7 +1569,7 @@ mod tests {
         assert_eq!(count(&conn), 0);
 
         let good = [group_batch(0, 0, 5, &["a"]), group_batch(1, 0, 5, &["b", "b2"]), group_batch(2, 0, 5, &["c"])];
-        let reports = commit_all_or_none(&mut conn, &pending(&good)).unwrap().expect("every batch commits");
+        let reports = commit_all_or_none(&mut conn, w, &pending(&good)).unwrap().expect("every batch commits");
         assert_eq!(reports.len(), 3);
         assert_eq!(positions(&conn), vec![5, 5, 5, 0]);
         assert_eq!(count(&conn), 4);
@@ -1412,13 +1651,50 @@ mod tests {
         b.commit_batch(group_batch(0, 3, 4, &["z"])).await.unwrap();
         assert_eq!(read(&a, &["x", "y", "z"]).await, vec![doc("x"), doc("z")]);
         assert_eq!(read(&b, &["x", "y", "z"]).await, vec![doc("x"), doc("z")]);
-        // A page in id order sees the same, and leaves the delta merged.
+        // A page in id order (on a reader) sees the same, and merges nothing: the delta
+        // still holds z, and no write transaction began.
+        let Sysdb::Sqlite(sa) = &a else { unreachable!() };
+        let writes_before = sa.stats().snapshot().write_transactions;
         let page: Vec<String> = a.list_records("coll-0", None, 10).await.unwrap().into_iter().map(|r| r.id).collect();
         assert_eq!(page, vec!["x", "z"]);
+        assert_eq!(sa.stats().snapshot().write_transactions, writes_before, "a read began a write transaction");
         let conn = Connection::open(dir.path().join("sysdb.sqlite")).unwrap();
         let left: i64 = conn.query_row("SELECT count(*) FROM record_delta", [], |r| r.get(0)).unwrap();
-        assert_eq!(left, 0);
+        assert_eq!(left, 1, "a read merged the delta");
         values::check_layout(&conn).unwrap();
+    }
+
+    /// The processor's copy of the delta holds at most `delta_cache_bytes` of metadata:
+    /// with a budget of three rows' metadata out of twenty, it keeps every key and reads
+    /// the other rows' metadata from the delta table by rowid; the records are the same.
+    #[tokio::test]
+    async fn the_delta_cache_stays_within_its_budget_and_reads_the_rest() {
+        use crate::record::MetaValue;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("budget.db");
+        let tuning = SqliteConfig { delta_cache_bytes: 2_500, ..SqliteConfig::DEFAULT };
+        let db = SqliteSysdb::open_tuned(&path.to_string_lossy(), &tuning).await.unwrap();
+        db.init_position("group", 0, 0).await.unwrap();
+        let ids: Vec<String> = (0..20).map(|i| format!("r{i:02}")).collect();
+        let refs: Vec<&str> = ids.iter().map(String::as_str).collect();
+        let mut batch = (*group_batch(0, 0, 1, &refs)).clone();
+        for (i, (_, w)) in batch.collections[0].writes.iter_mut().enumerate() {
+            let r = w.as_mut().unwrap();
+            r.metadata.insert("big".into(), MetaValue::String(format!("{i}").repeat(700)));
+        }
+        db.commit_batch(Arc::new(batch.clone())).await.unwrap();
+        let wanted = vec![("coll-0".to_string(), ids.iter().map(|i| (i.clone(), true)).collect())];
+        let found = db.get_records_many(wanted).await.unwrap().remove("coll-0").unwrap();
+        assert_eq!(found.len(), 20);
+        for (id, w) in &batch.collections[0].writes {
+            assert_eq!(&found[id], w.as_ref().unwrap(), "{id}");
+        }
+        let held = db.inner.delta.lock().unwrap().metadata_bytes();
+        assert!(held <= 2_500, "the delta cache holds {held} bytes of metadata, over its budget of 2500");
+        assert!(held >= 1_400, "the delta cache holds {held} bytes of metadata: it should hold what fits");
+        let conn = Connection::open(&path).unwrap();
+        let in_delta: i64 = conn.query_row("SELECT count(*) FROM record_delta", [], |r| r.get(0)).unwrap();
+        assert_eq!(in_delta, 20, "the rows are still in the delta (read from there, not from a merge)");
     }
 
     #[tokio::test]
@@ -1471,8 +1747,11 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let (db, _) = open_file(&dir).await;
         let Sysdb::Sqlite(s) = &db else { unreachable!() };
+        let reader_query_only: bool =
+            s.read(|c| Ok(c.query_row("PRAGMA query_only", [], |r| r.get(0))?)).await.unwrap();
+        assert!(reader_query_only, "reads run on query_only connections");
         let (mode, sync, busy, page, mmap) = s
-            .read(|c| {
+            .on_writer(|c| {
                 let mode: String = c.query_row("PRAGMA journal_mode", [], |r| r.get(0))?;
                 let sync: i64 = c.query_row("PRAGMA synchronous", [], |r| r.get(0))?;
                 let busy: i64 = c.query_row("PRAGMA busy_timeout", [], |r| r.get(0))?;
@@ -1550,6 +1829,15 @@ mod tests {
             Err(e) => assert!(e.is_retryable(), "{e}"),
             Ok(_) => panic!("opened a file in a missing directory"),
         }
+    }
+
+    /// The memory formula (`config/memory.rs`) counts these caches.
+    #[test]
+    fn the_memory_formula_counts_these_caches() {
+        use crate::config::memory;
+        assert_eq!(CACHE_SIZE_KIB as u64 * 1024, memory::SQLITE_WRITER_CACHE);
+        assert_eq!(READER_CACHE_SIZE_KIB as u64 * 1024, memory::SQLITE_READER_CACHE);
+        assert_eq!(CHECKPOINTER_CACHE_KIB as u64 * 1024, memory::SQLITE_CHECKPOINTER_CACHE);
     }
 
     #[test]

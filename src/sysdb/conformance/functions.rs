@@ -1030,10 +1030,18 @@ async fn random_interleaving(db: &Sysdb, functions: &[(&str, &dyn Function)], se
             log.commit(db, &ops, &fns).await;
             batches += 1;
         } else if let Some(cursor) = cursors[i].clone() {
-            let chunk = 1 + rng.below(4) as usize;
+            // Chunks bounded by a count, and half of them by a few bytes as well: a chunk
+            // cut by its bytes is never the last one, whatever its length.
+            let chunk = crate::sysdb::ChunkLimit {
+                records: 1 + rng.below(6) as usize,
+                bytes: if rng.chance(50) { 1 + rng.below(120) as usize } else { usize::MAX },
+            };
             match db.backfill_step(&rows[i].id, cursor.as_deref(), chunk, functions[i].1).await.expect("backfill_step")
             {
-                StepResult::Applied { cursor, finished, .. } => cursors[i] = if finished { None } else { Some(cursor) },
+                StepResult::Applied { cursor, finished, processed, .. } => {
+                    assert!(processed <= chunk.records, "a chunk of {processed} records, over {chunk:?}");
+                    cursors[i] = if finished { None } else { Some(cursor) }
+                }
                 other => panic!("{other:?}"),
             }
         }

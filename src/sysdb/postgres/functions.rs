@@ -37,8 +37,8 @@ use crate::record::Record;
 use crate::sysdb::codec::{encode_embedding, encode_metadata, encode_params};
 use crate::sysdb::outputs::{self, FunctionState, MapWrite, OutputPlan, RawFunction, FUNCTION_COLUMNS};
 use crate::sysdb::{
-    now_ms, AttachConflict, AttachOutcome, BatchCommit, CommitReport, FunctionRow, NewFunction, OutboxRow, Result,
-    StepResult, SysdbError,
+    now_ms, AttachConflict, AttachOutcome, BatchCommit, ChunkLimit, CommitReport, FunctionRow, NewFunction, OutboxRow,
+    Result, StepResult, SysdbError,
 };
 
 /// An error inside a transaction: the database's (kept whole, so that the caller can tell
@@ -388,10 +388,10 @@ async fn backfill_once(
     client: &mut deadpool_postgres::Object,
     function_id: &str,
     expected: Option<&str>,
-    limit: usize,
+    limit: ChunkLimit,
     f: &dyn Function,
 ) -> Result<StepResult, TxError> {
-    let limit = limit.max(1);
+    let limit = ChunkLimit { records: limit.records.max(1), bytes: limit.bytes.max(1) };
     let began = std::time::Instant::now();
     let tx = client.transaction().await?;
     let stmt = tx
@@ -423,25 +423,32 @@ async fn backfill_once(
             .get(0);
         tx.execute("UPDATE functions SET backfill_total = $2 WHERE id = $1", &[&function_id, &total]).await?;
     }
-    let limit_sql = i64::try_from(limit).unwrap_or(i64::MAX);
+    let limit_sql = i64::try_from(limit.records).unwrap_or(i64::MAX);
     let reads = f.reads();
-    let rows = match &row.backfill_cursor {
-        None => {
-            tx.query(
-                &tx.prepare_cached(&chunk_sql(false, reads)).await?,
-                &[&row.collection_id, &marker, &function_id, &limit_sql],
-            )
-            .await?
+    let (records, cut) = {
+        let stmt = tx.prepare_cached(&chunk_sql(row.backfill_cursor.is_some(), reads)).await?;
+        let mut params: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> =
+            vec![&row.collection_id, &marker, &function_id, &limit_sql];
+        if let Some(after) = &row.backfill_cursor {
+            params.push(after);
         }
-        Some(after) => {
-            tx.query(
-                &tx.prepare_cached(&chunk_sql(true, reads)).await?,
-                &[&row.collection_id, &marker, &function_id, &limit_sql, after],
-            )
-            .await?
+        // Streamed, so that a chunk cut by its byte bound never holds the rest in memory.
+        let stream = tx.query_raw(&stmt, params).await?;
+        futures_util::pin_mut!(stream);
+        let mut records = Vec::new();
+        let mut bytes = 0usize;
+        let mut cut = false;
+        while let Some(r) = futures_util::StreamExt::next(&mut stream).await {
+            if bytes >= limit.bytes {
+                cut = true;
+                break;
+            }
+            let record = decode_row(&r?)?;
+            bytes = bytes.saturating_add(outputs::chunk_bytes(&record));
+            records.push(record);
         }
+        (records, cut)
     };
-    let records: Vec<Record> = rows.iter().map(decode_row).collect::<Result<_>>()?;
     let plan = outputs::backfill_plan(&records, f);
     if !plan.is_empty() {
         // Records exist, so the input collection has a row; 0 is never used in practice.
@@ -449,7 +456,7 @@ async fn backfill_once(
     }
     let processed = records.len();
     let cursor = records.last().map(|r| r.id.clone()).or(row.backfill_cursor);
-    let finished = processed < limit;
+    let finished = !cut && processed < limit.records;
     tx.execute(
         &tx.prepare_cached(
             "UPDATE functions SET backfill_cursor = $2, backfill_done = backfill_done + $3, updated_at_ms = $4,
@@ -719,7 +726,7 @@ impl PostgresSysdb {
         &self,
         function_id: &str,
         expected_cursor: Option<&str>,
-        limit: usize,
+        limit: ChunkLimit,
         f: &dyn Function,
     ) -> Result<StepResult> {
         let mut client = self.client().await?;

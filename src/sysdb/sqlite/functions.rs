@@ -11,15 +11,15 @@ use std::collections::HashMap;
 
 use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 
-use super::values::{self, RecordWriter, RECORDS_WITH_VALUES};
-use super::{decode_raw, invalid, raw_record, SqliteSysdb, BACKEND};
+use super::values::{self, Account, RecordWriter, RECORDS_WITH_VALUES};
+use super::{decode_raw, invalid, raw_record, SqliteSysdb, Writing, BACKEND};
 use crate::functions::{Function, FunctionStatus, Reads};
 use crate::record::Record;
 use crate::sysdb::codec::{encode_embedding, encode_metadata, encode_params};
 use crate::sysdb::outputs::{self, FunctionState, MapWrite, OutputPlan, RawFunction, FUNCTION_COLUMNS};
 use crate::sysdb::{
-    now_ms, AttachConflict, AttachOutcome, BatchCommit, CommitReport, FunctionRow, NewFunction, OutboxRow, Result,
-    StepResult,
+    now_ms, AttachConflict, AttachOutcome, BatchCommit, ChunkLimit, CommitReport, FunctionRow, NewFunction, OutboxRow,
+    Result, StepResult,
 };
 
 fn raw_function(r: &rusqlite::Row<'_>) -> rusqlite::Result<RawFunction> {
@@ -138,7 +138,7 @@ pub(super) fn commit_functions(
     tx: &Connection,
     batch: &BatchCommit,
     now: i64,
-    appended: &mut usize,
+    acct: &mut Account,
 ) -> Result<CommitReport> {
     if batch.functions.is_empty() {
         return Ok(CommitReport::default());
@@ -187,16 +187,23 @@ pub(super) fn commit_functions(
             preimage.execute(params![d.function_id, id, emb, encode_metadata(&r.metadata), r.document, r.offset])?;
         }
         if !d.plan.is_empty() {
-            *appended += apply_plan(tx, d.function_id, &d.output_collection, batch.delta.partition, &d.plan)?;
+            apply_plan(tx, d.function_id, &d.output_collection, batch.delta.partition, &d.plan, acct)?;
         }
     }
     Ok(outputs::report(&decisions))
 }
 
 /// Write a plan into the output collection (semantics: `outputs.rs`). `partition`
-/// registers the output collection if its row is missing. Returns how many values it
-/// appended to the value log.
-fn apply_plan(tx: &Connection, function_id: &str, output: &str, partition: i32, plan: &OutputPlan) -> Result<usize> {
+/// registers the output collection if its row is missing. What it changes in the value
+/// log's counts goes into `acct`.
+fn apply_plan(
+    tx: &Connection,
+    function_id: &str,
+    output: &str,
+    partition: i32,
+    plan: &OutputPlan,
+    acct: &mut Account,
+) -> Result<()> {
     let mut record_offset =
         tx.prepare_cached("SELECT last_offset FROM records WHERE collection_id = ?1 AND id = ?2")?;
     let mut records = RecordWriter::new(tx)?;
@@ -217,13 +224,13 @@ fn apply_plan(tx: &Connection, function_id: &str, output: &str, partition: i32, 
             if c.removes_at(count) {
                 drop_counter.execute(params![function_id, c.output_id])?;
                 if existing.is_some() {
-                    records.delete(output, &c.output_id)?;
+                    records.delete(output, &c.output_id, acct)?;
                     count_delta -= 1;
                 }
             } else {
                 let last_offset = existing.map_or(c.offset, |e| e.max(c.offset));
                 let metadata = encode_metadata(&c.metadata(count));
-                records.put_parts(output, &c.output_id, None, metadata, None, last_offset)?;
+                records.put_parts(output, &c.output_id, None, metadata, None, last_offset, acct)?;
                 if existing.is_none() {
                     count_delta += 1;
                 }
@@ -253,7 +260,7 @@ fn apply_plan(tx: &Connection, function_id: &str, output: &str, partition: i32, 
                     if tomb.is_some() {
                         drop_tombstone.execute(params![output, r.id])?;
                     }
-                    records.put(output, r)?;
+                    records.put(output, r, acct)?;
                     if existing.is_none() {
                         count_delta += 1;
                     }
@@ -263,7 +270,7 @@ fn apply_plan(tx: &Connection, function_id: &str, output: &str, partition: i32, 
                 }
                 MapWrite::Remove { id, offset } => {
                     if existing.is_some() {
-                        records.delete(output, id)?;
+                        records.delete(output, id, acct)?;
                         count_delta -= 1;
                     }
                     if plan.versioned {
@@ -282,8 +289,7 @@ fn apply_plan(tx: &Connection, function_id: &str, output: &str, partition: i32, 
         )?
         .execute(params![output, partition, dimension, count_delta, now_ms()])?;
     }
-    values::count_records(tx, count_delta)?;
-    Ok(records.appended)
+    Ok(())
 }
 
 /// The next chunk of the collection as of the marker, in one statement: current records
@@ -318,13 +324,14 @@ const AS_OF_SIZE: &str = "SELECT
 /// `None` aborts the step (rolled back).
 fn backfill_step_sync(
     conn: &mut Connection,
+    w: Writing<'_>,
     function_id: &str,
     expected: Option<&str>,
-    limit: usize,
+    limit: ChunkLimit,
     reads: Reads,
     compute: impl FnOnce(Vec<Record>) -> Option<OutputPlan>,
 ) -> Result<StepResult> {
-    let limit = limit.max(1);
+    let limit = ChunkLimit { records: limit.records.max(1), bytes: limit.bytes.max(1) };
     let began = std::time::Instant::now();
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
     let Some(row) = read_function(&tx, function_id)? else { return Ok(StepResult::NotBackfilling) };
@@ -336,7 +343,8 @@ fn backfill_step_sync(
     }
     // The chunk is read from `records`, and the outputs are written there: fold the
     // records delta in first (`values::merge_delta`).
-    values::merge_delta(&tx, true)?;
+    let mut acct = Account::default();
+    w.merge(&tx, true, &mut acct)?;
     let marker = row
         .marker_offset
         .ok_or_else(|| invalid(format!("function {function_id:?} is backfilling without a marker offset")))?;
@@ -347,21 +355,25 @@ fn backfill_step_sync(
         tx.prepare_cached("UPDATE functions SET backfill_total = ?2 WHERE id = ?1")?
             .execute(params![function_id, total])?;
     }
-    let limit_sql = i64::try_from(limit).unwrap_or(i64::MAX);
-    let raws = match &row.backfill_cursor {
-        None => tx
-            .prepare_cached(&chunk_sql(false, reads))?
-            .query_map(params![row.collection_id, marker, function_id, limit_sql], raw_record)?
-            .collect::<rusqlite::Result<Vec<_>>>()?,
-        Some(after) => tx
-            .prepare_cached(&chunk_sql(true, reads))?
-            .query_map(params![row.collection_id, marker, function_id, limit_sql, after], raw_record)?
-            .collect::<rusqlite::Result<Vec<_>>>()?,
+    let limit_sql = i64::try_from(limit.records).unwrap_or(i64::MAX);
+    let decoded = |raw: rusqlite::Result<super::RawRecord>| raw.map_err(Into::into).and_then(decode_raw);
+    let (records, cut) = match &row.backfill_cursor {
+        None => outputs::read_chunk(
+            tx.prepare_cached(&chunk_sql(false, reads))?
+                .query_map(params![row.collection_id, marker, function_id, limit_sql], raw_record)?
+                .map(decoded),
+            limit,
+        )?,
+        Some(after) => outputs::read_chunk(
+            tx.prepare_cached(&chunk_sql(true, reads))?
+                .query_map(params![row.collection_id, marker, function_id, limit_sql, after], raw_record)?
+                .map(decoded),
+            limit,
+        )?,
     };
-    let records: Vec<Record> = raws.into_iter().map(decode_raw).collect::<Result<_>>()?;
     let processed = records.len();
     let cursor = records.last().map(|r| r.id.clone()).or(row.backfill_cursor);
-    let finished = processed < limit;
+    let finished = !cut && processed < limit.records;
     let Some(plan) = compute(records) else {
         return Err(invalid(format!("backfill step of {function_id:?} abandoned by its caller")));
     };
@@ -371,9 +383,9 @@ fn backfill_step_sync(
             .query_row([&row.collection_id], |r| r.get(0))
             .optional()?;
         // Records exist, so the input collection has a row; 0 is never used in practice.
-        let appended = apply_plan(&tx, function_id, &row.output_collection, partition.unwrap_or(0), &plan)?;
-        values::compact(&tx, appended)?;
+        apply_plan(&tx, function_id, &row.output_collection, partition.unwrap_or(0), &plan, &mut acct)?;
     }
+    w.flush_and_compact(&tx, &mut acct)?;
     tx.prepare_cached(
         "UPDATE functions SET backfill_cursor = ?2, backfill_done = backfill_done + ?3, updated_at_ms = ?4,
              status = CASE WHEN ?5 THEN 'ready' ELSE status END
@@ -391,13 +403,17 @@ fn backfill_step_sync(
 impl SqliteSysdb {
     pub async fn attach_function(&self, new: &NewFunction) -> Result<AttachOutcome> {
         let new = new.clone();
-        self.write(move |c| {
+        self.write(move |c, w| {
             let tx = c.transaction_with_behavior(TransactionBehavior::Immediate)?;
             // The rules ask whether the output collection holds records: in `records`.
-            values::merge_delta(&tx, true)?;
+            let mut acct = Account::default();
+            w.merge(&tx, true, &mut acct)?;
             if let Some(refusal) = attach_rules(&tx, &new)? {
+                w.flush_and_compact(&tx, &mut acct)?;
+                tx.commit()?;
                 return Ok(refusal);
             }
+            w.flush_and_compact(&tx, &mut acct)?;
             let now = creation_stamp(&tx)?;
             tx.prepare_cached(&format!(
                 "INSERT INTO functions ({FUNCTION_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, 'awaiting_marker', ?6, NULL, NULL, 0, NULL, ?7, ?7)"
@@ -457,7 +473,7 @@ impl SqliteSysdb {
 
     pub async fn detach_function(&self, id: &str, drop_output: bool) -> Result<Option<FunctionRow>> {
         let id = id.to_string();
-        self.write(move |c| {
+        self.write(move |c, w| {
             let tx = c.transaction_with_behavior(TransactionBehavior::Immediate)?;
             let Some(row) = read_function(&tx, &id)? else { return Ok(None) };
             tx.execute("UPDATE functions SET status = 'detached', updated_at_ms = ?2 WHERE id = ?1", params![id, now_ms()])?;
@@ -472,9 +488,10 @@ impl SqliteSysdb {
                     |r| r.get(0),
                 )?;
                 if live == 0 {
-                    values::merge_delta(&tx, true)?;
-                    let dropped = tx.execute("DELETE FROM records WHERE collection_id = ?1", [out])?;
-                    values::count_records(&tx, -(dropped as i64))?;
+                    let mut acct = Account::default();
+                    w.merge(&tx, true, &mut acct)?;
+                    values::delete_collection(&tx, out, &mut acct)?;
+                    w.flush_and_compact(&tx, &mut acct)?;
                     tx.execute("DELETE FROM tombstones WHERE collection_id = ?1", [out])?;
                     tx.execute("DELETE FROM collections WHERE id = ?1", [out])?;
                 } else {
@@ -501,7 +518,7 @@ impl SqliteSysdb {
     }
 
     pub async fn mark_outbox_sent(&self, id: i64, published_offset: Option<i64>) -> Result<()> {
-        self.write(move |c| {
+        self.write(move |c, _w| {
             c.prepare_cached(
                 "UPDATE outbox SET sent_at_ms = ?2, published_offset = ?3 WHERE id = ?1 AND sent_at_ms IS NULL",
             )?
@@ -522,7 +539,7 @@ impl SqliteSysdb {
     }
 
     pub async fn mark_marker_republished(&self, id: i64, published_offset: i64) -> Result<()> {
-        self.write(move |c| {
+        self.write(move |c, _w| {
             c.prepare_cached("UPDATE outbox SET sent_at_ms = ?2, published_offset = ?3 WHERE id = ?1")?
                 .execute(params![id, now_ms(), published_offset])?;
             Ok(())
@@ -546,15 +563,15 @@ impl SqliteSysdb {
         &self,
         function_id: &str,
         expected_cursor: Option<&str>,
-        limit: usize,
+        limit: ChunkLimit,
         f: &dyn Function,
     ) -> Result<StepResult> {
         let (function_id, expected) = (function_id.to_string(), expected_cursor.map(str::to_string));
         let (records_tx, records_rx) = tokio::sync::oneshot::channel::<Vec<Record>>();
         let (plan_tx, plan_rx) = tokio::sync::oneshot::channel::<OutputPlan>();
         let reads = f.reads();
-        let step = self.write(move |c| {
-            backfill_step_sync(c, &function_id, expected.as_deref(), limit, reads, move |records| {
+        let step = self.write(move |c, w| {
+            backfill_step_sync(c, w, &function_id, expected.as_deref(), limit, reads, move |records| {
                 records_tx.send(records).ok()?;
                 plan_rx.blocking_recv().ok()
             })
