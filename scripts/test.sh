@@ -12,6 +12,10 @@ deploy/local/deps.sh
 cargo fmt --all --check
 cargo clippy --locked --workspace --all-targets -- -D warnings
 phase "format and lints clean"
+# The structure: imports against ARCHITECTURE.md's layers, no circle, rdkafka behind its
+# crate (and the check's own tests, which inject a circle and an upward import).
+python3 -m unittest discover -s scripts -p 'test_check_structure.py'
+python3 scripts/check-structure.py
 # The benchmark report and chart (Python, seconds): goal verdicts and the SVG.
 python3 -m unittest discover -s scripts/bench -p 'test_*.py'
 deploy/local/prometheus.sh start

@@ -850,37 +850,28 @@ fn overlay_env(table: &mut toml::Table, var: &str, rest: &str, value: &str) -> R
     }
 }
 
-/// Whether a librdkafka option holds a secret (its value is never logged nor shown): any
-/// key containing `password`, `secret` or `key` (over-redacting a key file's path is
-/// harmless), and the OAUTHBEARER config.
-pub fn is_secret_key(key: &str) -> bool {
-    let k = key.to_ascii_lowercase();
-    k.contains("password") || k.contains("secret") || k.contains("key") || k.contains("sasl.oauthbearer.config")
-}
+pub use crate::redact::is_secret_key;
 
-/// Check the `[librdkafka]` options against librdkafka itself, without echoing any value:
-/// its own message for `"sasl.pasword" = "hunter2"` would carry `hunter2`.
+/// Check the `[librdkafka]` options against librdkafka itself (`kafka::check_options`),
+/// which never echoes a value.
 fn check_librdkafka(map: &BTreeMap<String, String>) -> Result<(), ConfigError> {
-    let mut c = rdkafka::ClientConfig::new();
-    for (k, v) in map {
-        c.set(k, v);
-    }
-    match c.create_native_config() {
-        Ok(_) => Ok(()),
-        Err(rdkafka::error::KafkaError::ClientConfig(_, desc, key, value)) => {
-            let mut reason = if value.is_empty() { desc } else { desc.replace(&value, REDACTED) };
-            if let Some(v) = map.get(&key).filter(|v| !v.is_empty()) {
-                reason = reason.replace(v.as_str(), REDACTED);
-            }
-            Err(ConfigError::Invalid(format!("invalid [librdkafka] key {key:?}: {reason}")))
-        }
-        Err(_) => Err(ConfigError::Invalid("invalid [librdkafka] options".into())),
-    }
+    crate::kafka::check_options(map).map_err(ConfigError::Invalid)
 }
 
 /// The librdkafka options with secret values replaced, for logs and `config show`.
 pub fn redacted_librdkafka(map: &BTreeMap<String, String>) -> BTreeMap<String, String> {
-    map.iter().map(|(k, v)| (k.clone(), if is_secret_key(k) { "***".to_string() } else { v.clone() })).collect()
+    crate::redact::redacted_options(map)
+}
+
+impl Config {
+    /// The settings every Kafka client of a replica or a command uses.
+    pub fn client_settings(&self) -> crate::kafka::ClientSettings {
+        crate::kafka::ClientSettings {
+            brokers: self.kafka.brokers.clone(),
+            librdkafka: self.librdkafka.clone(),
+            request_timeout_ms: self.kafka.request_timeout_ms,
+        }
+    }
 }
 
 #[cfg(test)]

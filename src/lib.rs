@@ -7,23 +7,20 @@ pub mod api;
 pub mod backfill;
 pub mod cli;
 pub mod config;
-pub mod dlq;
-pub mod failpoint;
+pub mod dead_letters;
 pub mod functions;
 pub mod health;
-pub mod kafka;
 pub mod materialize;
 pub mod metrics;
 pub mod offsets;
-pub mod positions;
 pub mod processor;
-pub mod ratelimit;
 /// The log record contract lives in its own crate (`record/`), without I/O.
 pub use sluice_record as record;
-pub mod redact;
 pub mod replica;
-pub mod retry;
 pub mod schema_registry;
 pub mod sysdb;
 pub mod telemetry;
+/// The foundations and the Kafka clients are crates of their own (`base/`, `kafka/`).
+pub use sluice_base::{failpoint, positions, ratelimit, redact, retry};
+pub use sluice_kafka as kafka;
 pub use sluice_record::workload;

@@ -6,7 +6,7 @@
 use std::io::Write;
 
 use clap::Parser;
-use sluice::cli::{commands, Cli, Cmd, ConfigCmd, LogFormat};
+use sluice::cli::{Cli, Cmd, ConfigCmd, LogFormat};
 use sluice::config::{Config, Overrides};
 use tracing_subscriber::layer::SubscriberExt as _;
 use tracing_subscriber::util::SubscriberInitExt as _;
@@ -65,26 +65,28 @@ fn main() -> std::process::ExitCode {
         }
         match cli.command {
             Cmd::Init { partitions, replication_factor, format } => {
-                commands::init(&config, partitions, replication_factor, format.format).await
+                sluice::cli::init_cmd::init(&config, partitions, replication_factor, format.format).await
             }
             Cmd::Process { roles } => match sluice::replica::Roles::parse(&roles) {
                 Ok(roles) => sluice::replica::run(config, roles).await,
                 Err(e) => Err(e),
             },
-            Cmd::Schema { command } => sluice::cli::schema::run(&config, command).await,
-            Cmd::Checksum { format } => commands::checksum(&config, format.format).await,
-            Cmd::Functions { command } => commands::functions(&config, command).await,
+            Cmd::Schema { command } => sluice::cli::schema_cmd::run(&config, command).await,
+            Cmd::Checksum { format } => sluice::cli::records_cmd::checksum(&config, format.format).await,
+            Cmd::Functions { command } => sluice::cli::functions_cmd::run(&config, command).await,
             Cmd::Produce { input, dry_run, rejects, format } => {
-                commands::produce(&config, &input, dry_run, rejects.as_deref(), format.format).await
+                sluice::cli::produce_cmd::produce(&config, &input, dry_run, rejects.as_deref(), format.format).await
             }
-            Cmd::Records { collection, format } => commands::records(&config, &collection, format.format).await,
-            Cmd::Collections { command } => commands::collections(&config, command).await,
-            Cmd::Offsets { command } => commands::offsets(&config, command).await,
-            Cmd::Dlq { command } => sluice::cli::dlq::run(&config, command).await,
-            Cmd::Config { command: ConfigCmd::Show { format } } => commands::config_show(&config, format),
-            Cmd::Config { command: ConfigCmd::Docs } => commands::config_docs(),
+            Cmd::Records { collection, format } => {
+                sluice::cli::records_cmd::records(&config, &collection, format.format).await
+            }
+            Cmd::Collections { command } => sluice::cli::collections_cmd::run(&config, command).await,
+            Cmd::Offsets { command } => sluice::cli::offsets_cmd::run(&config, command).await,
+            Cmd::Dlq { command } => sluice::cli::dlq_cmd::run(&config, command).await,
+            Cmd::Config { command: ConfigCmd::Show { format } } => sluice::cli::config_cmd::show(&config, format),
+            Cmd::Config { command: ConfigCmd::Docs } => sluice::cli::config_cmd::docs(),
             Cmd::Workload { records, collections, dim, ids_per_collection, seed, collection_prefix } => {
-                commands::workload(&sluice::workload::WorkloadSpec {
+                sluice::cli::workload_cmd::run(&sluice::workload::WorkloadSpec {
                     records,
                     collections,
                     dim,

@@ -524,7 +524,7 @@ pub struct Metrics {
     /// `sluice_collection_records_processed_total{collection}`: only filled when
     /// `[metrics] per_collection = true` (one series per collection: cardinality).
     per_collection: Option<Family<CollectionLabel, Counter>>,
-    /// Lost markers: see `backfill::attach::relay_once`.
+    /// Lost markers: see `backfill::marker_relay::relay_once`.
     markers_republished: Counter,
     awaiting_marker_oldest: Gauge<f64, std::sync::atomic::AtomicU64>,
 }

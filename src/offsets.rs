@@ -5,7 +5,7 @@
 //! (resets and recorded gaps) and `offsets wait` (until no partition lags).
 
 use crate::config::Config;
-use crate::kafka::admin::MetadataClient;
+use crate::kafka::cluster::MetadataClient;
 use crate::kafka::KafkaError;
 use crate::sysdb::{Sysdb, SysdbError};
 
@@ -52,7 +52,7 @@ pub async fn offset_rows(config: &Config, sysdb: &Sysdb) -> Result<Vec<OffsetRow
     let topic = config.kafka.log_topic();
     let states: std::collections::HashMap<i32, crate::sysdb::PartitionState> =
         sysdb.partition_states(&topic).await?.into_iter().map(|s| (s.partition, s)).collect();
-    let settings = crate::kafka::ClientSettings::from_config(config);
+    let settings = config.client_settings();
     let group = config.kafka.group.clone();
     let t = topic.clone();
     let (n, group_offsets, marks) = tokio::task::spawn_blocking(move || -> Result<_, KafkaError> {
@@ -143,7 +143,7 @@ pub struct ResetReport {
     pub group: String,
     pub group_state: String,
     /// Active members of the group when the plan was made.
-    pub active_members: Vec<crate::kafka::admin::GroupMember>,
+    pub active_members: Vec<crate::kafka::cluster::GroupMember>,
     pub executed: bool,
     pub rows: Vec<ResetPlanRow>,
     /// After an executed reset: whether the group offsets were committed, and if not why
@@ -175,7 +175,7 @@ pub enum ResetRefusal {
         members.len(),
         members.iter().map(|m| format!("{} ({} on {})", m.id, m.client_id, m.host)).collect::<Vec<_>>().join(", ")
     )]
-    ActiveMembers { group: String, members: Vec<crate::kafka::admin::GroupMember> },
+    ActiveMembers { group: String, members: Vec<crate::kafka::cluster::GroupMember> },
     #[error("a reason is required to execute a reset (--reason TEXT)")]
     NoReason,
 }
@@ -205,7 +205,7 @@ pub fn clamp_target(
 }
 
 struct KafkaView {
-    group: crate::kafka::admin::GroupDescription,
+    group: crate::kafka::cluster::GroupDescription,
     group_offsets: std::collections::HashMap<i32, i64>,
     marks: Vec<(i64, i64)>,
     by_time: std::collections::HashMap<i32, Option<i64>>,
@@ -228,7 +228,7 @@ pub async fn reset(config: &Config, sysdb: &Sysdb, req: &ResetRequest) -> Result
         }
     }
     let topic = config.kafka.log_topic();
-    let settings = crate::kafka::ClientSettings::from_config(config);
+    let settings = config.client_settings();
     let group = config.kafka.group.clone();
     let (t, g, sel, target) = (topic.clone(), group.clone(), req.partitions.clone(), req.target);
     let view =
@@ -317,7 +317,7 @@ pub async fn reset(config: &Config, sysdb: &Sysdb, req: &ResetRequest) -> Result
     report.executed = true;
     // Then the group offsets, so that tools reading the group agree; a failure leaves
     // them lagging (the processor starts from the sysdb position anyway).
-    let settings = crate::kafka::ClientSettings::from_config(config);
+    let settings = config.client_settings();
     let offsets: Vec<(i32, i64)> = report.rows.iter().map(|r| (r.partition, r.target)).collect();
     let g = group.clone();
     let committed = tokio::task::spawn_blocking(move || {

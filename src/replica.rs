@@ -17,7 +17,6 @@ use tracing::{info, warn};
 use crate::config::Config;
 use crate::health::Health;
 use crate::kafka::producer::Producer;
-use crate::kafka::ClientSettings;
 use crate::metrics::Metrics;
 use crate::sysdb::{redact_url, Sysdb};
 
@@ -89,8 +88,8 @@ pub async fn run(config: Config, roles: Roles) -> Result<()> {
         background.push(tokio::spawn(worker.run()));
     }
     if roles.relay {
-        let producer = Producer::new(&ClientSettings::from_config(&config), &[])?;
-        let relay = crate::backfill::attach::relay(
+        let producer = Producer::new(&config.client_settings(), &[])?;
+        let relay = crate::backfill::marker_relay::relay(
             config.clone(),
             sysdb.clone(),
             producer,
@@ -138,7 +137,7 @@ struct Started {
 /// processor joins the group (so `/readyz` says "starting") and stops after it has left
 /// (the last metrics stay scrapeable).
 async fn start(config: &Config, stop: &CancellationToken) -> Result<Started> {
-    crate::kafka::preflight::check(&ClientSettings::from_config(config)).await?;
+    crate::kafka::preflight::check(&config.client_settings()).await?;
     let sysdb = Arc::new(open_sysdb_patiently(config, stop).await?);
     let metrics = Metrics::with_options(config.metrics.per_collection);
     if let Some(stats) = sysdb.sqlite_stats() {

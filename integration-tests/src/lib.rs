@@ -180,7 +180,7 @@ impl Drop for Cleanup {
                 let topics: Vec<String> =
                     ["log", "backfill", "dlq", "changes"].iter().map(|t| format!("{prefix}.{t}")).collect();
                 let refs: Vec<&str> = topics.iter().map(String::as_str).collect();
-                let _ = sluice::kafka::admin::delete_topics(&settings, &refs).await;
+                let _ = sluice::kafka::cluster::delete_topics(&settings, &refs).await;
             });
             Some(())
         })
@@ -789,7 +789,7 @@ impl Drop for TopicGuard {
             let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().ok()?;
             let refs: Vec<&str> = topics.iter().map(String::as_str).collect();
             let settings = sluice::kafka::ClientSettings::new(brokers());
-            rt.block_on(sluice::kafka::admin::delete_topics(&settings, &refs)).ok()
+            rt.block_on(sluice::kafka::cluster::delete_topics(&settings, &refs)).ok()
         })
         .join();
     }

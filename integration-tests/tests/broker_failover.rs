@@ -86,7 +86,7 @@ impl Drop for ClusterGuard {
                 let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().ok()?;
                 let refs: Vec<&str> = topics.iter().map(String::as_str).collect();
                 let settings = sluice::kafka::ClientSettings::new(bootstrap());
-                rt.block_on(sluice::kafka::admin::delete_topics(&settings, &refs)).ok()
+                rt.block_on(sluice::kafka::cluster::delete_topics(&settings, &refs)).ok()
             })
             .join();
         }

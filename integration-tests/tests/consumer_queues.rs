@@ -23,7 +23,7 @@ fn topic_with(counts: &[usize]) -> String {
     let topic = format!("it-queues-{}", suffix());
     let settings = ClientSettings::new(brokers());
     let rt = tokio::runtime::Runtime::new().unwrap();
-    rt.block_on(sluice::kafka::admin::ensure_topic(&settings, &topic, PARTITIONS, 1, &[])).expect("create topic");
+    rt.block_on(sluice::kafka::cluster::ensure_topic(&settings, &topic, PARTITIONS, 1, &[])).expect("create topic");
     let p: ThreadedProducer<DefaultProducerContext> =
         ClientConfig::new().set("bootstrap.servers", brokers()).set("linger.ms", "5").create().expect("producer");
     let payload = vec![b'x'; 200];

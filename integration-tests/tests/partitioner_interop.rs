@@ -13,7 +13,7 @@ use std::io::Write;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use sluice::kafka::admin::ensure_topic;
+use sluice::kafka::cluster::ensure_topic;
 use sluice::kafka::producer::{Outgoing, Producer};
 use sluice::kafka::ClientSettings;
 use sluice::record::partitioner::partition_for;

@@ -18,7 +18,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use sluice::kafka::admin::ensure_topic;
+use sluice::kafka::cluster::ensure_topic;
 use sluice::kafka::ClientSettings;
 use sluice::record::avro::decode_generic;
 use sluice::record::codec::decode;

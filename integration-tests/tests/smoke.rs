@@ -1,6 +1,6 @@
 //! Smoke tests of the local services and of the test helpers themselves:
 //! - the broker round-trips records through a topic created by Sluice's admin code
-//!   (`sluice::kafka::admin::ensure_topic`) and Sluice's producer, read back by a plain
+//!   (`sluice::kafka::cluster::ensure_topic`) and Sluice's producer, read back by a plain
 //!   rdkafka consumer, in order per partition;
 //! - PostgreSQL answers `select 1`;
 //! - an unreachable service FAILS a test with the command that starts it (and CI cannot
@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
-use sluice::kafka::admin::{ensure_topic, TopicOutcome};
+use sluice::kafka::cluster::{ensure_topic, TopicOutcome};
 use sluice::kafka::producer::{Outgoing, Producer};
 use sluice::kafka::ClientSettings;
 use sluice_integration_tests::{brokers, postgres_url, require_kafka, require_postgres, suffix, TopicGuard};

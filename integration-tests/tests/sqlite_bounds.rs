@@ -227,7 +227,7 @@ fn reads_never_merge_write_or_wait_for_the_writer() {
 fn log_topic_for_large_messages(env: &Env, partitions: i32, max: u64) {
     let rt = tokio::runtime::Runtime::new().unwrap();
     let settings = sluice::kafka::ClientSettings::new(brokers());
-    rt.block_on(sluice::kafka::admin::ensure_topic(
+    rt.block_on(sluice::kafka::cluster::ensure_topic(
         &settings,
         &env.log_topic(),
         partitions,
@@ -418,7 +418,7 @@ fn hostile_sizes_stay_under_the_memory_formula() {
             };
             sha2::Digest::update(
                 &mut hasher,
-                sluice::cli::commands::canonical_line(&collections[ci], &record).as_bytes(),
+                sluice::cli::records_cmd::canonical_line(&collections[ci], &record).as_bytes(),
             );
             n += 1;
         }

@@ -4,8 +4,8 @@
 //! `sluice process` starts it on `http.listen` (`SLUICE_HTTP`; empty disables it) before
 //! the processor joins the group, and stops it after the processor has stopped, so the
 //! last metrics of a draining replica stay scrapeable. The router is assembled from
-//! per-area routers: [`ops_routes`] (state: [`AppState`]) and [`admin::routes`] (state:
-//! [`admin::Admin`]: config, sysdb, producer, token) nested under `/api/v1`.
+//! per-area routers: [`ops_routes`] (state: [`AppState`]) and [`routes::routes`] (state:
+//! [`routes::Admin`]: config, sysdb, producer, token) nested under `/api/v1`.
 //!
 //! - `health.rs`: readiness as the processor reports it.
 //! - `admin.rs`: the admin endpoints; `ingest.rs`: `POST .../records` (parse, validate,
@@ -13,10 +13,10 @@
 //! - `auth.rs`: the bearer token of mutating requests (constant-time check).
 //! - `error.rs`: JSON errors with stable codes.
 
-pub mod admin;
 pub mod auth;
 pub mod error;
 pub mod ingest;
+pub mod routes;
 pub mod state;
 
 use std::net::SocketAddr;
@@ -35,7 +35,7 @@ use tokio::task::JoinHandle;
 use tracing::{info, warn};
 
 pub use crate::health::Health;
-pub use admin::Admin;
+pub use routes::Admin;
 
 use crate::metrics::{self, Metrics};
 
@@ -63,7 +63,7 @@ pub fn router(state: AppState) -> Router {
     let admin = state.admin.clone();
     let router = Router::new().merge(ops_routes()).with_state(state);
     match admin {
-        Some(admin) => router.nest("/api/v1", admin::routes(admin)),
+        Some(admin) => router.nest("/api/v1", routes::routes(admin)),
         None => router,
     }
 }

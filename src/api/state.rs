@@ -38,10 +38,7 @@ impl Admin {
     /// The token is `config.http.admin_token` (already overridden by `SLUICE_ADMIN_TOKEN`).
     /// Creating the producer does not contact the broker.
     pub fn new(config: Config, sysdb: Arc<Sysdb>) -> Result<Admin, KafkaError> {
-        let producer = Producer::new(
-            &crate::kafka::ClientSettings::from_config(&config),
-            &[("message.timeout.ms", DELIVERY_TIMEOUT_MS)],
-        )?;
+        let producer = Producer::new(&config.client_settings(), &[("message.timeout.ms", DELIVERY_TIMEOUT_MS)])?;
         let token = AdminToken::new(config.http.admin_token());
         Ok(Admin { config, sysdb, producer, token })
     }

@@ -9,6 +9,7 @@
 //! chunks. Concurrency and chunk size are bounded (`[backfill]` config).
 
 pub mod attach;
+pub mod marker_relay;
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
@@ -46,7 +47,7 @@ impl Worker {
 
     /// Consume tasks and scan the sysdb until `stop` is cancelled.
     pub async fn run(self) -> Result<(), crate::kafka::KafkaError> {
-        let settings = crate::kafka::ClientSettings::from_config(&self.config);
+        let settings = self.config.client_settings();
         let group = format!("{}.backfill", self.config.kafka.group);
         let (consumer, mut tasks) = TaskConsumer::start(&settings, &group, &self.config.kafka.backfill_topic())?;
         let mut scan = tokio::time::interval(Duration::from_millis(self.config.backfill.scan_interval_ms));

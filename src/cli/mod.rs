@@ -1,11 +1,18 @@
 //! The `sluice` command line. The shapes of these commands and of their JSON output are
 //! a contract other tools and the tests depend on (see [`output`] for `--format`).
 
-pub mod commands;
-pub mod dlq;
+pub mod collections_cmd;
+pub mod config_cmd;
+mod context;
+pub mod dlq_cmd;
+pub mod functions_cmd;
+pub mod init_cmd;
 pub mod offsets_cmd;
 pub mod output;
-pub mod schema;
+pub mod produce_cmd;
+pub mod records_cmd;
+pub mod schema_cmd;
+pub mod workload_cmd;
 /// JSON lines live with the record types; re-exported for the commands and tests.
 pub use crate::record::jsonl;
 pub use output::{Format, FormatArg};

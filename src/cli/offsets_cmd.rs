@@ -1,23 +1,84 @@
-//! `sluice offsets reset | history | wait` (`show` and `reconcile` are in `commands.rs`).
+//! `sluice offsets show | reconcile | reset | history | wait`.
 
 use anyhow::{bail, Result};
 use tracing::info;
 
+use super::context::{open_sysdb, open_sysdb_read};
 use super::output;
 use super::{FormatArg, OffsetsCmd, ResetArgs};
 use crate::config::Config;
+use crate::kafka::cluster::MetadataClient;
+use crate::offsets::offset_rows;
 use crate::offsets::{
     format_rfc3339_ms, history, lagging, parse_duration, parse_rfc3339_ms, reset, wait_caught_up, HistoryEntry,
     OffsetRow, PartitionSelection, ResetReport, ResetRequest, ResetTarget,
 };
 use crate::sysdb::Sysdb;
+use serde_json::json;
 
-pub async fn run(config: &Config, sysdb: &Sysdb, cmd: OffsetsCmd) -> Result<()> {
+pub async fn run(config: &Config, cmd: OffsetsCmd) -> Result<()> {
+    let topic = config.kafka.log_topic();
+    match cmd {
+        OffsetsCmd::Show { format } => {
+            let sysdb = open_sysdb_read(config).await?;
+            let rows = offset_rows(config, &sysdb).await?;
+            output::rows(format.format, &rows, |rows| {
+                let mut t =
+                    output::table(&["TOPIC", "PARTITION", "SYSDB_NEXT", "GROUP", "HIGH_WATERMARK", "LAG", "STATUS"]);
+                let o = |v: Option<i64>| v.map(|v| v.to_string()).unwrap_or_else(|| "-".into());
+                for r in rows {
+                    // A reason is one line in the table (the JSON keeps it whole).
+                    t.add_row(vec![
+                        r.topic.clone(),
+                        r.partition.to_string(),
+                        o(r.sysdb_next_offset),
+                        o(r.group_offset),
+                        r.high_watermark.to_string(),
+                        r.lag.to_string(),
+                        r.status.replace(['\n', '\r'], " "),
+                    ]);
+                }
+                t
+            })?;
+        }
+        OffsetsCmd::Reconcile { format } => {
+            let sysdb = open_sysdb_read(config).await?;
+            let positions: Vec<(i32, i64)> = sysdb.positions(&topic).await?.into_iter().collect();
+            let settings = config.client_settings();
+            let group = config.kafka.group.clone();
+            let t = topic.clone();
+            let n = positions.len();
+            let pushed = positions.clone();
+            tokio::task::spawn_blocking(move || {
+                MetadataClient::new(&settings, Some(&group))?.commit_group_offsets(&t, &positions)
+            })
+            .await??;
+            let v = json!({
+                "group": config.kafka.group,
+                "topic": topic,
+                "positions": pushed.iter().map(|(p, o)| json!({"partition": p, "next_offset": o})).collect::<Vec<_>>(),
+            });
+            output::one(format.format, &v, || format!("pushed {n} sysdb positions into group {}", config.kafka.group))?;
+        }
+        other => {
+            // A reset writes (and may migrate); history and wait only read.
+            let sysdb = match &other {
+                OffsetsCmd::Reset(_) => open_sysdb(config).await?,
+                _ => open_sysdb_read(config).await?,
+            };
+            return run_on(config, &sysdb, other).await;
+        }
+    }
+    Ok(())
+}
+
+/// The subcommands that take an open sysdb (reset writes, history and wait read).
+async fn run_on(config: &Config, sysdb: &Sysdb, cmd: OffsetsCmd) -> Result<()> {
     match cmd {
         OffsetsCmd::Reset(args) => reset_cmd(config, sysdb, args).await,
         OffsetsCmd::History { format } => history_cmd(config, sysdb, format).await,
         OffsetsCmd::Wait { timeout, format } => wait_cmd(config, sysdb, &timeout, format).await,
-        OffsetsCmd::Show { .. } | OffsetsCmd::Reconcile { .. } => bail!("offsets show/reconcile are not handled here"),
+        OffsetsCmd::Show { .. } | OffsetsCmd::Reconcile { .. } => unreachable!("handled by run"),
     }
 }
 
@@ -205,5 +266,16 @@ async fn wait_cmd(config: &Config, sysdb: &Sysdb, timeout: &str, format: FormatA
                 lag.iter().map(|r| format!("{}/{} lag {}", r.topic, r.partition, r.lag)).collect::<Vec<_>>().join(", ")
             )
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::offsets::partition_status;
+
+    #[test]
+    fn partition_status_names_the_halt_reason() {
+        assert_eq!(partition_status(None), "running");
+        assert_eq!(partition_status(Some("record refused at offset 7")), "halted: record refused at offset 7");
     }
 }

@@ -13,7 +13,7 @@ const MIB: u64 = 1 << 20;
 
 /// librdkafka's prefetch bound per partition (`queued.max.messages.kbytes`) that the
 /// consumer sets unless `[librdkafka]` does.
-pub const DEFAULT_PREFETCH_KBYTES: u64 = 2048;
+pub const DEFAULT_PREFETCH_KBYTES: u64 = crate::kafka::consumer::PREFETCH_KBYTES;
 
 /// Messages per chunk and bytes per chunk, the consumer's unit of hand-over (a larger
 /// message is a chunk of its own).

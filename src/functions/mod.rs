@@ -141,9 +141,7 @@ pub enum FunctionError {
 }
 
 /// Build a function from its registry name and parameters.
-pub fn build(name: &str, params: &BTreeMap<String, String>) -> Result<Box<dyn Function>, FunctionError> {
-    registry::build(name, params)
-}
+pub use registry::build;
 
 #[cfg(any(test, feature = "testkit"))]
 pub mod apply;

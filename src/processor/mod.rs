@@ -5,7 +5,7 @@
 //! partition, and stops workers on revoke before the consumer unassigns.
 
 pub mod batch;
-pub mod functions;
+pub mod function_batches;
 pub mod partition;
 pub mod start;
 
@@ -20,10 +20,10 @@ use tracing::{error, info, warn};
 
 use crate::config::Config;
 use crate::health::Health;
-use crate::kafka::admin::MetadataClient;
+use crate::kafka::cluster::MetadataClient;
 use crate::kafka::consumer::{Command, ConsumerHandle, ConsumerSettings, Event, StartDecision};
 use crate::kafka::producer::Producer;
-use crate::kafka::{ClientSettings, KafkaError, Msg, PartitionInfo};
+use crate::kafka::{KafkaError, Msg, PartitionInfo};
 use crate::metrics::Metrics;
 use crate::sysdb::Sysdb;
 use partition::{Shared, Worker, WorkerMsg};
@@ -169,14 +169,14 @@ pub async fn run(
     health: Arc<Health>,
     stop: CancellationToken,
 ) -> Result<(), ProcessorError> {
-    let settings = ClientSettings::from_config(&config);
+    let settings = config.client_settings();
     let topic = config.kafka.log_topic();
     let topic_partitions = match sysdb.topic_partitions(&topic).await? {
         Some(n) => n,
         None => {
             let s = settings.clone();
             let t = topic.clone();
-            tokio::task::spawn_blocking(move || crate::kafka::admin::partition_count(&s, &t))
+            tokio::task::spawn_blocking(move || crate::kafka::cluster::partition_count(&s, &t))
                 .await?
                 .map_err(|source| ProcessorError::TopicMissing { topic: topic.clone(), source })?
         }

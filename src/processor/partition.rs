@@ -15,10 +15,10 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug_span, error, info_span, warn, Span};
 
 use super::batch::{DlqEntry, Known};
-use super::functions;
+use super::function_batches;
 use crate::config::{Config, OnDataLoss};
 use crate::health::Health;
-use crate::kafka::admin::MetadataClient;
+use crate::kafka::cluster::MetadataClient;
 use crate::kafka::consumer::{Command, Commander};
 use crate::kafka::producer::Producer;
 use crate::kafka::Msg;
@@ -136,7 +136,7 @@ pub struct Worker {
     /// both opened when the first record arrived.
     trace: Option<(Span, Span)>,
     known: HashMap<String, Known>,
-    functions: functions::FunctionCache,
+    functions: function_batches::FunctionCache,
     halted: bool,
     stop: CancellationToken,
     /// Cancelled when the router stopped waiting for this worker (a revoke or shutdown
@@ -171,7 +171,7 @@ impl Worker {
             first_at: None,
             trace: None,
             known: HashMap::new(),
-            functions: functions::FunctionCache::default(),
+            functions: function_batches::FunctionCache::default(),
             halted,
             stop,
             fence,

@@ -19,7 +19,7 @@ use serde::de::{self, Deserialize, Deserializer, MapAccess, Visitor};
 use serde::ser::{Serialize, SerializeMap, Serializer};
 use serde_json::Value;
 
-use super::SysdbError;
+use super::error::SysdbError;
 use crate::record::{Embedding, MetaValue, Metadata, Record};
 
 /// Tag of the object that carries a non-finite double.

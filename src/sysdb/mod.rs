@@ -1,9 +1,14 @@
 //! The sysdb: the authoritative store of partition positions, collections and their
 //! materialized records (docs/design.md sections 1-3).
 //!
-//! Two backends behind one type, with the same tests: SQLite (embedded default: one
+//! Two backends behind one front, with the same tests: SQLite (embedded default: one
 //! file, WAL) and PostgreSQL (replicas on several machines). [`Sysdb`] is an enum rather
-//! than a trait object so that call sites stay plain `async fn` calls.
+//! than a trait object so that call sites stay plain `async fn` calls. The front checks
+//! arguments once and runs the rules both backends share (the attach rules in
+//! `attach_rules.rs`, output semantics in `outputs.rs`); a backend holds only SQL and its
+//! locking, one file per concern (positions, records, the batch commit, attached
+//! functions and their outbox, the audit trail), so that `sqlite/X.rs` and `postgres/X.rs`
+//! differ in dialect. Backends import `types.rs` and `error.rs`, never this front.
 //!
 //! The one write that matters is [`Sysdb::commit_batch`]: a batch's record changes, the
 //! collections' `log_position`s and the partition's `next_offset` commit in **one
@@ -14,321 +19,29 @@
 //! Attached functions (docs/design.md section 7) live here too: the same transaction reads
 //! each function's status and applies markers, preimages and output deltas
 //! ([`FunctionBatch`]); [`Sysdb::backfill_step`] applies one backfill chunk per
-//! transaction. The rules both backends share are in `outputs.rs`; each backend's SQL
-//! and locking is in `sqlite/functions.rs` and `postgres/functions.rs`.
+//! transaction.
 
+pub mod attach_rules;
 mod codec;
 #[cfg(any(test, feature = "testkit"))]
 pub mod conformance;
+mod error;
+mod migrations;
 mod outputs;
 pub mod postgres;
-mod schema;
 pub mod sqlite;
+mod types;
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use thiserror::Error;
+pub use attach_rules::{AttachConflict, AttachOutcome};
+pub use error::{ErrorClass, Result, SysdbError};
+pub use types::*;
 
-use crate::functions::{Function, FunctionStatus, OutputDelta};
-use crate::positions::{IncompatibleDelta, PositionDelta};
+use crate::functions::Function;
+use crate::positions::PositionDelta;
 use crate::record::Record;
-
-/// What a caller can do about a [`SysdbError`] (see [`SysdbError::class`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ErrorClass {
-    /// The compare-and-set failed: another replica or an operator moved the partition.
-    /// Nothing was written; the batch must be dropped, not retried.
-    Conflict,
-    /// The database cannot be reached, is overloaded, locked or read-only right now:
-    /// retry the same batch with backoff.
-    Transient,
-    /// The database refused a value of this batch (bad text, an index entry too large):
-    /// retrying the same batch cannot help, a batch without the offending record can
-    /// succeed.
-    Record,
-    /// Configuration or an unexpected database error: retrying will not help and the
-    /// fault is not in one record.
-    Fatal,
-}
-
-/// Errors of the sysdb, classified by [`SysdbError::class`]: a CAS conflict is an
-/// expected outcome (another replica or an operator moved the partition); `Unavailable`
-/// is retryable; `Rejected` points at the batch's data; the rest are not retryable.
-/// `Clone`: one failed group commit (SQLite) answers every batch of the group.
-#[derive(Debug, Clone, Error)]
-pub enum SysdbError {
-    #[error(transparent)]
-    Conflict(#[from] IncompatibleDelta),
-    /// The database cannot be reached or is read-only right now; retry with backoff.
-    #[error("sysdb unavailable ({backend}): {message}")]
-    Unavailable { backend: &'static str, message: String },
-    /// The database refused a value of this batch; retrying cannot help, another batch
-    /// without the offending record can succeed.
-    #[error("sysdb rejected a value ({backend}): {message}")]
-    Rejected { backend: &'static str, message: String },
-    /// The sysdb URL or its contents are not usable (bad URL, schema from a newer version).
-    #[error("sysdb configuration: {0}")]
-    Config(String),
-    /// Anything else the database reported.
-    #[error("sysdb error ({backend}): {message}")]
-    Database { backend: &'static str, message: String },
-}
-
-impl SysdbError {
-    pub fn class(&self) -> ErrorClass {
-        match self {
-            SysdbError::Conflict(_) => ErrorClass::Conflict,
-            SysdbError::Unavailable { .. } => ErrorClass::Transient,
-            SysdbError::Rejected { .. } => ErrorClass::Record,
-            SysdbError::Config(_) | SysdbError::Database { .. } => ErrorClass::Fatal,
-        }
-    }
-
-    /// `class() == ErrorClass::Transient`.
-    pub fn is_retryable(&self) -> bool {
-        self.class() == ErrorClass::Transient
-    }
-}
-
-pub type Result<T, E = SysdbError> = std::result::Result<T, E>;
-
-/// A collection as the sysdb knows it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct CollectionRow {
-    pub id: String,
-    /// The log topic partition fixed at registration (murmur2 of the id).
-    pub partition: i32,
-    /// Embedding dimension, fixed by the first applied embedding.
-    pub dimension: Option<u32>,
-    /// Offset of the last applied record of this collection, -1 if none.
-    pub log_position: i64,
-    pub record_count: i64,
-}
-
-/// The per-collection part of a batch.
-#[derive(Debug, Clone, PartialEq)]
-pub struct CollectionUpdate {
-    pub id: String,
-    /// Insert the collection row if it does not exist (auto-registration), with this
-    /// partition. An existing row's partition is never changed.
-    pub partition: i32,
-    pub dimension: Option<u32>,
-    pub log_position: i64,
-    /// Net change of the live record count in this batch.
-    pub record_count_delta: i64,
-    /// Final state per touched id: `Some` = upsert this record, `None` = delete the id.
-    pub writes: Vec<(String, Option<Record>)>,
-}
-
-/// Everything one batch commits, atomically.
-#[derive(Debug, Clone, PartialEq)]
-pub struct BatchCommit {
-    pub topic: String,
-    pub delta: PositionDelta,
-    pub collections: Vec<CollectionUpdate>,
-    /// Attached functions of the batch's collections (see [`FunctionBatch`]).
-    pub functions: Vec<FunctionBatch>,
-}
-
-/// What one batch brings to one attached function. The sysdb decides **inside the batch
-/// transaction**, from the function's stored status (read there, never cached), what
-/// applies (docs/design.md section 7):
-/// * `awaiting_marker`: the first marker whose request id is the function's moves it to
-///   `backfilling` at that offset O; changes after O apply as below; other markers are
-///   ignored. Without such a marker nothing applies.
-/// * `backfilling` at O: only changes with offset > O apply their deltas; such a change
-///   whose `before` was last written before O (`before.offset < O`) saves `before` as the
-///   function's preimage of that id, unless one is saved already.
-/// * `ready`: every change applies its deltas; no preimages.
-/// * `detached` (or gone): nothing applies.
-#[derive(Debug, Clone, PartialEq)]
-pub struct FunctionBatch {
-    pub function_id: String,
-    /// BACKFILL_FN markers of this function in the batch: `(offset, request_id)`.
-    pub markers: Vec<(i64, String)>,
-    /// The input collection's changes in offset order, with this function's deltas.
-    pub changes: Vec<FunctionChange>,
-}
-
-/// One input change as a function sees it.
-#[derive(Debug, Clone, PartialEq)]
-pub struct FunctionChange {
-    pub offset: i64,
-    pub id: String,
-    /// The record before the change (its `offset` says when it was last written): the
-    /// preimage candidate.
-    pub before: Option<Record>,
-    pub deltas: Vec<OutputDelta>,
-}
-
-/// What the batch transaction did with markers.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct CommitReport {
-    /// `(function_id, marker offset)` of markers that started a backfill.
-    pub markers_accepted: Vec<(String, i64)>,
-    /// Markers that were duplicates, of unknown or detached functions.
-    pub markers_ignored: usize,
-}
-
-/// An attached function as stored.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct FunctionRow {
-    pub id: String,
-    pub collection_id: String,
-    /// Registry name (`record_counter`, ...).
-    pub function: String,
-    pub output_collection: String,
-    pub params: std::collections::BTreeMap<String, String>,
-    pub status: FunctionStatus,
-    /// Fresh per attach; the marker carries it.
-    pub request_id: String,
-    pub marker_offset: Option<i64>,
-    /// Last input id the backfill has covered (ids are walked in order).
-    pub backfill_cursor: Option<String>,
-    pub backfill_done: i64,
-    /// Size of the collection as of the marker, known once the backfill starts.
-    pub backfill_total: Option<i64>,
-    pub created_at_ms: i64,
-    pub updated_at_ms: i64,
-}
-
-/// A function to attach.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct NewFunction {
-    pub id: String,
-    pub collection_id: String,
-    /// The input collection's partition (its marker goes there); the output collection is
-    /// registered on the same partition.
-    pub partition: i32,
-    pub function: String,
-    pub output_collection: String,
-    pub params: std::collections::BTreeMap<String, String>,
-    pub request_id: String,
-}
-
-/// An unsent (or not yet acknowledged) marker.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct OutboxRow {
-    pub id: i64,
-    pub function_id: String,
-    pub collection_id: String,
-    pub partition: i32,
-    pub request_id: String,
-    pub created_at_ms: i64,
-    /// Log offset where the marker was last published (`None` while pending).
-    pub published_offset: Option<i64>,
-}
-
-/// Result of attaching.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum AttachOutcome {
-    /// New function row and its outbox row, committed together.
-    Created(FunctionRow, OutboxRow),
-    /// The same function (name and parameters) is already attached, not detached, to the
-    /// same (collection, output): nothing was written.
-    Existing(FunctionRow),
-    /// The attach breaks a rule: nothing was written.
-    Refused(AttachConflict),
-}
-
-/// Why an attach was refused. Each names the function (or collection) in the way.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum AttachConflict {
-    /// The output name is a collection of data records that no function writes.
-    OutputIsData { output: String },
-    /// A non-detached function already writes the output: a different input, or the same
-    /// input with another function or other parameters.
-    OutputWrittenBy(FunctionRow),
-    /// The output still holds records that this detached function wrote (detached
-    /// without dropping its output).
-    OutputLeftBy(FunctionRow),
-    /// The input collection is the output of this non-detached function.
-    InputIsOutputOf(FunctionRow),
-    /// The output collection is the input of this non-detached function.
-    OutputIsInputOf(FunctionRow),
-}
-
-/// Result of one backfill step.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum StepResult {
-    /// The function is not `backfilling` (ready, detached, gone): stop.
-    NotBackfilling,
-    /// The cursor is not where the caller expected (another worker advanced it): re-read.
-    CursorMoved { cursor: Option<String> },
-    /// A chunk was applied: `processed` as-of-marker records up to `cursor`; `finished`
-    /// when the walk is complete (the function is now `ready`, its preimages deleted).
-    /// `held`: how long the step's transaction ran (on SQLite, how long it held the one
-    /// writer), without the wait for it; the worker's yield to live batches is measured
-    /// from it.
-    Applied { processed: usize, cursor: Option<String>, finished: bool, held: std::time::Duration },
-}
-
-/// How large one backfill chunk may be: `records` records, and it closes after the
-/// record that reaches `bytes` of the fields the function reads (at least one record).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ChunkLimit {
-    pub records: usize,
-    pub bytes: usize,
-}
-
-impl From<usize> for ChunkLimit {
-    /// A count alone (tests): no bound in bytes.
-    fn from(records: usize) -> Self {
-        ChunkLimit { records, bytes: usize::MAX }
-    }
-}
-
-/// Position of one partition as stored.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct PartitionPosition {
-    pub partition: i32,
-    pub next_offset: i64,
-}
-
-/// A partition's stored state: position and halt (`offsets show`).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PartitionState {
-    pub partition: i32,
-    pub next_offset: i64,
-    /// Why the partition is halted; `None` = running.
-    pub halted_reason: Option<String>,
-    /// When the current halt began (ms since the Unix epoch); `None` when running.
-    pub halted_at_ms: Option<i64>,
-}
-
-/// A recorded data-loss gap (`on_data_loss = "skip"`).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct GapRow {
-    pub topic: String,
-    pub partition: i32,
-    pub from_offset: i64,
-    pub to_offset: i64,
-    pub recorded_at_ms: i64,
-}
-
-/// An operator reset, as audited.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ResetRow {
-    pub topic: String,
-    pub partition: i32,
-    pub from_offset: Option<i64>,
-    pub to_offset: i64,
-    pub actor: String,
-    pub reason: String,
-    pub at_ms: i64,
-}
-
-/// A DLQ entry replayed into the log (`dlq_replays`): `topic` is the DLQ topic.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DlqReplayRow {
-    pub topic: String,
-    pub dlq_partition: i32,
-    pub dlq_offset: i64,
-    pub replayed_at_ms: i64,
-    pub log_partition: i32,
-    pub log_offset: i64,
-}
 
 /// The sysdb, opened from a URL: `sqlite://PATH` (or `sqlite::memory:` for tests) or
 /// `postgres://...` / `postgresql://...`.
@@ -395,6 +108,11 @@ impl Sysdb {
         }
     }
 
+    /// An argument the front refuses, named for the backend it was meant for.
+    fn invalid(&self, message: String) -> SysdbError {
+        SysdbError::Database { backend: self.backend(), message }
+    }
+
     pub fn backend(&self) -> &'static str {
         match self {
             Sysdb::Sqlite(_) => "sqlite",
@@ -409,11 +127,24 @@ impl Sysdb {
 
     /// Record the log topic's partition count (set by `sluice init`).
     pub async fn set_topic_partitions(&self, topic: &str, partitions: i32) -> Result<()> {
-        dispatch!(self, s => s.set_topic_partitions(topic, partitions).await)
+        if partitions <= 0 {
+            return Err(self.invalid(format!("{topic:?}: {partitions} is not a partition count")));
+        }
+        let key = topic_partitions_key(topic);
+        dispatch!(self, s => s.set_meta(&key, &partitions.to_string()).await)
     }
 
     pub async fn topic_partitions(&self, topic: &str) -> Result<Option<i32>> {
-        dispatch!(self, s => s.topic_partitions(topic).await)
+        let key = topic_partitions_key(topic);
+        let value = dispatch!(self, s => s.meta(&key).await)?;
+        value
+            .map(|v| {
+                v.parse::<i32>()
+                    .ok()
+                    .filter(|n| *n > 0)
+                    .ok_or_else(|| self.invalid(format!("meta {key:?} is not a partition count: {v:?}")))
+            })
+            .transpose()
     }
 
     /// `next_offset` of each partition of `topic` that has a row.
@@ -432,12 +163,19 @@ impl Sysdb {
     /// initialized): halting a partition without one is a `Database` error, clearing it
     /// is a no-op. `next_offset` is not touched.
     pub async fn set_partition_halted(&self, topic: &str, partition: i32, reason: Option<&str>) -> Result<()> {
-        dispatch!(self, s => s.set_partition_halted(topic, partition, reason).await)
+        let had_row = dispatch!(self, s => s.set_partition_halted(topic, partition, reason).await)?;
+        if !had_row && reason.is_some() {
+            return Err(self.invalid(format!("cannot halt partition {partition} of {topic:?}: it has no position row")));
+        }
+        Ok(())
     }
 
     /// Create the partition's row with `next_offset` if none exists; returns the stored
     /// value (the existing one if there was a row).
     pub async fn init_position(&self, topic: &str, partition: i32, next_offset: i64) -> Result<i64> {
+        if next_offset < 0 {
+            return Err(self.invalid(format!("partition {partition}: next_offset {next_offset} is negative")));
+        }
         dispatch!(self, s => s.init_position(topic, partition, next_offset).await)
     }
 
@@ -486,6 +224,8 @@ impl Sysdb {
     /// (`Arc`): SQLite writes on a blocking thread, which needs it without a copy.
     pub async fn commit_batch(&self, batch: impl Into<Arc<BatchCommit>>) -> Result<CommitReport> {
         let batch = batch.into();
+        let d = batch.delta;
+        PositionDelta::new(d.partition, d.from, d.to).map_err(|e| self.invalid(e.to_string()))?;
         match self {
             Sysdb::Sqlite(s) => s.commit_batch(batch).await,
             Sysdb::Postgres(s) => s.commit_batch(&batch).await,
@@ -501,6 +241,8 @@ impl Sysdb {
     /// function's output or the output a live function's input. An output left empty by
     /// a detached function is reused (its stale tombstones are cleared).
     pub async fn attach_function(&self, new: &NewFunction) -> Result<AttachOutcome> {
+        // Each backend reads the facts in its attach transaction and acts on the one
+        // decision of `attach_rules::decide`.
         dispatch!(self, s => s.attach_function(new).await)
     }
 
@@ -570,6 +312,7 @@ impl Sysdb {
         f: &dyn Function,
     ) -> Result<StepResult> {
         let limit = limit.into();
+        let limit = ChunkLimit { records: limit.records.max(1), bytes: limit.bytes.max(1) };
         dispatch!(self, s => s.backfill_step(function_id, expected_cursor, limit, f).await)
     }
 
@@ -580,7 +323,8 @@ impl Sysdb {
 
     /// Record a data-loss gap and move the partition from `from` to `to` (CAS on `from`).
     pub async fn record_gap(&self, topic: &str, partition: i32, from: i64, to: i64) -> Result<()> {
-        dispatch!(self, s => s.record_gap(topic, partition, from, to).await)
+        let delta = PositionDelta::new(partition, from, to).map_err(|e| self.invalid(format!("gap: {e}")))?;
+        dispatch!(self, s => s.record_gap(topic, delta).await)
     }
 
     pub async fn gaps(&self, topic: &str) -> Result<Vec<GapRow>> {
@@ -598,6 +342,9 @@ impl Sysdb {
         actor: &str,
         reason: &str,
     ) -> Result<Option<i64>> {
+        if to < 0 {
+            return Err(self.invalid(format!("partition {partition}: cannot reset to negative offset {to}")));
+        }
         dispatch!(self, s => s.reset_position(topic, partition, to, actor, reason).await)
     }
 
@@ -620,30 +367,6 @@ impl Sysdb {
 pub use crate::redact::redact_url;
 
 /// `meta` key holding a topic's partition count.
-pub(crate) fn topic_partitions_key(topic: &str) -> String {
+fn topic_partitions_key(topic: &str) -> String {
     format!("topic_partitions:{topic}")
-}
-
-pub(crate) fn now_ms() -> i64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn every_error_has_one_class_and_only_transient_is_retryable() {
-        let cases = [
-            (SysdbError::Conflict(IncompatibleDelta::Missing { partition: 0, expected: 1 }), ErrorClass::Conflict),
-            (SysdbError::Unavailable { backend: "x", message: String::new() }, ErrorClass::Transient),
-            (SysdbError::Rejected { backend: "x", message: String::new() }, ErrorClass::Record),
-            (SysdbError::Config(String::new()), ErrorClass::Fatal),
-            (SysdbError::Database { backend: "x", message: String::new() }, ErrorClass::Fatal),
-        ];
-        for (e, class) in cases {
-            assert_eq!(e.class(), class, "{e:?}");
-            assert_eq!(e.is_retryable(), class == ErrorClass::Transient, "{e:?}");
-        }
-    }
 }

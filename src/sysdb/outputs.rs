@@ -23,7 +23,8 @@
 use std::collections::HashMap;
 
 use super::codec::decode_params;
-use super::{CommitReport, FunctionBatch, FunctionChange, FunctionRow, SysdbError};
+use super::error::SysdbError;
+use super::types::{ChunkLimit, CommitReport, FunctionBatch, FunctionChange, FunctionRow};
 use crate::functions::{ChangeRef, Function, FunctionStatus, OutputDelta, Reads};
 use crate::record::{MetaValue, Metadata, Record};
 
@@ -332,7 +333,7 @@ pub(crate) fn backfill_plan(records: &[Record], f: &dyn Function) -> OutputPlan 
     plan
 }
 
-/// The bytes a backfill chunk counts for a record toward [`crate::sysdb::ChunkLimit`]:
+/// The bytes a backfill chunk counts for a record toward [`ChunkLimit`]:
 /// the fields read (those the function does not read are absent), at about their stored
 /// size.
 pub(crate) fn chunk_bytes(r: &Record) -> usize {
@@ -354,7 +355,7 @@ pub(crate) fn chunk_bytes(r: &Record) -> usize {
 /// stopped the read before the rows ran out (the chunk is then not the last).
 pub(crate) fn read_chunk<E>(
     rows: impl Iterator<Item = std::result::Result<Record, E>>,
-    limit: crate::sysdb::ChunkLimit,
+    limit: ChunkLimit,
 ) -> std::result::Result<(Vec<Record>, bool), E> {
     let mut out = Vec::new();
     let mut bytes = 0usize;

@@ -23,7 +23,7 @@ use crate::materialize::FoldError;
 use crate::metrics;
 use crate::positions::{self, IncompatibleDelta, PositionDelta};
 use crate::processor::batch::{self, kinds, BatchCounts, BatchError, DlqEntry, Known};
-use crate::processor::functions;
+use crate::processor::function_batches;
 use crate::record::BackfillTask;
 use crate::sysdb::{BatchCommit, CommitReport};
 
@@ -270,12 +270,12 @@ impl Worker {
         let now_ms = crate::sysdb::now_ms();
         // The functions attached to each collection, read once: the same list decides
         // which records are read whole (their preimages) and which deltas are computed.
-        let mut attached_by: Vec<Vec<functions::Attached>> = Vec::with_capacity(routed.collections.len());
+        let mut attached_by: Vec<Vec<function_batches::Attached>> = Vec::with_capacity(routed.collections.len());
         // The current state of every record the batch names, in one read (whole records
         // only where the fold may need them: `batch::ids_to_read`).
         let mut wanted: Vec<(String, Vec<(String, bool)>)> = Vec::with_capacity(routed.collections.len());
         for (id, (row, records)) in &routed.collections {
-            let markers = functions::markers(records);
+            let markers = function_batches::markers(records);
             let named: Vec<&str> = markers.iter().map(|(_, b)| b.function_id.as_str()).collect();
             let attached = self.functions.get(&self.shared.sysdb, id, &named).await?.to_vec();
             // A function's deltas, and the preimages saved for it, need only the fields it
@@ -305,9 +305,9 @@ impl Worker {
                     &mut dlq,
                 )
                 .map_err(bug)?;
-                let markers = functions::markers(&records);
-                function_batches.extend(functions::function_batches(attached, &outcome, &markers));
-                tasks.extend(functions::tasks(attached, &markers, &self.shared.topic, self.partition, now_ms));
+                let markers = function_batches::markers(&records);
+                function_batches.extend(function_batches::function_batches(attached, &outcome, &markers));
+                tasks.extend(function_batches::tasks(attached, &markers, &self.shared.topic, self.partition, now_ms));
                 folded
             };
             if let Some(u) = folded.update {

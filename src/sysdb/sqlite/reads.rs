@@ -6,66 +6,11 @@
 //! mode it neither waits for a commit nor delays one. Each read runs in one snapshot: a
 //! deferred transaction whose first statement fixes what every later statement of it sees.
 
-use rusqlite::{params, Connection, OpenFlags};
+use rusqlite::{params, Connection};
 
+use super::rows::{raw_record, RawRecord};
 use super::values::{self, RECORDS_WITH_VALUES, RECORD_COLUMNS};
-use super::{configure_reader, RawRecord, Result, SysdbError, BACKEND};
-
-/// Open a reader connection on `path`. `read_only`: opened with `SQLITE_OPEN_READONLY`
-/// for a command that only reads, which works on a file and directory the user may only
-/// read when the database's `-wal` and `-shm` files exist; when neither exists (a copied
-/// or cleanly closed database), it is opened as immutable (no WAL to read).
-pub(super) fn open_reader(path: &str, read_only: bool) -> Result<Connection> {
-    let conn = if read_only { open_read_only(path)? } else { super::open_connection(path)? };
-    configure_reader(&conn)?;
-    Ok(conn)
-}
-
-fn open_read_only(path: &str) -> Result<Connection> {
-    let flags = OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX | OpenFlags::SQLITE_OPEN_URI;
-    let cannot = |e: rusqlite::Error| SysdbError::Unavailable {
-        backend: BACKEND,
-        message: format!("opening {path:?} to read: {e}"),
-    };
-    // A first statement shows whether the WAL can be read (it needs the -shm file).
-    let probe = |conn: &Connection| conn.query_row("SELECT count(*) FROM sqlite_master", [], |r| r.get::<_, i64>(0));
-    let plain = Connection::open_with_flags(path, flags).map_err(cannot)?;
-    match probe(&plain) {
-        Ok(_) => Ok(plain),
-        Err(first) => {
-            let wal = std::path::PathBuf::from(format!("{path}-wal"));
-            let shm = std::path::PathBuf::from(format!("{path}-shm"));
-            if wal.exists() || shm.exists() {
-                return Err(SysdbError::Unavailable {
-                    backend: BACKEND,
-                    message: format!(
-                        "cannot read {path:?} ({first}): a WAL database needs its -wal and -shm files to be readable \
-                         (both must exist, and the directory must be writable if they do not); copy all three files \
-                         together, or run any sluice command that writes once to recreate them"
-                    ),
-                });
-            }
-            // No WAL at all: the database file is the whole state, read it as immutable.
-            let uri = format!("file:{}?immutable=1", encode_uri_path(path));
-            let conn = Connection::open_with_flags(&uri, flags).map_err(cannot)?;
-            probe(&conn).map_err(cannot)?;
-            tracing::debug!(path, "sysdb opened as immutable (no -wal or -shm file, directory not writable)");
-            Ok(conn)
-        }
-    }
-}
-
-/// A path as a `file:` URI path (percent-encoding what a URI reserves).
-fn encode_uri_path(path: &str) -> String {
-    let mut out = String::with_capacity(path.len());
-    for b in path.bytes() {
-        match b {
-            b'?' | b'#' | b'%' => out.push_str(&format!("%{b:02X}")),
-            _ => out.push(b as char),
-        }
-    }
-    out
-}
+use crate::sysdb::error::Result;
 
 /// A page of `collection` in id order after `after` (exclusive), at most `limit` records,
 /// in one snapshot: the records of `records` merged with the newest delta row of each key
@@ -104,7 +49,7 @@ pub(super) fn list_page(c: &Connection, collection: &str, after: Option<&str>, l
     };
     let mut next_record = || -> Result<Option<RawRecord>> {
         Ok(match records.next()? {
-            Some(r) => Some(super::raw_record(r)?),
+            Some(r) => Some(raw_record(r)?),
             None => None,
         })
     };

@@ -39,10 +39,10 @@ use std::collections::HashMap;
 
 use rusqlite::{params, CachedStatement, Connection, OptionalExtension};
 
-use super::Result;
 use crate::config::SqliteConfig;
 use crate::record::Record;
 use crate::sysdb::codec::{encode_embedding, encode_metadata};
+use crate::sysdb::error::Result;
 
 /// The columns of a whole record, `records r` joined with its value `v`, in the order
 /// `raw_record` reads them.
@@ -235,7 +235,7 @@ impl DeltaCache {
         collection: &str,
         id: &str,
         whole: bool,
-    ) -> Result<Option<Option<super::RawRecord>>> {
+    ) -> Result<Option<Option<super::rows::RawRecord>>> {
         let Some(entry) = self.rows.get(collection).and_then(|ids| ids.get(id)) else {
             return Ok(None);
         };

@@ -11,7 +11,7 @@ use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord, Producer as _};
 
 use super::{ClientSettings, KafkaError};
-use crate::record::partitioner::RDKAFKA_PARTITIONER;
+use sluice_record::partitioner::RDKAFKA_PARTITIONER;
 
 /// One record to produce.
 #[derive(Debug, Clone, Copy)]

@@ -325,9 +325,9 @@ async fn offsets_reset(
     Ok(Json(json!(report)))
 }
 
-impl From<crate::dlq::DlqError> for HttpError {
-    fn from(e: crate::dlq::DlqError) -> Self {
-        use crate::dlq::DlqError;
+impl From<crate::dead_letters::DlqError> for HttpError {
+    fn from(e: crate::dead_letters::DlqError) -> Self {
+        use crate::dead_letters::DlqError;
         match e {
             DlqError::Kafka(e) => HttpError::from_kafka(&e),
             DlqError::Sysdb(e) => HttpError::from(e),
@@ -346,8 +346,8 @@ struct DlqQuery {
     limit: Option<usize>,
 }
 
-fn dlq_filter(q: DlqQuery) -> Result<crate::dlq::DlqFilter, HttpError> {
-    Ok(crate::dlq::DlqFilter {
+fn dlq_filter(q: DlqQuery) -> Result<crate::dead_letters::DlqFilter, HttpError> {
+    Ok(crate::dead_letters::DlqFilter {
         kind: q.kind,
         collection: q.collection,
         since_ms: q
@@ -366,7 +366,7 @@ async fn dlq_list(
     query: Result<Query<DlqQuery>, QueryRejection>,
 ) -> Result<Json<Value>, HttpError> {
     let Query(q) = query?;
-    let entries = crate::dlq::list(&admin.config, &admin.sysdb, &dlq_filter(q)?).await?;
+    let entries = crate::dead_letters::list(&admin.config, &admin.sysdb, &dlq_filter(q)?).await?;
     Ok(Json(json!({"topic": admin.config.kafka.dlq_topic(), "entries": entries})))
 }
 
@@ -389,10 +389,10 @@ async fn dlq_replay(
     let body = body?;
     let b: ReplayBody = serde_json::from_slice(&body).map_err(|e| HttpError::from_json(&e))?;
     let filter = dlq_filter(DlqQuery { kind: b.kind, collection: b.collection, since: b.since, limit: b.limit })?;
-    let report = crate::dlq::replay(&admin.config, &admin.sysdb, &admin.producer, &filter, b.execute).await?;
+    let report = crate::dead_letters::replay(&admin.config, &admin.sysdb, &admin.producer, &filter, b.execute).await?;
     Ok(Json(json!(report)))
 }
 
 #[cfg(test)]
-#[path = "admin_tests.rs"]
+#[path = "routes_tests.rs"]
 mod tests;

@@ -37,6 +37,21 @@ pub fn redact_url(raw: &str) -> String {
     }
 }
 
+/// Whether a librdkafka option holds a secret (its value is never logged nor shown): any
+/// key containing `password`, `secret` or `key` (over-redacting a key file's path is
+/// harmless), and the OAUTHBEARER config.
+pub fn is_secret_key(key: &str) -> bool {
+    let k = key.to_ascii_lowercase();
+    k.contains("password") || k.contains("secret") || k.contains("key") || k.contains("sasl.oauthbearer.config")
+}
+
+/// Options (librdkafka's `key = value` pairs) with secret values replaced by `***`.
+pub fn redacted_options(
+    map: &std::collections::BTreeMap<String, String>,
+) -> std::collections::BTreeMap<String, String> {
+    map.iter().map(|(k, v)| (k.clone(), if is_secret_key(k) { "***".to_string() } else { v.clone() })).collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -79,7 +79,7 @@
 //! `BENCHMARKS.md`: a W1 drain's server CPU fell by a tenth). SQLite's step 9 changes
 //! nothing.
 
-use super::SysdbError;
+use super::error::SysdbError;
 
 /// One migration step.
 #[derive(Debug, Clone, Copy)]

@@ -2,9 +2,9 @@
 //! code sees plain structs ([`Msg`], [`consumer::Event`], [`PartitionInfo`]) and
 //! channel-based handles.
 
-pub mod admin;
+pub mod cluster;
 pub mod consumer;
-pub mod dlq;
+pub mod dlq_reader;
 pub mod preflight;
 pub mod producer;
 pub mod tasks;
@@ -70,7 +70,7 @@ impl std::fmt::Debug for ClientSettings {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ClientSettings")
             .field("brokers", &self.brokers)
-            .field("librdkafka", &crate::config::redacted_librdkafka(&self.librdkafka))
+            .field("librdkafka", &sluice_base::redact::redacted_options(&self.librdkafka))
             .field("request_timeout_ms", &self.request_timeout_ms)
             .finish()
     }
@@ -79,15 +79,6 @@ impl std::fmt::Debug for ClientSettings {
 impl ClientSettings {
     pub fn new(brokers: impl Into<String>) -> Self {
         ClientSettings { brokers: brokers.into(), librdkafka: BTreeMap::new(), request_timeout_ms: 10_000 }
-    }
-
-    /// The settings every client of a replica or a command uses, from the configuration.
-    pub fn from_config(config: &crate::config::Config) -> Self {
-        ClientSettings {
-            brokers: config.kafka.brokers.clone(),
-            librdkafka: config.librdkafka.clone(),
-            request_timeout_ms: config.kafka.request_timeout_ms,
-        }
     }
 
     pub(crate) fn client_config(&self) -> ClientConfig {
@@ -99,7 +90,7 @@ impl ClientSettings {
         c
     }
 
-    pub(crate) fn timeout(&self) -> std::time::Duration {
+    pub fn timeout(&self) -> std::time::Duration {
         std::time::Duration::from_millis(u64::from(self.request_timeout_ms))
     }
 }
@@ -120,4 +111,26 @@ pub(crate) fn join_within(thread: std::thread::JoinHandle<()>, timeout: std::tim
 
 pub(crate) fn broker_err(what: impl Into<String>, e: impl std::fmt::Display) -> KafkaError {
     KafkaError::Broker { what: what.into(), message: e.to_string() }
+}
+
+/// Check librdkafka options against librdkafka itself without echoing any value (its own
+/// message for `"sasl.pasword" = "hunter2"` would carry `hunter2`): the error names the
+/// key and says what is wrong with secrets replaced by `***`.
+pub fn check_options(map: &BTreeMap<String, String>) -> Result<(), String> {
+    const REDACTED: &str = "***";
+    let mut c = ClientConfig::new();
+    for (k, v) in map {
+        c.set(k, v);
+    }
+    match c.create_native_config() {
+        Ok(_) => Ok(()),
+        Err(rdkafka::error::KafkaError::ClientConfig(_, desc, key, value)) => {
+            let mut reason = if value.is_empty() { desc } else { desc.replace(&value, REDACTED) };
+            if let Some(v) = map.get(&key).filter(|v| !v.is_empty()) {
+                reason = reason.replace(v.as_str(), REDACTED);
+            }
+            Err(format!("invalid [librdkafka] key {key:?}: {reason}"))
+        }
+        Err(_) => Err("invalid [librdkafka] options".into()),
+    }
 }

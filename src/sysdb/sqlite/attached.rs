@@ -11,15 +11,17 @@ use std::collections::HashMap;
 
 use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 
+use super::rows::{decode_raw, raw_record, RawRecord};
+use super::store::{invalid, SqliteSysdb, Writing, BACKEND};
 use super::values::{self, Account, RecordWriter, RECORDS_WITH_VALUES};
-use super::{decode_raw, invalid, raw_record, SqliteSysdb, Writing, BACKEND};
 use crate::functions::{Function, FunctionStatus, Reads};
 use crate::record::Record;
+use crate::sysdb::attach_rules::{self, AttachFacts, AttachOutcome, Decision};
 use crate::sysdb::codec::{encode_embedding, encode_metadata, encode_params};
+use crate::sysdb::error::Result;
 use crate::sysdb::outputs::{self, FunctionState, MapWrite, OutputPlan, RawFunction, FUNCTION_COLUMNS};
-use crate::sysdb::{
-    now_ms, AttachConflict, AttachOutcome, BatchCommit, ChunkLimit, CommitReport, FunctionRow, NewFunction, OutboxRow,
-    Result, StepResult,
+use crate::sysdb::types::{
+    now_ms, BatchCommit, ChunkLimit, CommitReport, FunctionRow, NewFunction, OutboxRow, StepResult,
 };
 
 fn raw_function(r: &rusqlite::Row<'_>) -> rusqlite::Result<RawFunction> {
@@ -86,50 +88,24 @@ fn live_function(tx: &Connection, sql: &str, key: &str) -> Result<Option<Functio
     raw.map(|r| r.decode(BACKEND)).transpose()
 }
 
-/// The attach rules (see [`crate::sysdb::Sysdb::attach_function`]), inside the attach
-/// transaction: `Some` outcome when nothing is to be inserted. An output that a detached
-/// function left empty is reused; its stale tombstones are deleted here.
-fn attach_rules(tx: &Connection, new: &NewFunction) -> Result<Option<AttachOutcome>> {
-    if let Some(writer) = live_function(tx, "output_collection = ?1", &new.output_collection)? {
-        let same =
-            writer.collection_id == new.collection_id && writer.function == new.function && writer.params == new.params;
-        return Ok(Some(if same {
-            AttachOutcome::Existing(writer)
-        } else {
-            AttachOutcome::Refused(AttachConflict::OutputWrittenBy(writer))
-        }));
-    }
-    if let Some(f) = live_function(tx, "output_collection = ?1", &new.collection_id)? {
-        return Ok(Some(AttachOutcome::Refused(AttachConflict::InputIsOutputOf(f))));
-    }
-    if let Some(f) = live_function(tx, "collection_id = ?1", &new.output_collection)? {
-        return Ok(Some(AttachOutcome::Refused(AttachConflict::OutputIsInputOf(f))));
-    }
-    let exists: bool = tx
-        .prepare_cached("SELECT EXISTS (SELECT 1 FROM collections WHERE id = ?1)")?
-        .query_row([&new.output_collection], |r| r.get(0))?;
-    if !exists {
-        return Ok(None);
-    }
-    let left_by = tx
-        .prepare_cached(&format!("SELECT {FUNCTION_COLUMNS} FROM functions WHERE output_collection = ?1 ORDER BY created_at_ms DESC, id LIMIT 1"))?
-        .query_row([&new.output_collection], raw_function)
-        .optional()?
-        .map(|r| r.decode(BACKEND))
-        .transpose()?;
-    let has_records: bool = tx
-        .prepare_cached("SELECT EXISTS (SELECT 1 FROM records WHERE collection_id = ?1)")?
-        .query_row([&new.output_collection], |r| r.get(0))?;
-    match left_by {
-        None => {
-            Ok(Some(AttachOutcome::Refused(AttachConflict::OutputIsData { output: new.output_collection.clone() })))
-        }
-        Some(f) if has_records => Ok(Some(AttachOutcome::Refused(AttachConflict::OutputLeftBy(f)))),
-        Some(_) => {
-            tx.prepare_cached("DELETE FROM tombstones WHERE collection_id = ?1")?.execute([&new.output_collection])?;
-            Ok(None)
-        }
-    }
+/// What the attach rules decide from (`sysdb/attach_rules.rs`), read inside the attach
+/// transaction (which holds the database's write lock).
+fn attach_facts(tx: &Connection, new: &NewFunction) -> Result<AttachFacts> {
+    let exists =
+        |sql: &str| -> Result<bool> { Ok(tx.prepare_cached(sql)?.query_row([&new.output_collection], |r| r.get(0))?) };
+    Ok(AttachFacts {
+        output_writer: live_function(tx, "output_collection = ?1", &new.output_collection)?,
+        input_written_by: live_function(tx, "output_collection = ?1", &new.collection_id)?,
+        output_read_by: live_function(tx, "collection_id = ?1", &new.output_collection)?,
+        output_exists: exists("SELECT EXISTS (SELECT 1 FROM collections WHERE id = ?1)")?,
+        output_last_writer: tx
+            .prepare_cached(&format!("SELECT {FUNCTION_COLUMNS} FROM functions WHERE output_collection = ?1 ORDER BY created_at_ms DESC, id LIMIT 1"))?
+            .query_row([&new.output_collection], raw_function)
+            .optional()?
+            .map(|r| r.decode(BACKEND))
+            .transpose()?,
+        output_has_records: exists("SELECT EXISTS (SELECT 1 FROM records WHERE collection_id = ?1)")?,
+    })
 }
 
 /// The function batches of a commit, inside its transaction (after the CAS and the
@@ -159,7 +135,7 @@ pub(super) fn commit_functions(
                 .map(|(status, request_id, marker_offset, output_collection)| {
                     let status = FunctionStatus::parse(&status)
                         .ok_or_else(|| invalid(format!("function {:?}: unknown status {status:?}", fb.function_id)))?;
-                    Ok::<_, crate::sysdb::SysdbError>(FunctionState {
+                    Ok::<_, crate::sysdb::error::SysdbError>(FunctionState {
                         status,
                         request_id,
                         marker_offset,
@@ -356,7 +332,7 @@ fn backfill_step_sync(
             .execute(params![function_id, total])?;
     }
     let limit_sql = i64::try_from(limit.records).unwrap_or(i64::MAX);
-    let decoded = |raw: rusqlite::Result<super::RawRecord>| raw.map_err(Into::into).and_then(decode_raw);
+    let decoded = |raw: rusqlite::Result<RawRecord>| raw.map_err(Into::into).and_then(decode_raw);
     let (records, cut) = match &row.backfill_cursor {
         None => outputs::read_chunk(
             tx.prepare_cached(&chunk_sql(false, reads))?
@@ -408,12 +384,17 @@ impl SqliteSysdb {
             // The rules ask whether the output collection holds records: in `records`.
             let mut acct = Account::default();
             w.merge(&tx, true, &mut acct)?;
-            if let Some(refusal) = attach_rules(&tx, &new)? {
-                w.flush_and_compact(&tx, &mut acct)?;
-                tx.commit()?;
-                return Ok(refusal);
-            }
             w.flush_and_compact(&tx, &mut acct)?;
+            match attach_rules::decide(&new, attach_facts(&tx, &new)?) {
+                Decision::Answer(outcome) => {
+                    tx.commit()?;
+                    return Ok(outcome);
+                }
+                Decision::Insert { reuse_output: true } => {
+                    tx.prepare_cached("DELETE FROM tombstones WHERE collection_id = ?1")?.execute([&new.output_collection])?;
+                }
+                Decision::Insert { reuse_output: false } => {}
+            }
             let now = creation_stamp(&tx)?;
             tx.prepare_cached(&format!(
                 "INSERT INTO functions ({FUNCTION_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, 'awaiting_marker', ?6, NULL, NULL, 0, NULL, ?7, ?7)"

@@ -5,21 +5,20 @@ use anyhow::{Context, Result};
 use super::output;
 use super::{DlqCmd, DlqFilterArgs};
 use crate::config::Config;
-use crate::dlq::{list, replay, DlqEntryView, DlqFilter, ReplayReport};
+use crate::dead_letters::{list, replay, DlqEntryView, DlqFilter, ReplayReport};
 use crate::kafka::producer::Producer;
 use crate::offsets::{format_rfc3339_ms, parse_rfc3339_ms};
 
 pub async fn run(config: &Config, cmd: DlqCmd) -> Result<()> {
-    super::commands::preflight(config).await?;
-    let sysdb = super::commands::open_sysdb(config).await?;
+    super::context::preflight(config).await?;
+    let sysdb = super::context::open_sysdb(config).await?;
     match cmd {
         DlqCmd::List { filter, format } => {
             let entries = list(config, &sysdb, &filter_of(&filter)?).await?;
             output::listing(format.format, &entries, entries_text)?;
         }
         DlqCmd::Replay { filter, execute, format } => {
-            let producer = Producer::new(&crate::kafka::ClientSettings::from_config(config), &[])
-                .context("cannot create the producer")?;
+            let producer = Producer::new(&config.client_settings(), &[]).context("cannot create the producer")?;
             let report = replay(config, &sysdb, &producer, &filter_of(&filter)?, execute).await?;
             output::one(format.format, &report, || replay_text(&report).trim_end().to_string())?;
         }

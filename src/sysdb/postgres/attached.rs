@@ -31,44 +31,17 @@ use std::collections::{HashMap, HashSet};
 use deadpool_postgres::Transaction;
 use tokio_postgres::Row;
 
-use super::{decode_row, invalid, PostgresSysdb, BACKEND};
+use super::records::decode_row;
+use super::{invalid, PostgresSysdb, TxError, BACKEND};
 use crate::functions::{Function, FunctionStatus, Reads};
 use crate::record::Record;
+use crate::sysdb::attach_rules::{self, AttachFacts, AttachOutcome, Decision};
 use crate::sysdb::codec::{encode_embedding, encode_metadata, encode_params};
+use crate::sysdb::error::{Result, SysdbError};
 use crate::sysdb::outputs::{self, FunctionState, MapWrite, OutputPlan, RawFunction, FUNCTION_COLUMNS};
-use crate::sysdb::{
-    now_ms, AttachConflict, AttachOutcome, BatchCommit, ChunkLimit, CommitReport, FunctionRow, NewFunction, OutboxRow,
-    Result, StepResult, SysdbError,
+use crate::sysdb::types::{
+    now_ms, BatchCommit, ChunkLimit, CommitReport, FunctionRow, NewFunction, OutboxRow, StepResult,
 };
-
-/// An error inside a transaction: the database's (kept whole, so that the caller can tell
-/// a deadlock or serialization failure and retry) or ours.
-#[derive(Debug)]
-pub(super) enum TxError {
-    Pg(tokio_postgres::Error),
-    Sysdb(SysdbError),
-}
-
-impl From<tokio_postgres::Error> for TxError {
-    fn from(e: tokio_postgres::Error) -> Self {
-        TxError::Pg(e)
-    }
-}
-
-impl From<SysdbError> for TxError {
-    fn from(e: SysdbError) -> Self {
-        TxError::Sysdb(e)
-    }
-}
-
-impl From<TxError> for SysdbError {
-    fn from(e: TxError) -> Self {
-        match e {
-            TxError::Pg(e) => e.into(),
-            TxError::Sysdb(e) => e,
-        }
-    }
-}
 
 fn raw_function(r: &Row) -> RawFunction {
     RawFunction {
@@ -483,60 +456,37 @@ async fn live_function(tx: &Transaction<'_>, sql: &str, key: &str) -> Result<Opt
     Ok(row.map(|r| raw_function(&r).decode(BACKEND)).transpose()?)
 }
 
-/// The attach rules (see [`crate::sysdb::Sysdb::attach_function`]), inside the attach
-/// transaction and under the attach lock: `Some` outcome when nothing is to be inserted.
-/// An output that a detached function left empty is reused; its stale tombstones are
-/// deleted here.
-async fn attach_rules(tx: &Transaction<'_>, new: &NewFunction) -> Result<Option<AttachOutcome>, TxError> {
-    if let Some(writer) = live_function(tx, "output_collection = $1", &new.output_collection).await? {
-        let same =
-            writer.collection_id == new.collection_id && writer.function == new.function && writer.params == new.params;
-        return Ok(Some(if same {
-            AttachOutcome::Existing(writer)
-        } else {
-            AttachOutcome::Refused(AttachConflict::OutputWrittenBy(writer))
-        }));
-    }
-    if let Some(f) = live_function(tx, "output_collection = $1", &new.collection_id).await? {
-        return Ok(Some(AttachOutcome::Refused(AttachConflict::InputIsOutputOf(f))));
-    }
-    if let Some(f) = live_function(tx, "collection_id = $1", &new.output_collection).await? {
-        return Ok(Some(AttachOutcome::Refused(AttachConflict::OutputIsInputOf(f))));
-    }
-    let exists: bool = tx
-        .query_one("SELECT EXISTS (SELECT 1 FROM collections WHERE id = $1)", &[&new.output_collection])
-        .await?
-        .get(0);
-    if !exists {
-        return Ok(None);
-    }
-    let left_by = tx
-        .query_opt(&format!("SELECT {FUNCTION_COLUMNS} FROM functions WHERE output_collection = $1 ORDER BY created_at_ms DESC, id LIMIT 1"), &[&new.output_collection])
-        .await?
-        .map(|r| raw_function(&r).decode(BACKEND))
-        .transpose()?;
-    let has_records: bool = tx
-        .query_one("SELECT EXISTS (SELECT 1 FROM records WHERE collection_id = $1)", &[&new.output_collection])
-        .await?
-        .get(0);
-    match left_by {
-        None => {
-            Ok(Some(AttachOutcome::Refused(AttachConflict::OutputIsData { output: new.output_collection.clone() })))
-        }
-        Some(f) if has_records => Ok(Some(AttachOutcome::Refused(AttachConflict::OutputLeftBy(f)))),
-        Some(_) => {
-            tx.execute("DELETE FROM tombstones WHERE collection_id = $1", &[&new.output_collection]).await?;
-            Ok(None)
-        }
-    }
+/// What the attach rules decide from (`sysdb/attach_rules.rs`), read inside the attach
+/// transaction, under the attach lock.
+async fn attach_facts(tx: &Transaction<'_>, new: &NewFunction) -> Result<AttachFacts, TxError> {
+    let exists = |sql: &'static str| async move {
+        let found: bool = tx.query_one(sql, &[&new.output_collection]).await?.get(0);
+        Ok::<_, TxError>(found)
+    };
+    Ok(AttachFacts {
+        output_writer: live_function(tx, "output_collection = $1", &new.output_collection).await?,
+        input_written_by: live_function(tx, "output_collection = $1", &new.collection_id).await?,
+        output_read_by: live_function(tx, "collection_id = $1", &new.output_collection).await?,
+        output_exists: exists("SELECT EXISTS (SELECT 1 FROM collections WHERE id = $1)").await?,
+        output_last_writer: tx
+            .query_opt(&format!("SELECT {FUNCTION_COLUMNS} FROM functions WHERE output_collection = $1 ORDER BY created_at_ms DESC, id LIMIT 1"), &[&new.output_collection])
+            .await?
+            .map(|r| raw_function(&r).decode(BACKEND))
+            .transpose()?,
+        output_has_records: exists("SELECT EXISTS (SELECT 1 FROM records WHERE collection_id = $1)").await?,
+    })
 }
 
 /// Insert the function unless the attach rules say otherwise; `None` when the insert met
 /// a conflicting row that the rules did not see (retry).
 async fn attach_once(tx: &Transaction<'_>, new: &NewFunction, now: i64) -> Result<Option<AttachOutcome>, TxError> {
     tx.execute("SELECT pg_advisory_xact_lock($1)", &[&ATTACH_LOCK_KEY]).await?;
-    if let Some(outcome) = attach_rules(tx, new).await? {
-        return Ok(Some(outcome));
+    match attach_rules::decide(new, attach_facts(tx, new).await?) {
+        Decision::Answer(outcome) => return Ok(Some(outcome)),
+        Decision::Insert { reuse_output: true } => {
+            tx.execute("DELETE FROM tombstones WHERE collection_id = $1", &[&new.output_collection]).await?;
+        }
+        Decision::Insert { reuse_output: false } => {}
     }
     let inserted = tx
         .query_opt(

@@ -46,7 +46,7 @@ use rdkafka::{ClientContext, Offset, TopicPartitionList};
 use tokio::sync::{mpsc, oneshot};
 use tracing::{debug, error, info, warn};
 
-use super::admin::MetadataClient;
+use super::cluster::MetadataClient;
 use super::{ClientSettings, KafkaError, Msg, PartitionInfo};
 
 /// Consumer settings (from `[kafka]`).
@@ -511,7 +511,7 @@ fn commit_loop(consumer: Arc<BaseConsumer<Ctx>>, requests: std_mpsc::Receiver<Co
     let mut last_commit_at = Instant::now() - COMMIT_INTERVAL;
     // After a failed commit: the delay before the next attempt grows (100 ms to 5 s).
     let mut interval = COMMIT_INTERVAL;
-    let mut failures = crate::retry::default_backoff();
+    let mut failures = sluice_base::retry::default_backoff();
     let merge = |pending: &mut HashMap<i32, i64>, offsets: Vec<(i32, i64)>| {
         for (p, o) in offsets {
             let e = pending.entry(p).or_insert(o);
@@ -542,7 +542,7 @@ fn commit_loop(consumer: Arc<BaseConsumer<Ctx>>, requests: std_mpsc::Receiver<Co
         if !pending.is_empty() && (finish || last_commit_at.elapsed() >= interval) {
             if commit_pending(&consumer, &mut pending, &mut last_commit) {
                 interval = COMMIT_INTERVAL;
-                failures = crate::retry::default_backoff();
+                failures = sluice_base::retry::default_backoff();
             } else {
                 interval = failures.next().unwrap_or(Duration::from_secs(5)).max(COMMIT_INTERVAL);
             }
@@ -573,7 +573,7 @@ fn commit_pending(
     let mut tpl = TopicPartitionList::new();
     let mut sent = Vec::new();
     for (p, o) in pending.drain() {
-        if assigned.contains(&p) && crate::positions::group_commit_advances(last_commit.get(&p).copied(), o) {
+        if assigned.contains(&p) && sluice_base::positions::group_commit_advances(last_commit.get(&p).copied(), o) {
             let _ = tpl.add_partition_offset(&ctx.topic, p, Offset::Offset(o));
             sent.push((p, o));
         }
@@ -581,15 +581,15 @@ fn commit_pending(
     if sent.is_empty() {
         return true;
     }
-    crate::failpoint::hit("before_group_commit");
-    let result = if crate::failpoint::fail("group_commit") {
+    sluice_base::failpoint::hit("before_group_commit");
+    let result = if sluice_base::failpoint::fail("group_commit") {
         Err(RdError::ConsumerCommit(RDKafkaErrorCode::RebalanceInProgress))
     } else {
         consumer.commit(&tpl, CommitMode::Sync)
     };
     match result {
         Ok(()) => {
-            crate::failpoint::hit("after_group_commit");
+            sluice_base::failpoint::hit("after_group_commit");
             ctx.stats.commits_ok.fetch_add(1, Ordering::Relaxed);
             last_commit.extend(sent);
             true
@@ -665,7 +665,8 @@ fn try_seek(
                 push(ctx, Event::SeekFailed { partition, offset, error: e.to_string() });
             } else {
                 // The replica's retry policy, as delays by attempt number.
-                let wait = crate::retry::default_backoff().nth(attempts as usize - 1).unwrap_or(Duration::from_secs(5));
+                let wait =
+                    sluice_base::retry::default_backoff().nth(attempts as usize - 1).unwrap_or(Duration::from_secs(5));
                 warn!(%e, partition, offset, attempts, retry_in = ?wait, "seek failed; retrying");
                 seeks.insert(partition, PendingSeek { offset, attempts, next_at: Instant::now() + wait });
             }
@@ -749,7 +750,7 @@ const FULL_WAIT: Duration = Duration::from_millis(2);
 /// 4 MiB lowered the peak RSS from 331 to 271 MB (medians) at the same CPU (0.986) and
 /// rate; W4, W3, PostgreSQL and a paced run moved by at most 1.5% of CPU. (1 MiB ran dry
 /// between fetches and cost time.)
-const PREFETCH_KBYTES: u64 = crate::config::memory::DEFAULT_PREFETCH_KBYTES;
+pub const PREFETCH_KBYTES: u64 = 2048;
 
 /// librdkafka's `queued.min.messages` (the prefetch bound per partition in messages),
 /// unless set under `[librdkafka]`. It binds only for small records: W1's (1.5 KB) reach

@@ -1,7 +1,7 @@
 //! DLQ redrive: `sluice dlq list` and `sluice dlq replay` (and the admin API's `/dlq`).
 //!
 //! The DLQ topic is read from its log start to its high watermark with a plain assigned
-//! consumer ([`crate::kafka::dlq::read_all`]). A replay re-produces an entry's original
+//! consumer ([`crate::kafka::dlq_reader::read_all`]). A replay re-produces an entry's original
 //! key and payload into the log topic (the same key, so the partitioner picks the same
 //! partition) with provenance headers, waits for the broker's acknowledgement, and then
 //! records the entry in the sysdb (`dlq_replays`); entries recorded there are skipped, so
@@ -24,9 +24,9 @@
 use std::collections::{HashMap, HashSet};
 
 use crate::config::Config;
-use crate::kafka::dlq::{self as kdlq, DlqMessage};
+use crate::kafka::dlq_reader::{self as kdlq, DlqMessage};
 use crate::kafka::producer::{Outgoing, Producer};
-use crate::kafka::{ClientSettings, KafkaError};
+use crate::kafka::KafkaError;
 use crate::sysdb::{now_ms, DlqReplayRow, Sysdb, SysdbError};
 
 /// Why a DLQ command failed.
@@ -114,7 +114,7 @@ impl DlqEntryView {
 const READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(120);
 
 async fn read(config: &Config) -> Result<Vec<DlqMessage>, DlqError> {
-    let settings = ClientSettings::from_config(config);
+    let settings = config.client_settings();
     let topic = config.kafka.dlq_topic();
     Ok(tokio::task::spawn_blocking(move || kdlq::read_all(&settings, &topic, READ_TIMEOUT))
         .await

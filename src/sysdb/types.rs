@@ -1,0 +1,218 @@
+//! What the sysdb stores and returns, shared by the front (`mod.rs`) and both backends.
+
+use crate::functions::{FunctionStatus, OutputDelta};
+use crate::positions::PositionDelta;
+use crate::record::Record;
+
+/// A collection as the sysdb knows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CollectionRow {
+    pub id: String,
+    /// The log topic partition fixed at registration (murmur2 of the id).
+    pub partition: i32,
+    /// Embedding dimension, fixed by the first applied embedding.
+    pub dimension: Option<u32>,
+    /// Offset of the last applied record of this collection, -1 if none.
+    pub log_position: i64,
+    pub record_count: i64,
+}
+
+/// The per-collection part of a batch.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CollectionUpdate {
+    pub id: String,
+    /// Insert the collection row if it does not exist (auto-registration), with this
+    /// partition. An existing row's partition is never changed.
+    pub partition: i32,
+    pub dimension: Option<u32>,
+    pub log_position: i64,
+    /// Net change of the live record count in this batch.
+    pub record_count_delta: i64,
+    /// Final state per touched id: `Some` = upsert this record, `None` = delete the id.
+    pub writes: Vec<(String, Option<Record>)>,
+}
+
+/// Everything one batch commits, atomically.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BatchCommit {
+    pub topic: String,
+    pub delta: PositionDelta,
+    pub collections: Vec<CollectionUpdate>,
+    /// Attached functions of the batch's collections (see [`FunctionBatch`]).
+    pub functions: Vec<FunctionBatch>,
+}
+
+/// What one batch brings to one attached function. The sysdb decides **inside the batch
+/// transaction**, from the function's stored status (read there, never cached), what
+/// applies (docs/design.md section 7):
+/// * `awaiting_marker`: the first marker whose request id is the function's moves it to
+///   `backfilling` at that offset O; changes after O apply as below; other markers are
+///   ignored. Without such a marker nothing applies.
+/// * `backfilling` at O: only changes with offset > O apply their deltas; such a change
+///   whose `before` was last written before O (`before.offset < O`) saves `before` as the
+///   function's preimage of that id, unless one is saved already.
+/// * `ready`: every change applies its deltas; no preimages.
+/// * `detached` (or gone): nothing applies.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FunctionBatch {
+    pub function_id: String,
+    /// BACKFILL_FN markers of this function in the batch: `(offset, request_id)`.
+    pub markers: Vec<(i64, String)>,
+    /// The input collection's changes in offset order, with this function's deltas.
+    pub changes: Vec<FunctionChange>,
+}
+
+/// One input change as a function sees it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FunctionChange {
+    pub offset: i64,
+    pub id: String,
+    /// The record before the change (its `offset` says when it was last written): the
+    /// preimage candidate.
+    pub before: Option<Record>,
+    pub deltas: Vec<OutputDelta>,
+}
+
+/// What the batch transaction did with markers.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CommitReport {
+    /// `(function_id, marker offset)` of markers that started a backfill.
+    pub markers_accepted: Vec<(String, i64)>,
+    /// Markers that were duplicates, of unknown or detached functions.
+    pub markers_ignored: usize,
+}
+
+/// An attached function as stored.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FunctionRow {
+    pub id: String,
+    pub collection_id: String,
+    /// Registry name (`record_counter`, ...).
+    pub function: String,
+    pub output_collection: String,
+    pub params: std::collections::BTreeMap<String, String>,
+    pub status: FunctionStatus,
+    /// Fresh per attach; the marker carries it.
+    pub request_id: String,
+    pub marker_offset: Option<i64>,
+    /// Last input id the backfill has covered (ids are walked in order).
+    pub backfill_cursor: Option<String>,
+    pub backfill_done: i64,
+    /// Size of the collection as of the marker, known once the backfill starts.
+    pub backfill_total: Option<i64>,
+    pub created_at_ms: i64,
+    pub updated_at_ms: i64,
+}
+
+/// A function to attach.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NewFunction {
+    pub id: String,
+    pub collection_id: String,
+    /// The input collection's partition (its marker goes there); the output collection is
+    /// registered on the same partition.
+    pub partition: i32,
+    pub function: String,
+    pub output_collection: String,
+    pub params: std::collections::BTreeMap<String, String>,
+    pub request_id: String,
+}
+
+/// An unsent (or not yet acknowledged) marker.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OutboxRow {
+    pub id: i64,
+    pub function_id: String,
+    pub collection_id: String,
+    pub partition: i32,
+    pub request_id: String,
+    pub created_at_ms: i64,
+    /// Log offset where the marker was last published (`None` while pending).
+    pub published_offset: Option<i64>,
+}
+
+/// Result of one backfill step.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StepResult {
+    /// The function is not `backfilling` (ready, detached, gone): stop.
+    NotBackfilling,
+    /// The cursor is not where the caller expected (another worker advanced it): re-read.
+    CursorMoved { cursor: Option<String> },
+    /// A chunk was applied: `processed` as-of-marker records up to `cursor`; `finished`
+    /// when the walk is complete (the function is now `ready`, its preimages deleted).
+    /// `held`: how long the step's transaction ran (on SQLite, how long it held the one
+    /// writer), without the wait for it; the worker's yield to live batches is measured
+    /// from it.
+    Applied { processed: usize, cursor: Option<String>, finished: bool, held: std::time::Duration },
+}
+
+/// How large one backfill chunk may be: `records` records, and it closes after the
+/// record that reaches `bytes` of the fields the function reads (at least one record).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ChunkLimit {
+    pub records: usize,
+    pub bytes: usize,
+}
+
+impl From<usize> for ChunkLimit {
+    /// A count alone (tests): no bound in bytes.
+    fn from(records: usize) -> Self {
+        ChunkLimit { records, bytes: usize::MAX }
+    }
+}
+
+/// Position of one partition as stored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PartitionPosition {
+    pub partition: i32,
+    pub next_offset: i64,
+}
+
+/// A partition's stored state: position and halt (`offsets show`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PartitionState {
+    pub partition: i32,
+    pub next_offset: i64,
+    /// Why the partition is halted; `None` = running.
+    pub halted_reason: Option<String>,
+    /// When the current halt began (ms since the Unix epoch); `None` when running.
+    pub halted_at_ms: Option<i64>,
+}
+
+/// A recorded data-loss gap (`on_data_loss = "skip"`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GapRow {
+    pub topic: String,
+    pub partition: i32,
+    pub from_offset: i64,
+    pub to_offset: i64,
+    pub recorded_at_ms: i64,
+}
+
+/// An operator reset, as audited.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ResetRow {
+    pub topic: String,
+    pub partition: i32,
+    pub from_offset: Option<i64>,
+    pub to_offset: i64,
+    pub actor: String,
+    pub reason: String,
+    pub at_ms: i64,
+}
+
+/// A DLQ entry replayed into the log (`dlq_replays`): `topic` is the DLQ topic.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DlqReplayRow {
+    pub topic: String,
+    pub dlq_partition: i32,
+    pub dlq_offset: i64,
+    pub replayed_at_ms: i64,
+    pub log_partition: i32,
+    pub log_offset: i64,
+}
+
+/// Milliseconds since the Unix epoch, for the `*_at_ms` columns.
+pub(crate) fn now_ms() -> i64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
+}
