@@ -193,7 +193,7 @@ wl_params() {
 }
 LAT_SECONDS=20
 # The live drop beside a backfill: single repeats on this class of machine spread by 20-70
-# points (BENCHMARKS.md), so the goal's figure is the median of 15, whose 95% interval
+# points (docs/bench/history.md), so the goal's figure is the median of 15, whose 95% interval
 # (order statistics 4 and 12) is reported beside it; about 12 s per repeat.
 BACKFILL_REPEATS=15
 # Paced before the measured 20 s and left out of the latency figures (kept as "whole_run"):
