@@ -70,6 +70,15 @@
 #             session.timeout.ms, 45 s) and with static membership ([kafka]
 #             instance_id, i.e. group.instance.id). Rebuild from offset 0 per 1M
 #             records = W1 drain time scaled to 1M records.
+#   page      a full run (not --quick, every workload and phase, the peer on W1-W3 with
+#             the JVM's defaults, no --no-page) whose checksums all match becomes the
+#             latest run of BENCHMARKS.md: its JSON and chart are copied into docs/bench/
+#             as suite-<UTC date>-<commit>.json/.svg (-dirty appended for a dirty
+#             worktree), `scripts/bench/report.py --write-page BENCHMARKS.md` writes the
+#             run's facts and goal table between the page's suite-table markers (the
+#             prose around them stays), and the previous suite-*.json/.svg in docs/bench/
+#             are removed (git keeps them; docs/bench/history.md is the diary). Commit the
+#             three files. Any other run leaves the page and docs/bench/ alone.
 #
 # Pinning (stated in the output and the JSON): with >= 2 CPUs, the broker JVM, the
 # PostgreSQL server (postmaster and children) and this script with everything it runs
@@ -95,14 +104,16 @@
 #
 # Usage: scripts/bench-suite.sh [--quick] [--workloads W1,W2,...] [--peer-workloads LIST]
 #            [--no-latency] [--no-recovery] [--no-backfill] [--peer-jvm-opts "OPTS"] [--keep]
-#            [--phase-timeout SECONDS]
+#            [--phase-timeout SECONDS] [--no-page]
 #   --workloads       which of W1..W5 to run (default all; latency/recovery need W1)
 #   --peer-workloads  where the peer runs too (default W1,W2,W3; W4 is left out for time;
 #                     W5 is refused: its seeded state exists only in the sysdbs)
 #   --peer-jvm-opts   JVM options for the peer (default: none, the JVM's defaults)
 #   --keep            keep the work folder (/tmp/sluice-suite.*) with every log
+#   --no-page         a full run that leaves BENCHMARKS.md and docs/bench/ as they are
 # Output: tables per workload, the goals, per-phase wall times; JSON in
-# target/bench/suite-<date>.json, contender logs in target/bench/suite-<date>/.
+# target/bench/suite-<date>.json, contender logs in target/bench/suite-<date>/; after a
+# full run, BENCHMARKS.md and docs/bench/ (the page phase above).
 # Exit status: non-zero if anything fails or any two checksums of a workload differ.
 # Everything created (topics, groups, databases, temp files) is removed on exit, also on
 # failure or Ctrl-C.
@@ -125,6 +136,7 @@ DO_RECOVERY=true
 DO_BACKFILL=true
 PEER_JVM_OPTS=""
 KEEP=false
+NO_PAGE=false
 PHASE_TIMEOUT=900
 PARTITIONS=8
 SEED=42
@@ -143,6 +155,7 @@ while (($#)); do
     --peer-jvm-opts) PEER_JVM_OPTS="${2?}"; shift 2 ;;
     --keep) KEEP=true; shift ;;
     --phase-timeout) PHASE_TIMEOUT="${2:?}"; shift 2 ;;
+    --no-page) NO_PAGE=true; shift ;;
     -h | --help) usage ;;
     *) echo "unknown argument: $1" >&2; usage ;;
     esac
@@ -152,6 +165,14 @@ in_list() { [[ ",$2," == *",$1,"* ]]; }
 for w in ${WORKLOADS//,/ }; do [[ "$w" =~ ^W[1-5]$ ]] || die "--workloads: unknown workload '$w'"; done
 if ! in_list W1 "$WORKLOADS"; then DO_LATENCY=false; DO_RECOVERY=false; fi
 ! in_list W5 "$PEER_WORKLOADS" || die "--peer-workloads: the peer cannot run W5 (its seeded state exists only in the sysdbs)"
+# Why this run will not become BENCHMARKS.md's latest run ("" = it will, if its checksums match).
+PAGE_SKIP=""
+$NO_PAGE && PAGE_SKIP="--no-page"
+$QUICK && PAGE_SKIP="--quick"
+for w in W1 W2 W3 W4 W5; do in_list "$w" "$WORKLOADS" || PAGE_SKIP="not every workload"; done
+for w in W1 W2 W3; do in_list "$w" "$PEER_WORKLOADS" || PAGE_SKIP="the peer not on W1-W3"; done
+$DO_LATENCY && $DO_RECOVERY && $DO_BACKFILL || PAGE_SKIP="not every phase"
+[[ -z "$PEER_JVM_OPTS" ]] || PAGE_SKIP="--peer-jvm-opts"
 
 # Sizes: records dim collections ids_per_collection seeded_rows_per_collection
 SCALE=1
@@ -172,7 +193,7 @@ wl_params() {
 }
 LAT_SECONDS=20
 # The live drop beside a backfill: single repeats on this class of machine spread by 20-70
-# points (BENCHMARKS.md), so the goal's figure is the median of 15, whose 95% interval
+# points (docs/bench/history.md), so the goal's figure is the median of 15, whose 95% interval
 # (order statistics 4 and 12) is reported beside it; about 12 s per repeat.
 BACKFILL_REPEATS=15
 # Paced before the measured 20 s and left out of the latency figures (kept as "whole_run"):
@@ -335,6 +356,8 @@ CPU_MODEL="$(awk -F': ' '/^model name/ { print $2; exit }' /proc/cpuinfo)"
 mkdir -p "$LOG_DIR"
 log "run $BASE, commit $COMMIT$($DIRTY && echo ' (dirty)'), $NCPU x $CPU_MODEL, quick=$QUICK"
 log "pinning: $PINNING"
+if [[ -z "$PAGE_SKIP" ]]; then log "a full run: at the end it becomes BENCHMARKS.md's latest run (--no-page: not)"
+else log "BENCHMARKS.md and docs/bench/ stay as they are ($PAGE_SKIP)"; fi
 
 # ------------------------------------------------------------------ helpers ---------
 # The paced producer (runs on CPU 0 with this script); its PID is java's.
@@ -1032,4 +1055,32 @@ log "JSON: $OUT_JSON; logs: $LOG_DIR"
 if ((${#CHECKSUM_FAILURES[@]})); then
     for f in "${CHECKSUM_FAILURES[@]}"; do log "CHECKSUM MISMATCH $f"; done
     die "checksums differ: the contenders did not materialize the same state"
+fi
+
+# ------------------------------------------------------------------ page ------------
+# A full run becomes BENCHMARKS.md's latest run (the header: "page").
+if [[ -z "$PAGE_SKIP" ]]; then
+    PAGE_DIR="$REPO/docs/bench"
+    PAGE_NAME="suite-$(jq -r '.date[0:10]' "$OUT_JSON")-$COMMIT"
+    $DIRTY && PAGE_NAME+="-dirty"
+    mkdir -p "$PAGE_DIR"
+    cp "$OUT_JSON" "$PAGE_DIR/$PAGE_NAME.json"
+    PAGE_NEW=("$PAGE_DIR/$PAGE_NAME.json")
+    PAGE_CHART=()
+    if [[ -f "${OUT_JSON%.json}.svg" ]]; then
+        cp "${OUT_JSON%.json}.svg" "$PAGE_DIR/$PAGE_NAME.svg"
+        PAGE_NEW+=("$PAGE_DIR/$PAGE_NAME.svg")
+        PAGE_CHART=(--chart "$PAGE_DIR/$PAGE_NAME.svg")
+    fi
+    if ! python3 "$REPO/scripts/bench/report.py" --json "$PAGE_DIR/$PAGE_NAME.json" --write-page "$REPO/BENCHMARKS.md" "${PAGE_CHART[@]}" >/dev/null; then
+        rm -f "${PAGE_NEW[@]}"
+        die "BENCHMARKS.md was not updated (the reason above); the run's JSON: $OUT_JSON"
+    fi
+    # the previous latest run's files go (git keeps them)
+    for f in "$PAGE_DIR"/suite-*.json "$PAGE_DIR"/suite-*.svg; do
+        [[ ! -e "$f" || "$f" == "$PAGE_DIR/$PAGE_NAME".json || "$f" == "$PAGE_DIR/$PAGE_NAME".svg ]] || rm -f "$f"
+    done
+    log "BENCHMARKS.md: this run's facts and goals; docs/bench/$PAGE_NAME.* replace the previous run's files: commit them"
+else
+    log "BENCHMARKS.md and docs/bench/ left as they are ($PAGE_SKIP)"
 fi

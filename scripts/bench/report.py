@@ -15,10 +15,19 @@ Goals:
     worker's own rate, 'backfill started' -> 'finished', when the row has it) and the
     live throughput drop during the backfill <= 10% (see backfill_rows).
 
+The page (--write-page): renders a suite JSON's run (date, commit, machine, wall time,
+checksum verdict, JSON and chart paths) and its goal table as Markdown, and puts it between
+the two marker lines of a page (PAGE_BEGIN, PAGE_END: see write_page), keeping the rest of
+the page as it is; a page without exactly one pair of markers is refused.
+
 usage: report.py --meta META.json --results RESULTS.jsonl --phases PHASES.tsv --out OUT.json
+                 [--write-page PAGE.md [--chart CHART.svg]]
+       report.py --json SUITE.json --write-page PAGE.md [--chart CHART.svg]
 """
 import argparse
 import json
+import os
+import re
 import sys
 
 MB = 2 ** 20
@@ -215,13 +224,186 @@ def backfill_rows(res):
     return out
 
 
+PAGE_BEGIN = "<!-- suite-table:begin -->"
+PAGE_END = "<!-- suite-table:end -->"
+
+
+class PageError(Exception):
+    """A page the run's block cannot be written into (no markers, or not one pair)."""
+
+
+def page_cell(s):
+    """A Markdown table cell: no pipes, no line breaks."""
+    return str(s).replace("|", "\\|").replace("\n", " ")
+
+
+def page_note(note):
+    """A goal's note, short enough for the page's table: the contender pair in brackets
+    dropped (the goal's name says it), a per-repeat list reduced to its count, and any part
+    (between '; ') still longer than 90 characters left out (the JSON keeps the whole note)."""
+    note = re.sub(r" \([a-z-]+ W\d vs [a-z-]+ W\d\)", "", note or "")
+    note = re.sub(r"median of (\d+) repeats \([^)]*\)", r"median of \1 repeats", note)
+    return "; ".join(p for p in note.split("; ") if p and len(p) <= 90)
+
+
+def ms(v):
+    """A latency for the page: '1,855 ms', '36.4 ms', '?' when absent."""
+    return "?" if v is None else f"{v:,} ms"
+
+
+def duration(s):
+    """1346.4 -> '22 min 26 s'."""
+    m, sec = divmod(int(round(s)), 60)
+    return f"{m} min {sec} s" if m else f"{sec} s"
+
+
+def render_page_block(doc, json_link=None, chart_link=None):
+    """The page's generated block for one suite JSON (as report.py writes it): the run's
+    facts, the goal table (goal, this run's value, target, met/missed, how), the count, what
+    the suite measures beside the goals, and the chart. json_link / chart_link: the paths as
+    the page links them (None: not linked)."""
+    m = doc.get("machine", {})
+    date = doc.get("date", "?")
+    when = date.replace("T", " ")[:16] + " UTC" if "T" in date else date
+    run = f'{when}, commit `{doc.get("commit", "?")}`'
+    if doc.get("worktree_dirty"):
+        run += " (dirty worktree: the code measured is not exactly that commit's)"
+    run += f', `{doc.get("command", "scripts/bench-suite.sh")}`'
+    if doc.get("quick"):
+        run += " (--quick: 1/10 sizes, the numbers are a smoke test only)"
+    mem = f', {m["mem_total_kb"] / 1048576:.1f} GiB' if m.get("mem_total_kb") else ""
+    kernel = f', Linux {m["kernel"]}' if m.get("kernel") else ""
+    lines = [f"- **Run:** {run}.",
+             f'- **Machine:** {m.get("nproc", "?")} x {m.get("cpu_model", "?")}{mem}{kernel}; Kafka {doc.get("kafka", "?")}; '
+             f'PostgreSQL {doc.get("postgres", "?")}; the peer on {doc.get("java", "?")}, {doc.get("peer_jvm_opts", "?")}.',
+             f'- **Pinning:** {doc.get("pinning", "?")}.']
+    if doc.get("wall_s_before_report") is not None:
+        wall = f'- **Wall time:** {duration(doc["wall_s_before_report"])} ({doc["wall_s_before_report"]:,.0f} s, to the report)'
+        b = doc.get("build_s") or {}
+        if b.get("cargo_release") is not None:
+            wall += (f', the builds included (cargo release {b["cargo_release"]:.0f} s and mvn package '
+                     f'{b.get("mvn_package", 0):.0f} s, in parallel)')
+        lines.append(wall + ".")
+    checks = doc.get("checks") or []
+    if checks:
+        c = checks[0]
+        verdict_ = "all match" if c["ok"] else "**DIFFER**"
+        lines.append(f'- **Checksums:** {verdict_}: {c["check"]} ({c["note"]}).')
+    else:
+        lines.append("- **Checksums:** not compared in this run.")
+    files = []
+    if json_link:
+        files.append(f"JSON [{os.path.basename(json_link)}]({json_link})")
+    files.append(f"chart [{os.path.basename(chart_link)}]({chart_link}) (below)" if chart_link else "no chart")
+    lines.append(f'- **Files:** {", ".join(files)}.')
+
+    goals = doc.get("goals") or []
+    lines += ["", "| goal | this run | target | result | measured |", "|---|---|---|---|---|"]
+    for g in goals:
+        value = fmt_value(g["value"], g["unit"]) if g.get("measured") and g.get("value") is not None else "-"
+        target = f'{g["target"]:g}x' if g["unit"] == "x" else fmt_value(g["target"], g["unit"])
+        if g.get("met") is True:
+            result = g["result"]
+        elif g.get("met") is False:
+            result = "**MISSED**" + g["result"][len("MISSED"):]
+        else:
+            result = "not measured"
+        lines.append("| " + " | ".join(page_cell(x) for x in [
+            g["goal"], value, f'{g["op"]} {target}', result, page_note(g.get("note"))]) + " |")
+    met = sum(1 for g in goals if g.get("met") is True)
+    missed = sum(1 for g in goals if g.get("met") is False)
+    lines += ["", f"**{met} met, {missed} missed, {len(goals) - met - missed} not measured.**"]
+
+    beside = []
+    lat = doc.get("latency") or {}
+    for c in LATENCY_ORDER:
+        l = lat.get(c)
+        if not l:
+            continue
+        p50, _p90, p99, src = latency_percentiles(l)
+        core = (l.get("load") or {}).get("contender_cpu")
+        beside.append(f'latency at half load, {LABEL[c]}: p50 {ms(p50)}, p99 {ms(p99)} at {l["rate"]:,} records/s'
+                      + (f", the contender at {core * 100:.0f}% of its core" if core is not None else "")
+                      + (f" ({src})" if src != "per record" else ""))
+    la = doc.get("latency_log_append")
+    if la and la.get("n"):
+        beside.append(f'the same for {LABEL["sluice-sqlite"]} from the broker\'s append (LogAppendTime, its own share): '
+                      f'p50 {ms(la.get("p50_ms"))}, p99 {ms(la.get("p99_ms"))}')
+    for v, r in (doc.get("recovery") or {}).items():
+        what = "static membership, `[kafka] instance_id`" if v == "static" else f"{v} configuration"
+        beside.append(f'kill -9 and restart under {r["rate"]:,} records/s ({what}): first committed batch after '
+                      f'{r["restart_to_first_batch_s"]} s')
+    for c, s in (doc.get("rebuild_s_per_1m") or {}).items():
+        beside.append(f"rebuild from offset 0, {LABEL.get(c, c)}: {s} s per 1M W1 records")
+    if beside:
+        lines += ["", "Measured beside the goals:", ""] + [f"- {b}." for b in beside]
+    if chart_link:
+        lines += ["", f"![suite chart]({chart_link})"]
+    return "\n".join(lines)
+
+
+def replace_block(text, block, where="the page"):
+    """text with everything between its one PAGE_BEGIN and its one PAGE_END replaced by
+    block (on lines of its own); the markers and everything outside them unchanged."""
+    nb, ne = text.count(PAGE_BEGIN), text.count(PAGE_END)
+    if nb == 0 and ne == 0:
+        raise PageError(f"{where} has no {PAGE_BEGIN} ... {PAGE_END} markers: add both, each on a line of its own, "
+                        "where the run's table goes (the text between them is replaced, the rest is kept); nothing written")
+    if nb != 1 or ne != 1:
+        raise PageError(f"{where} must hold exactly one {PAGE_BEGIN} and one {PAGE_END} (found {nb} and {ne}); nothing written")
+    i, j = text.index(PAGE_BEGIN) + len(PAGE_BEGIN), text.index(PAGE_END)
+    if j < i:
+        raise PageError(f"{where}: {PAGE_END} comes before {PAGE_BEGIN}; nothing written")
+    return text[:i] + "\n" + block + "\n" + text[j:]
+
+
+def write_page(page, doc, json_path=None, chart_path=None):
+    """Writes the run's block (render_page_block) into the page file between its markers;
+    json_path / chart_path are linked relative to the page's folder. Raises PageError (the
+    file untouched) when the page has no pair of markers."""
+    base = os.path.dirname(os.path.abspath(page))
+    rel = (lambda p: os.path.relpath(os.path.abspath(p), base).replace(os.sep, "/") if p else None)
+    with open(page, encoding="utf-8") as f:
+        text = f.read()
+    new = replace_block(text, render_page_block(doc, rel(json_path), rel(chart_path)), page)
+    if new != text:
+        with open(page, "w", encoding="utf-8") as f:
+            f.write(new)
+
+
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--meta", required=True)
-    ap.add_argument("--results", required=True)
-    ap.add_argument("--phases", required=True)
-    ap.add_argument("--out", required=True)
+    ap = argparse.ArgumentParser(description="the suite's report (--meta/--results/--phases/--out) and/or its page "
+                                             "(--write-page, from --json or the report's --out)")
+    ap.add_argument("--meta")
+    ap.add_argument("--results")
+    ap.add_argument("--phases")
+    ap.add_argument("--out")
+    ap.add_argument("--json", help="a suite JSON to write the page from (default: --out)")
+    ap.add_argument("--write-page", metavar="PAGE.md", help="write the run's block between the page's markers")
+    ap.add_argument("--chart", help="the run's chart, linked from the page")
     a = ap.parse_args()
+    report_args = [a.meta, a.results, a.phases, a.out]
+    if any(report_args) and not all(report_args):
+        ap.error("--meta, --results, --phases and --out go together")
+    if not any(report_args) and not (a.write_page and a.json):
+        ap.error("give --meta, --results, --phases and --out (the report), or --json and --write-page (the page)")
+    if a.json and not a.write_page:
+        ap.error("--json is the page's input: give --write-page too")
+    rc = report(a) if all(report_args) else 0
+    if a.write_page:
+        src = a.json or a.out
+        with open(src) as f:
+            doc = json.load(f)
+        try:
+            write_page(a.write_page, doc, src, a.chart)
+        except PageError as e:
+            print(f"report.py: {e}", file=sys.stderr)
+            return 1
+        print(f"page: {a.write_page} (the run of {src})")
+    return rc
+
+
+def report(a):
     meta = json.load(open(a.meta))
     res = [json.loads(l) for l in open(a.results) if l.strip()]
     workloads = {r["workload"]: r for r in res if r["kind"] == "workload"}

@@ -116,7 +116,7 @@ def texts(root):
 
 
 sys.path.insert(0, HERE)
-from report import LABEL  # noqa: E402
+from report import LABEL, PAGE_BEGIN, PAGE_END, PageError, render_page_block, write_page  # noqa: E402
 
 
 class ReportGoals(unittest.TestCase):
@@ -305,6 +305,137 @@ class ReportPartial(unittest.TestCase):
                              (True, False))
             self.assertIn("histogram", goals["latency-sluice-sqlite-p99"]["note"])
             ET.ElementTree(run_chart(tmp, path))
+
+
+# A suite JSON cut down to what the page reads: one goal met, one missed, one not measured.
+PAGE_DOC = {
+    "commit": "abc1234", "worktree_dirty": False, "date": "2026-12-01T18:00:00Z", "command": "scripts/bench-suite.sh",
+    "quick": False, "machine": {"nproc": 2, "cpu_model": "Test CPU @ 2.0GHz", "mem_total_kb": 8 * 1048576, "kernel": "6.1"},
+    "pinning": "contenders on CPU 1", "kafka": "1 broker", "postgres": "16.4", "java": "openjdk 21",
+    "peer_jvm_opts": "JVM defaults", "build_s": {"cargo_release": 100.0, "mvn_package": 30.0},
+    "wall_s_before_report": 1346.4,
+    "checks": [{"check": "checksums of every contender match on every workload", "ok": True,
+                "note": "W1: match (3 contenders)"}],
+    "goals": [
+        {"id": "a", "goal": "W1 sluice SQLite records/s vs consumer-perf-test", "op": ">=", "target": 0.5, "unit": "x",
+         "note": "120,000 vs 200,000 records/s (sluice-sqlite W1 vs consumer-perf-test W1)", "measured": True,
+         "value": 0.6, "met": True, "result": "met: 20.0% above the minimum"},
+        {"id": "b", "goal": "sluice SQLite p99 latency at 50% load", "op": "<=", "target": 50, "unit": "ms",
+         "note": "per record | CreateTime", "measured": True, "value": 80.5, "met": False,
+         "result": "MISSED: 61.0% over the limit"},
+        {"id": "c", "goal": "live records/s drop during the backfill (SQLite)", "op": "<=", "target": 10, "unit": "%",
+         "note": "", "measured": False, "value": None, "met": None, "result": "not measured"},
+    ],
+    "latency": {"sluice-sqlite": {"rate": 60000, "n": 1000, "p50_ms": 12.0, "p99_ms": 80.5,
+                                  "load": {"contender_cpu": 0.75}}},
+    "recovery": {"static": {"rate": 30000, "restart_to_first_batch_s": 0.3}},
+    "rebuild_s_per_1m": {"sluice-sqlite": 11.4},
+}
+
+PAGE = "# Benchmarks\n\nProse written by people.\n\n" + PAGE_BEGIN + "\nan old table\n" + PAGE_END + "\n\n## After\n\nMore prose.\n"
+
+
+class PageWriter(unittest.TestCase):
+    def setUp(self):
+        self.tmp = tempfile.TemporaryDirectory()
+        self.page = os.path.join(self.tmp.name, "BENCHMARKS.md")
+        os.makedirs(os.path.join(self.tmp.name, "docs", "bench"))
+        self.json = os.path.join(self.tmp.name, "docs", "bench", "suite-2026-12-01-abc1234.json")
+        self.svg = os.path.join(self.tmp.name, "docs", "bench", "suite-2026-12-01-abc1234.svg")
+        with open(self.json, "w") as f:
+            json.dump(PAGE_DOC, f)
+
+    def tearDown(self):
+        self.tmp.cleanup()
+
+    def put(self, text):
+        with open(self.page, "w") as f:
+            f.write(text)
+
+    def get(self):
+        with open(self.page) as f:
+            return f.read()
+
+    def test_table_and_facts(self):
+        block = render_page_block(PAGE_DOC, "docs/bench/x.json", "docs/bench/x.svg")
+        lines = block.splitlines()
+        self.assertIn("| goal | this run | target | result | measured |", lines)
+        # the value, the target, met or missed; the note without the contender pair, pipes escaped
+        self.assertIn("| W1 sluice SQLite records/s vs consumer-perf-test | 0.600x | >= 0.5x | met: 20.0% above the minimum"
+                      " | 120,000 vs 200,000 records/s |", lines)
+        self.assertIn("| sluice SQLite p99 latency at 50% load | 80.5 ms | <= 50 ms | **MISSED**: 61.0% over the limit"
+                      " | per record \\| CreateTime |", lines)
+        self.assertIn("| live records/s drop during the backfill (SQLite) | - | <= 10.0% | not measured |  |", lines)
+        self.assertIn("**1 met, 1 missed, 1 not measured.**", lines)
+        for want in ["2026-12-01 18:00 UTC", "commit `abc1234`", "2 x Test CPU @ 2.0GHz, 8.0 GiB",
+                     "22 min 26 s (1,346 s", "**Checksums:** all match", "[x.json](docs/bench/x.json)",
+                     "![suite chart](docs/bench/x.svg)", "p50 12.0 ms, p99 80.5 ms at 60,000 records/s",
+                     "the contender at 75% of its core", "first committed batch after 0.3 s", "11.4 s per 1M W1 records"]:
+            self.assertIn(want, block)
+        self.assertNotIn("dirty", block)
+        bad = dict(PAGE_DOC, worktree_dirty=True, checks=[dict(PAGE_DOC["checks"][0], ok=False)])
+        block = render_page_block(bad)
+        self.assertIn("dirty worktree", block)
+        self.assertIn("**Checksums:** **DIFFER**", block)
+        self.assertIn("no chart", block)
+        self.assertNotIn("![suite chart]", block)
+
+    def test_text_outside_the_markers_is_kept(self):
+        self.put(PAGE)
+        write_page(self.page, PAGE_DOC, self.json, self.svg)
+        text = self.get()
+        head, tail = PAGE.split(PAGE_BEGIN)[0], PAGE.split(PAGE_END)[1]
+        self.assertTrue(text.startswith(head + PAGE_BEGIN + "\n"))
+        self.assertTrue(text.endswith("\n" + PAGE_END + tail))
+        self.assertNotIn("an old table", text)
+        inside = text[text.index(PAGE_BEGIN) + len(PAGE_BEGIN):text.index(PAGE_END)]
+        self.assertEqual(inside.strip(), render_page_block(PAGE_DOC, "docs/bench/suite-2026-12-01-abc1234.json",
+                                                           "docs/bench/suite-2026-12-01-abc1234.svg"))
+        # a second run with the same JSON changes nothing
+        write_page(self.page, PAGE_DOC, self.json, self.svg)
+        self.assertEqual(self.get(), text)
+
+    def test_links_relative_to_the_page(self):
+        os.makedirs(os.path.join(self.tmp.name, "docs", "other"))
+        page = os.path.join(self.tmp.name, "docs", "other", "page.md")
+        with open(page, "w") as f:
+            f.write(PAGE)
+        write_page(page, PAGE_DOC, self.json, self.svg)
+        with open(page) as f:
+            self.assertIn("![suite chart](../bench/suite-2026-12-01-abc1234.svg)", f.read())
+
+    def test_a_page_without_markers_is_refused(self):
+        for text, want in [("# Benchmarks\n\nNo markers.\n", "has no " + PAGE_BEGIN),
+                           (PAGE + PAGE_BEGIN + "\n", "exactly one"),
+                           ("x\n" + PAGE_END + "\n" + PAGE_BEGIN + "\n", "comes before")]:
+            self.put(text)
+            with self.assertRaises(PageError) as e:
+                write_page(self.page, PAGE_DOC, self.json, self.svg)
+            self.assertIn(want, str(e.exception))
+            self.assertEqual(self.get(), text, "a refused page is left as it was")
+        # the command line says so and exits non-zero
+        self.put("# Benchmarks\n")
+        p = subprocess.run([sys.executable, os.path.join(HERE, "report.py"), "--json", self.json, "--write-page", self.page],
+                           capture_output=True, text=True)
+        self.assertEqual(p.returncode, 1)
+        self.assertIn("has no " + PAGE_BEGIN, p.stderr)
+        self.assertEqual(self.get(), "# Benchmarks\n")
+
+    def test_command_line_after_the_report(self):
+        """report.py's JSON, then the page from it, as bench-suite.sh runs them."""
+        doc, _, out = run_report(self.tmp.name, results())
+        self.put(PAGE)
+        p = subprocess.run([sys.executable, os.path.join(HERE, "report.py"), "--json", out, "--write-page", self.page,
+                            "--chart", self.svg], capture_output=True, text=True)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        text = self.get()
+        self.assertIn("**8 met, 8 missed, 0 not measured.**", text)
+        for g in doc["goals"]:
+            self.assertIn(f'| {g["goal"]} |', text)
+        self.assertIn("[suite.json](suite.json)", text)
+        self.assertIn("More prose.", text)
+        p = subprocess.run([sys.executable, os.path.join(HERE, "report.py"), "--json", out], capture_output=True, text=True)
+        self.assertNotEqual(p.returncode, 0)
 
 
 if __name__ == "__main__":
