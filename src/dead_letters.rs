@@ -31,7 +31,7 @@ use crate::sysdb::{now_ms, DlqReplayRow, Sysdb, SysdbError};
 
 /// Why a DLQ command failed.
 #[derive(Debug, thiserror::Error)]
-pub enum DlqError {
+pub(crate) enum DlqError {
     #[error(transparent)]
     Sysdb(#[from] SysdbError),
     #[error(transparent)]
@@ -47,7 +47,7 @@ pub enum DlqError {
 
 /// Which entries a list or a replay takes.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct DlqFilter {
+pub(crate) struct DlqFilter {
     pub kind: Option<String>,
     pub collection: Option<String>,
     /// Entries produced at or after this time (ms since the Unix epoch).
@@ -136,7 +136,7 @@ async fn replays(config: &Config, sysdb: &Sysdb) -> Result<HashMap<(i32, i64), R
 }
 
 /// The DLQ entries that pass `filter`, in DLQ (partition, offset) order.
-pub async fn list(config: &Config, sysdb: &Sysdb, filter: &DlqFilter) -> Result<Vec<DlqEntryView>, DlqError> {
+pub(crate) async fn list(config: &Config, sysdb: &Sysdb, filter: &DlqFilter) -> Result<Vec<DlqEntryView>, DlqError> {
     let messages = read(config).await?;
     let replayed = replays(config, sysdb).await?;
     let mut out: Vec<DlqEntryView> = messages
@@ -166,7 +166,7 @@ pub struct ReplayReport {
 }
 
 /// Replay the entries that pass `filter` (a dry run unless `execute`).
-pub async fn replay(
+pub(crate) async fn replay(
     config: &Config,
     sysdb: &Sysdb,
     producer: &Producer,
@@ -239,7 +239,7 @@ pub async fn replay(
 
 /// Which of the DLQ's entries a replay takes (`entries`, in source order, at most
 /// `filter.limit`) and which matching ones it skips, and why. Pure: the tests call it.
-pub fn select(views: Vec<DlqEntryView>, filter: &DlqFilter) -> ReplayReport {
+pub(crate) fn select(views: Vec<DlqEntryView>, filter: &DlqFilter) -> ReplayReport {
     let mut report = ReplayReport {
         executed: false,
         entries: Vec::new(),

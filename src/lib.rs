@@ -3,15 +3,15 @@
 //! See `ARCHITECTURE.md` for the code map and the invariants each module keeps.
 
 pub mod alloc;
-pub mod api;
+pub(crate) mod api;
 pub mod backfill;
 pub mod cli;
 pub mod config;
-pub mod dead_letters;
+pub(crate) mod dead_letters;
 pub mod functions;
-pub mod health;
+pub(crate) mod health;
 pub mod materialize;
-pub mod metrics;
+pub(crate) mod metrics;
 pub mod offsets;
 pub mod processor;
 /// The log record contract lives in its own crate (`record/`), without I/O.

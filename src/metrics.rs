@@ -43,13 +43,13 @@ use crate::record::Operation;
 use crate::sysdb::sqlite::SqliteStats;
 
 /// The `Content-Type` of [`Metrics::encode`]'s output (OpenMetrics text 1.0.0).
-pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+pub(crate) const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
 /// `sluice_control_records_total{result}`: a BACKFILL_FN marker that started a backfill.
-pub const CONTROL_BACKFILL_STARTED: &str = "backfill_started";
+pub(crate) const CONTROL_BACKFILL_STARTED: &str = "backfill_started";
 /// `sluice_control_records_total{result}`: a marker without effect (duplicate, unknown or
 /// detached function).
-pub const CONTROL_IGNORED: &str = "ignored";
+pub(crate) const CONTROL_IGNORED: &str = "ignored";
 
 /// Buckets of `sluice_batch_duration_seconds` (a whole flush: decode → DLQ → commit).
 const BATCH_BUCKETS: [f64; 15] =
@@ -63,7 +63,7 @@ const END_TO_END_BUCKETS: [f64; 17] =
     [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0, 14400.0];
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, PartialOrd, Ord, EncodeLabelSet)]
-pub struct PartitionLabel {
+pub(crate) struct PartitionLabel {
     pub partition: i32,
 }
 
@@ -403,7 +403,7 @@ mod procfs {
     const USER_HZ: f64 = 100.0;
 
     #[derive(Debug, Default, PartialEq)]
-    pub struct Sample {
+    pub(super) struct Sample {
         pub cpu_seconds: Option<f64>,
         pub resident_bytes: Option<f64>,
         pub virtual_bytes: Option<f64>,
@@ -414,7 +414,7 @@ mod procfs {
     }
 
     /// `utime + stime` (seconds) and `starttime` (ticks since boot) of /proc/self/stat.
-    pub fn parse_stat(stat: &str) -> Option<(f64, f64)> {
+    pub(super) fn parse_stat(stat: &str) -> Option<(f64, f64)> {
         // The command name (field 2) is in parentheses and may contain spaces: split after it.
         let rest = &stat[stat.rfind(')')? + 1..];
         let f: Vec<&str> = rest.split_whitespace().collect();
@@ -426,14 +426,14 @@ mod procfs {
     }
 
     /// A `Key:   value kB` line of /proc/self/status, in bytes (or the bare number).
-    pub fn status_field(status: &str, key: &str) -> Option<f64> {
+    pub(super) fn status_field(status: &str, key: &str) -> Option<f64> {
         let line = status.lines().find(|l| l.split(':').next() == Some(key))?;
         let mut it = line.split(':').nth(1)?.split_whitespace();
         let n: f64 = it.next()?.parse().ok()?;
         Some(if it.next() == Some("kB") { n * 1024.0 } else { n })
     }
 
-    pub fn read() -> Sample {
+    pub(super) fn read() -> Sample {
         let stat = std::fs::read_to_string("/proc/self/stat").ok();
         let status = std::fs::read_to_string("/proc/self/status").ok();
         let parsed = stat.as_deref().and_then(parse_stat);
@@ -535,18 +535,18 @@ struct CollectionLabel {
 }
 
 /// `sluice_backfill_tasks_total{status}` values.
-pub mod backfill_status {
+pub(crate) mod backfill_status {
     /// A task arrived from the backfill topic.
-    pub const RECEIVED: &str = "received";
+    pub(crate) const RECEIVED: &str = "received";
     /// A backfill started (from a task or the sysdb scan).
-    pub const STARTED: &str = "started";
+    pub(crate) const STARTED: &str = "started";
     /// A backfill walked the whole collection; the function is ready.
-    pub const FINISHED: &str = "finished";
+    pub(crate) const FINISHED: &str = "finished";
     /// A task or scan found nothing to do (duplicate, detached, another worker has it).
-    pub const SKIPPED: &str = "skipped";
+    pub(crate) const SKIPPED: &str = "skipped";
     /// A backfill step failed (it is retried by the next scan).
-    pub const FAILED: &str = "failed";
-    pub const ALL: [&str; 5] = [RECEIVED, STARTED, FINISHED, SKIPPED, FAILED];
+    pub(crate) const FAILED: &str = "failed";
+    pub(crate) const ALL: [&str; 5] = [RECEIVED, STARTED, FINISHED, SKIPPED, FAILED];
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, PartialOrd, Ord, EncodeLabelSet)]

@@ -21,7 +21,7 @@ use super::error::{ErrorCode, HttpError};
 
 /// The configured token, as its SHA-256 digest; `None` when no token is required.
 #[derive(Clone, Copy, PartialEq, Eq)]
-pub struct AdminToken(Option<[u8; 32]>);
+pub(crate) struct AdminToken(Option<[u8; 32]>);
 
 impl std::fmt::Debug for AdminToken {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -35,17 +35,17 @@ fn digest(token: &[u8]) -> [u8; 32] {
 
 impl AdminToken {
     /// `None` or an empty token: no token required.
-    pub fn new(token: Option<&str>) -> AdminToken {
+    pub(crate) fn new(token: Option<&str>) -> AdminToken {
         AdminToken(token.filter(|t| !t.is_empty()).map(|t| digest(t.as_bytes())))
     }
 
-    pub fn is_required(&self) -> bool {
+    pub(crate) fn is_required(&self) -> bool {
         self.0.is_some()
     }
 
     /// Whether `presented` is the configured token, in time independent of both values.
     /// Always `true` when no token is configured.
-    pub fn accepts(&self, presented: &str) -> bool {
+    pub(crate) fn accepts(&self, presented: &str) -> bool {
         match &self.0 {
             None => true,
             Some(expected) => constant_time_eq(expected, &digest(presented.as_bytes())),
@@ -67,7 +67,7 @@ fn bearer(headers: &HeaderMap) -> Option<&str> {
 }
 
 /// Middleware: let reads through; make writes show the token when one is configured.
-pub async fn require_token(State(token): State<AdminToken>, request: Request, next: Next) -> Response {
+pub(crate) async fn require_token(State(token): State<AdminToken>, request: Request, next: Next) -> Response {
     if !token.is_required() || matches!(*request.method(), Method::GET | Method::HEAD) {
         return next.run(request).await;
     }

@@ -13,11 +13,11 @@ use crate::kafka::KafkaError;
 use crate::sysdb::SysdbError;
 
 /// Largest request body (413 `payload_too_large` above).
-pub const MAX_BODY_BYTES: usize = 16 << 20;
+pub(crate) const MAX_BODY_BYTES: usize = 16 << 20;
 
 /// The stable `error` codes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ErrorCode {
+pub(crate) enum ErrorCode {
     /// 404: no such collection.
     UnknownCollection,
     /// 404: no such function.
@@ -43,7 +43,7 @@ pub enum ErrorCode {
 }
 
 impl ErrorCode {
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             ErrorCode::UnknownCollection => "unknown_collection",
             ErrorCode::UnknownFunction => "unknown_function",
@@ -59,7 +59,7 @@ impl ErrorCode {
         }
     }
 
-    pub fn status(self) -> StatusCode {
+    pub(crate) fn status(self) -> StatusCode {
         match self {
             ErrorCode::UnknownCollection | ErrorCode::UnknownFunction | ErrorCode::NotFound => StatusCode::NOT_FOUND,
             ErrorCode::BadJson | ErrorCode::InvalidRecord | ErrorCode::BadRequest => StatusCode::BAD_REQUEST,
@@ -72,11 +72,11 @@ impl ErrorCode {
     }
 }
 
-pub use crate::record::items::ItemError;
+pub(crate) use crate::record::items::ItemError;
 
 /// An error response of the admin API.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct HttpError {
+pub(crate) struct HttpError {
     pub code: ErrorCode,
     pub message: String,
     /// Per-item details (at most [`MAX_ITEMS`] are sent).
@@ -86,35 +86,35 @@ pub struct HttpError {
 }
 
 /// How many item errors one response lists.
-pub const MAX_ITEMS: usize = 100;
+pub(crate) const MAX_ITEMS: usize = 100;
 
 impl HttpError {
-    pub fn new(code: ErrorCode, message: impl Into<String>) -> HttpError {
+    pub(crate) fn new(code: ErrorCode, message: impl Into<String>) -> HttpError {
         HttpError { code, message: message.into(), items: Vec::new(), failed: 0 }
     }
 
-    pub fn with_items(mut self, mut items: Vec<ItemError>) -> HttpError {
+    pub(crate) fn with_items(mut self, mut items: Vec<ItemError>) -> HttpError {
         self.failed = items.len();
         items.truncate(MAX_ITEMS);
         self.items = items;
         self
     }
 
-    pub fn bad_request(message: impl Into<String>) -> HttpError {
+    pub(crate) fn bad_request(message: impl Into<String>) -> HttpError {
         HttpError::new(ErrorCode::BadRequest, message)
     }
 
-    pub fn unknown_collection(id: &str) -> HttpError {
+    pub(crate) fn unknown_collection(id: &str) -> HttpError {
         HttpError::new(ErrorCode::UnknownCollection, format!("collection {id:?} is not known to the sysdb"))
     }
 
-    pub fn unknown_function(id: &str) -> HttpError {
+    pub(crate) fn unknown_function(id: &str) -> HttpError {
         HttpError::new(ErrorCode::UnknownFunction, format!("no function with id {id:?}"))
     }
 
     /// A JSON body that does not parse (`bad_json`) or parses into the wrong shape
     /// (`bad_request`: a missing field, a wrong type, an unknown field).
-    pub fn from_json(e: &serde_json::Error) -> HttpError {
+    pub(crate) fn from_json(e: &serde_json::Error) -> HttpError {
         match e.classify() {
             serde_json::error::Category::Data => HttpError::bad_request(format!("unexpected JSON content: {e}")),
             _ => HttpError::new(ErrorCode::BadJson, format!("the body is not valid JSON: {e}")),
@@ -122,7 +122,7 @@ impl HttpError {
     }
 
     /// A broker error: unreachable or refusing (`unavailable`), or misconfigured.
-    pub fn from_kafka(e: &KafkaError) -> HttpError {
+    pub(crate) fn from_kafka(e: &KafkaError) -> HttpError {
         match e {
             KafkaError::Config(_) => HttpError::new(ErrorCode::Internal, e.to_string()),
             KafkaError::Broker { .. } | KafkaError::Delivery { .. } => {

@@ -48,7 +48,7 @@ fn payload(config: &Config, record: &LogRecord) -> Vec<u8> {
     encode_framed(config.kafka.framing, config.writer_schema_id(), record)
 }
 
-pub async fn post_records(
+pub(crate) async fn post_records(
     State(admin): State<Arc<Admin>>,
     path: Result<Path<String>, PathRejection>,
     body: Result<Bytes, BytesRejection>,

@@ -13,11 +13,11 @@
 //! - `auth.rs`: the bearer token of mutating requests (constant-time check).
 //! - `error.rs`: JSON errors with stable codes.
 
-pub mod auth;
-pub mod error;
-pub mod ingest;
-pub mod routes;
-pub mod state;
+pub(crate) mod auth;
+pub(crate) mod error;
+pub(crate) mod ingest;
+pub(crate) mod routes;
+pub(crate) mod state;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -34,8 +34,8 @@ use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use tracing::{info, warn};
 
-pub use crate::health::Health;
-pub use routes::Admin;
+pub(crate) use crate::health::Health;
+pub(crate) use routes::Admin;
 
 use crate::metrics::{self, Metrics};
 
@@ -44,7 +44,7 @@ const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 
 /// What the operations handlers can reach, and the admin API's state if it is served.
 #[derive(Debug, Clone)]
-pub struct AppState {
+pub(crate) struct AppState {
     pub metrics: Arc<Metrics>,
     pub health: Arc<Health>,
     /// `None`: no `/api/v1` routes (tests of the operations endpoints).
@@ -52,14 +52,14 @@ pub struct AppState {
 }
 
 #[derive(Debug, Error)]
-pub enum ApiError {
+pub(crate) enum ApiError {
     /// A user error (address taken or malformed): not retryable by waiting.
     #[error("cannot listen on {addr:?} (http.listen / SLUICE_HTTP; empty disables the server): {source}")]
     Bind { addr: String, source: std::io::Error },
 }
 
 /// The whole router.
-pub fn router(state: AppState) -> Router {
+pub(crate) fn router(state: AppState) -> Router {
     let admin = state.admin.clone();
     let router = Router::new().merge(ops_routes()).with_state(state);
     match admin {
@@ -69,7 +69,7 @@ pub fn router(state: AppState) -> Router {
 }
 
 /// Operations endpoints: scrape, liveness, readiness.
-pub fn ops_routes() -> Router<AppState> {
+pub(crate) fn ops_routes() -> Router<AppState> {
     Router::new().route("/metrics", get(metrics_text)).route("/healthz", get(healthz)).route("/readyz", get(readyz))
 }
 
@@ -91,7 +91,9 @@ async fn readyz(State(s): State<AppState>) -> Response {
 }
 
 /// A running server; [`Server::shutdown`] stops it.
-pub struct Server {
+pub(crate) struct Server {
+    /// The bound address (tests bind port 0).
+    #[cfg_attr(not(test), allow(dead_code))]
     addr: SocketAddr,
     stop: oneshot::Sender<()>,
     task: JoinHandle<std::io::Result<()>>,
@@ -99,7 +101,7 @@ pub struct Server {
 
 impl Server {
     /// Bind `listen` (`host:port`) and serve in the background.
-    pub async fn start(listen: &str, state: AppState) -> Result<Server, ApiError> {
+    pub(crate) async fn start(listen: &str, state: AppState) -> Result<Server, ApiError> {
         let bind_err = |source| ApiError::Bind { addr: listen.to_string(), source };
         let listener = tokio::net::TcpListener::bind(listen).await.map_err(bind_err)?;
         let addr = listener.local_addr().map_err(bind_err)?;
@@ -122,12 +124,13 @@ impl Server {
     }
 
     /// The bound address (useful with port 0).
-    pub fn local_addr(&self) -> SocketAddr {
+    #[cfg(test)]
+    pub(crate) fn local_addr(&self) -> SocketAddr {
         self.addr
     }
 
     /// Stop accepting, let open requests finish (bounded), and return.
-    pub async fn shutdown(self) {
+    pub(crate) async fn shutdown(self) {
         let _ = self.stop.send(());
         let mut task = self.task;
         match tokio::time::timeout(SHUTDOWN_GRACE, &mut task).await {

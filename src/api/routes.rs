@@ -24,14 +24,14 @@ use super::auth::require_token;
 use super::error::MAX_BODY_BYTES;
 use super::error::{ErrorCode, HttpError};
 use super::ingest;
-pub use super::state::{Admin, DEFAULT_PAGE, MAX_PAGE};
+pub(crate) use super::state::{Admin, DEFAULT_PAGE, MAX_PAGE};
 use crate::backfill::attach::{attach, AttachError, FunctionView};
 use crate::offsets::OffsetsError;
 use crate::record::jsonl::record_to_json;
 use crate::sysdb::{CollectionRow, FunctionRow};
 
 /// The `/api/v1` router (to be nested there).
-pub fn routes(admin: Arc<Admin>) -> Router {
+pub(crate) fn routes(admin: Arc<Admin>) -> Router {
     let token = admin.token;
     Router::new()
         .route("/collections", get(list_collections))

@@ -10,15 +10,15 @@ use crate::kafka::KafkaError;
 use crate::sysdb::Sysdb;
 
 /// Page size of `GET .../records` without `limit`.
-pub const DEFAULT_PAGE: usize = 100;
+pub(crate) const DEFAULT_PAGE: usize = 100;
 /// Largest `limit` of `GET .../records`.
-pub const MAX_PAGE: usize = 1000;
+pub(crate) const MAX_PAGE: usize = 1000;
 /// How long a produce (records, an attach's marker) may wait for the broker before the
 /// request fails with 503 (an attach's marker is then republished by the outbox relay).
 const DELIVERY_TIMEOUT_MS: &str = "15000";
 
 /// What the admin handlers share.
-pub struct Admin {
+pub(crate) struct Admin {
     pub(super) config: Config,
     pub(super) sysdb: Arc<Sysdb>,
     pub(super) producer: Producer,
@@ -37,25 +37,25 @@ impl std::fmt::Debug for Admin {
 impl Admin {
     /// The token is `config.http.admin_token` (already overridden by `SLUICE_ADMIN_TOKEN`).
     /// Creating the producer does not contact the broker.
-    pub fn new(config: Config, sysdb: Arc<Sysdb>) -> Result<Admin, KafkaError> {
+    pub(crate) fn new(config: Config, sysdb: Arc<Sysdb>) -> Result<Admin, KafkaError> {
         let producer = Producer::new(&config.client_settings(), &[("message.timeout.ms", DELIVERY_TIMEOUT_MS)])?;
         let token = AdminToken::new(config.http.admin_token());
         Ok(Admin { config, sysdb, producer, token })
     }
 
-    pub fn config(&self) -> &Config {
+    pub(crate) fn config(&self) -> &Config {
         &self.config
     }
 
-    pub fn sysdb(&self) -> &Sysdb {
+    pub(crate) fn sysdb(&self) -> &Sysdb {
         &self.sysdb
     }
 
-    pub fn producer(&self) -> &Producer {
+    pub(crate) fn producer(&self) -> &Producer {
         &self.producer
     }
 
-    pub fn token_required(&self) -> bool {
+    pub(crate) fn token_required(&self) -> bool {
         self.token.is_required()
     }
 }

@@ -31,7 +31,7 @@ use crate::sysdb::attach_rules::refusal;
 use crate::sysdb::{AttachOutcome, FunctionRow, NewFunction, OutboxRow, Sysdb, SysdbError};
 
 #[derive(Debug, Error)]
-pub enum AttachError {
+pub(crate) enum AttachError {
     #[error(transparent)]
     Function(#[from] FunctionError),
     #[error(transparent)]
@@ -47,7 +47,7 @@ pub enum AttachError {
 
 /// What attach reports (`sluice functions attach` prints it as JSON).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct Attached {
+pub(crate) struct Attached {
     pub function_id: String,
     pub status: String,
     /// `published`, `pending` (the relay will publish it) or `existing` (nothing new).
@@ -63,7 +63,7 @@ pub fn marker_record(row: &OutboxRow) -> LogRecord {
 
 /// Publish one outbox row's marker to its collection's partition and wait for the ack.
 /// Returns the log offset the marker was written at.
-pub async fn publish_marker(config: &Config, producer: &Producer, row: &OutboxRow) -> Result<i64, KafkaError> {
+pub(crate) async fn publish_marker(config: &Config, producer: &Producer, row: &OutboxRow) -> Result<i64, KafkaError> {
     let payload = encode_framed(config.kafka.framing, config.writer_schema_id(), &marker_record(row));
     let topic = config.kafka.log_topic();
     let delivered = producer
@@ -79,7 +79,7 @@ pub async fn publish_marker(config: &Config, producer: &Producer, row: &OutboxRo
 }
 
 /// Attach `function` to `collection`, writing `output`.
-pub async fn attach(
+pub(crate) async fn attach(
     config: &Config,
     sysdb: &Sysdb,
     producer: &Producer,
@@ -144,7 +144,7 @@ pub async fn attach(
 
 /// A function as `functions list` shows it.
 #[derive(Debug, Clone, Serialize)]
-pub struct FunctionView {
+pub(crate) struct FunctionView {
     pub id: String,
     pub collection: String,
     pub function: String,

@@ -23,7 +23,7 @@ const RELAY_BATCH: usize = 100;
 /// ones sent (with the offset they were written at); then publish again every lost
 /// marker (see [`Sysdb::lost_markers`]); then refresh the awaiting-marker gauge. Returns
 /// how many markers were published.
-pub async fn relay_once(
+pub(crate) async fn relay_once(
     config: &Config,
     sysdb: &Sysdb,
     producer: &Producer,
@@ -130,7 +130,7 @@ async fn republish_lost(
 }
 
 /// The relay loop (a role of `sluice process`).
-pub async fn relay(
+pub(crate) async fn relay(
     config: Config,
     sysdb: std::sync::Arc<Sysdb>,
     producer: Producer,

@@ -9,7 +9,7 @@
 //! chunks. Concurrency and chunk size are bounded (`[backfill]` config).
 
 pub mod attach;
-pub mod marker_relay;
+pub(crate) mod marker_relay;
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
@@ -30,7 +30,7 @@ const AWAIT_MARKER_COMMIT: Duration = Duration::from_secs(30);
 
 /// Shared state of the worker.
 #[derive(Clone)]
-pub struct Worker {
+pub(crate) struct Worker {
     config: Config,
     sysdb: Arc<Sysdb>,
     metrics: Arc<Metrics>,
@@ -40,13 +40,13 @@ pub struct Worker {
 }
 
 impl Worker {
-    pub fn new(config: Config, sysdb: Arc<Sysdb>, metrics: Arc<Metrics>, stop: CancellationToken) -> Worker {
+    pub(crate) fn new(config: Config, sysdb: Arc<Sysdb>, metrics: Arc<Metrics>, stop: CancellationToken) -> Worker {
         let permits = Arc::new(Semaphore::new(config.backfill.concurrency));
         Worker { config, sysdb, metrics, running: Arc::default(), permits, stop }
     }
 
     /// Consume tasks and scan the sysdb until `stop` is cancelled.
-    pub async fn run(self) -> Result<(), crate::kafka::KafkaError> {
+    pub(crate) async fn run(self) -> Result<(), crate::kafka::KafkaError> {
         let settings = self.config.client_settings();
         let group = format!("{}.backfill", self.config.kafka.group);
         let (consumer, mut tasks) = TaskConsumer::start(&settings, &group, &self.config.kafka.backfill_topic())?;

@@ -8,7 +8,7 @@ use crate::sysdb::{redact_url, Sysdb};
 
 /// Open the sysdb for a command that writes (init, attach, detach, reset): creates and
 /// migrates it as needed.
-pub async fn open_sysdb(config: &Config) -> Result<Sysdb> {
+pub(super) async fn open_sysdb(config: &Config) -> Result<Sysdb> {
     Sysdb::open_with(&config.sysdb.url, &config.sqlite)
         .await
         .with_context(|| format!("cannot open the sysdb at {}", redact_url(&config.sysdb.url)))
@@ -16,7 +16,7 @@ pub async fn open_sysdb(config: &Config) -> Result<Sysdb> {
 
 /// Open the sysdb for a command that only reads: never creates or migrates it. A missing
 /// or older sysdb is an error that says to run `sluice init`.
-pub async fn open_sysdb_read(config: &Config) -> Result<Sysdb> {
+pub(super) async fn open_sysdb_read(config: &Config) -> Result<Sysdb> {
     Sysdb::open_existing(&config.sysdb.url)
         .await
         .with_context(|| format!("cannot open the sysdb at {}", redact_url(&config.sysdb.url)))
@@ -24,7 +24,7 @@ pub async fn open_sysdb_read(config: &Config) -> Result<Sysdb> {
 
 /// Fail fast (wrong credentials, untrusted certificate, broker down) before a command
 /// starts clients that would otherwise retry silently. See `kafka::preflight`.
-pub async fn preflight(config: &Config) -> Result<()> {
+pub(super) async fn preflight(config: &Config) -> Result<()> {
     let settings = config.client_settings();
     let timeout = settings.timeout().max(std::time::Duration::from_secs(1));
     tokio::task::spawn_blocking(move || crate::kafka::preflight::check_connection(&settings, timeout)).await??;

@@ -92,7 +92,8 @@ pub(super) struct Protocol {
 }
 
 impl Protocol {
-    pub const EXACT: Protocol = Protocol { read: ReadMode::OneSnapshot, versioned: true, capture_up_to_marker: false };
+    pub(super) const EXACT: Protocol =
+        Protocol { read: ReadMode::OneSnapshot, versioned: true, capture_up_to_marker: false };
 }
 
 /// One drawn scenario.

@@ -61,7 +61,7 @@ pub(crate) struct RawFunction {
 }
 
 impl RawFunction {
-    pub fn decode(self, backend: &'static str) -> Result<FunctionRow, SysdbError> {
+    pub(super) fn decode(self, backend: &'static str) -> Result<FunctionRow, SysdbError> {
         let bad =
             |message: String| SysdbError::Database { backend, message: format!("function {:?}: {message}", self.id) };
         let status =
@@ -100,14 +100,14 @@ pub(crate) struct CountWrite {
 
 impl CountWrite {
     /// The output record's metadata for counter value `count`.
-    pub fn metadata(&self, count: i64) -> Metadata {
+    pub(super) fn metadata(&self, count: i64) -> Metadata {
         let mut m = self.fields.clone();
         m.insert(self.count_field.to_string(), MetaValue::Long(count));
         m
     }
 
     /// Whether the record goes away at `count`.
-    pub fn removes_at(&self, count: i64) -> bool {
+    pub(super) fn removes_at(&self, count: i64) -> bool {
         count == 0 && self.remove_at_zero
     }
 }
@@ -120,14 +120,14 @@ pub(crate) enum MapWrite {
 }
 
 impl MapWrite {
-    pub fn id(&self) -> &str {
+    pub(super) fn id(&self) -> &str {
         match self {
             MapWrite::Put(r) => &r.id,
             MapWrite::Remove { id, .. } => id,
         }
     }
 
-    pub fn version(&self) -> i64 {
+    pub(super) fn version(&self) -> i64 {
         match self {
             MapWrite::Put(r) => r.offset,
             MapWrite::Remove { offset, .. } => *offset,
@@ -149,16 +149,16 @@ pub(crate) struct OutputPlan {
 }
 
 impl OutputPlan {
-    pub fn new(versioned: bool) -> OutputPlan {
+    pub(super) fn new(versioned: bool) -> OutputPlan {
         OutputPlan { versioned, ..OutputPlan::default() }
     }
 
-    pub fn is_empty(&self) -> bool {
+    pub(super) fn is_empty(&self) -> bool {
         self.counts.is_empty() && self.maps.is_empty()
     }
 
     /// Fold `delta`, emitted for a change at `offset`.
-    pub fn add(&mut self, offset: i64, delta: &OutputDelta) {
+    pub(super) fn add(&mut self, offset: i64, delta: &OutputDelta) {
         match delta {
             OutputDelta::Count { output_id, fields, count_field, delta, remove_at_zero } => {
                 match self.count_index.get(output_id) {

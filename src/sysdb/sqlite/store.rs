@@ -225,7 +225,7 @@ impl<'a> Writing<'a> {
     }
 
     /// Merge the records delta (`force`, or once it passed a bound), counting the merge.
-    pub fn merge(self, tx: &Connection, force: bool, acct: &mut values::Account) -> Result<bool> {
+    pub(super) fn merge(self, tx: &Connection, force: bool, acct: &mut values::Account) -> Result<bool> {
         let reason = values::merge_delta(tx, force, self.tuning, acct)?;
         if let Some(r) = reason {
             self.stats.merged(r);
@@ -235,7 +235,7 @@ impl<'a> Writing<'a> {
 
     /// Write the transaction's counts and compact the value log if its dead bytes passed
     /// the bound (`records` must be complete: the delta merged in this transaction).
-    pub fn flush_and_compact(self, tx: &Connection, acct: &mut values::Account) -> Result<()> {
+    pub(super) fn flush_and_compact(self, tx: &Connection, acct: &mut values::Account) -> Result<()> {
         acct.flush(tx)?;
         if let Some(c) = values::compact(tx, self.tuning, acct.appended_bytes)? {
             self.stats.compacted(c);

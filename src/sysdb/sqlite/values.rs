@@ -102,7 +102,7 @@ pub(super) struct Account {
 
 impl Account {
     /// Add the counts to `value_log` (nothing when there is nothing to add).
-    pub fn flush(&mut self, tx: &Connection) -> Result<()> {
+    pub(super) fn flush(&mut self, tx: &Connection) -> Result<()> {
         if self.log_bytes != 0 || self.live_bytes != 0 || self.delta_bytes != 0 {
             tx.prepare_cached(
                 "UPDATE value_log SET log_bytes = log_bytes + ?1, live_bytes = live_bytes + ?2, delta_bytes = delta_bytes + ?3",
@@ -176,19 +176,19 @@ pub(super) struct DeltaCache {
 }
 
 impl DeltaCache {
-    pub fn new(budget: usize) -> DeltaCache {
+    pub(super) fn new(budget: usize) -> DeltaCache {
         DeltaCache { budget, ..DeltaCache::default() }
     }
 
     /// Bytes of metadata held (at most the budget).
     #[cfg(test)]
-    pub fn metadata_bytes(&self) -> usize {
+    pub(super) fn metadata_bytes(&self) -> usize {
         self.metadata_bytes
     }
 
     /// Bring the cache up to the connection's snapshot; call it inside a read transaction
     /// that the following [`DeltaCache::get`] calls share.
-    pub fn sync(&mut self, c: &Connection) -> Result<()> {
+    pub(super) fn sync(&mut self, c: &Connection) -> Result<()> {
         let merges: i64 = c.prepare_cached("SELECT delta_merges FROM value_log")?.query_row([], |r| r.get(0))?;
         if merges != self.merges {
             self.rows.clear();
@@ -229,7 +229,7 @@ impl DeltaCache {
     /// The key's state in the delta: `None` if the delta has no row for it (read
     /// `records`), `Some(None)` if it was deleted, else the record (`whole`: with its
     /// embedding and document, read from the value log).
-    pub fn get(
+    pub(super) fn get(
         &self,
         c: &Connection,
         collection: &str,
@@ -273,9 +273,9 @@ pub(crate) enum MergeReason {
 }
 
 impl MergeReason {
-    pub const ALL: [MergeReason; 3] = [MergeReason::Rows, MergeReason::Bytes, MergeReason::Writer];
+    pub(super) const ALL: [MergeReason; 3] = [MergeReason::Rows, MergeReason::Bytes, MergeReason::Writer];
 
-    pub fn as_str(self) -> &'static str {
+    pub(super) fn as_str(self) -> &'static str {
         match self {
             MergeReason::Rows => "rows",
             MergeReason::Bytes => "bytes",
@@ -418,11 +418,11 @@ pub(super) struct RecordWriter<'c> {
 impl<'c> RecordWriter<'c> {
     /// Writes into `records`, [`Target::Records`]: the caller merged the delta in this
     /// transaction first.
-    pub fn new(tx: &'c Connection) -> Result<Self> {
+    pub(super) fn new(tx: &'c Connection) -> Result<Self> {
         Self::with_target(tx, Target::Records)
     }
 
-    pub fn with_target(tx: &'c Connection, target: Target) -> Result<Self> {
+    pub(super) fn with_target(tx: &'c Connection, target: Target) -> Result<Self> {
         let (upsert, delete, old_bytes) = match target {
             Target::Records => (
                 tx.prepare_cached(UPSERT_RECORD)?,
@@ -455,7 +455,7 @@ impl<'c> RecordWriter<'c> {
     }
 
     /// Insert or replace the record `id` of `collection`.
-    pub fn put(&mut self, collection: &str, record: &Record, acct: &mut Account) -> Result<()> {
+    pub(super) fn put(&mut self, collection: &str, record: &Record, acct: &mut Account) -> Result<()> {
         self.put_parts(
             collection,
             &record.id,
@@ -468,7 +468,7 @@ impl<'c> RecordWriter<'c> {
     }
 
     #[allow(clippy::too_many_arguments)]
-    pub fn put_parts(
+    pub(super) fn put_parts(
         &mut self,
         collection: &str,
         id: &str,
@@ -501,7 +501,7 @@ impl<'c> RecordWriter<'c> {
 
     /// Remove the record `id` of `collection` (nothing if absent); its value is left to
     /// [`compact`].
-    pub fn delete(&mut self, collection: &str, id: &str, acct: &mut Account) -> Result<()> {
+    pub(super) fn delete(&mut self, collection: &str, id: &str, acct: &mut Account) -> Result<()> {
         match self.target {
             Target::Records => {
                 let freed: Option<i64> = self.delete.query_row(params![collection, id], |r| r.get(0)).optional()?;
