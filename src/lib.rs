@@ -8,6 +8,7 @@ pub mod backfill;
 pub mod cli;
 pub mod config;
 pub(crate) mod dead_letters;
+pub(crate) mod events;
 pub mod functions;
 pub(crate) mod health;
 pub mod materialize;

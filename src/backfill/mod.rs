@@ -20,9 +20,10 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use crate::config::Config;
+use crate::events::Backfill;
 use crate::functions::{build, FunctionStatus};
 use crate::kafka::tasks::TaskConsumer;
-use crate::metrics::{backfill_status, Metrics};
+use crate::metrics::Metrics;
 use crate::sysdb::{StepResult, Sysdb};
 
 /// How long a task may wait for the commit of the batch that holds its marker.
@@ -57,7 +58,7 @@ impl Worker {
             tokio::select! {
                 task = tasks.recv() => match task {
                     Some(bytes) => {
-                        self.metrics.backfill_task(backfill_status::RECEIVED);
+                        Backfill::Received.emit(&self.metrics);
                         match crate::record::avro::decode_backfill_task(&bytes) {
                             Ok(t) => self.spawn(t.function_id),
                             Err(e) => warn!(%e, "undecodable backfill task ignored"),
@@ -128,25 +129,30 @@ impl Worker {
         let row = match row {
             Ok(Some(r)) if r.status == FunctionStatus::Backfilling => r,
             Ok(_) => {
-                self.metrics.backfill_task(backfill_status::SKIPPED);
+                Backfill::Skipped { function: function_id, why: "not backfilling" }.emit(&self.metrics);
                 return;
             }
             Err(e) => {
-                warn!(%e, function = function_id, "cannot read the function; the next scan retries");
-                self.metrics.backfill_task(backfill_status::FAILED);
+                Backfill::Failed { function: function_id, what: "cannot read the function", error: &e }
+                    .emit(&self.metrics);
                 return;
             }
         };
         let f = match build(&row.function, &row.params) {
             Ok(f) => f,
             Err(e) => {
-                warn!(%e, function = function_id, "function cannot be built; backfill not started");
-                self.metrics.backfill_task(backfill_status::FAILED);
+                Backfill::Failed { function: function_id, what: "function cannot be built", error: &e }
+                    .emit(&self.metrics);
                 return;
             }
         };
-        self.metrics.backfill_task(backfill_status::STARTED);
-        info!(function = function_id, collection = %row.collection_id, marker_offset = ?row.marker_offset, cursor = ?row.backfill_cursor, "backfill started");
+        Backfill::Started {
+            function: function_id,
+            collection: &row.collection_id,
+            marker_offset: row.marker_offset,
+            cursor: row.backfill_cursor.as_deref(),
+        }
+        .emit(&self.metrics);
         let started = Instant::now();
         let mut cursor = row.backfill_cursor.clone();
         let mut delays = crate::retry::default_backoff();
@@ -169,14 +175,8 @@ impl Worker {
                     cursor = c;
                     delays = crate::retry::default_backoff();
                     if finished {
-                        self.metrics.backfill_task(backfill_status::FINISHED);
-                        self.metrics.observe_backfill_duration(started.elapsed());
-                        info!(
-                            function = function_id,
-                            elapsed_ms = started.elapsed().as_millis() as u64,
-                            throttled_ms = throttled.as_millis() as u64,
-                            "backfill finished: function is ready"
-                        );
+                        Backfill::Finished { function: function_id, took: started.elapsed(), throttled }
+                            .emit(&self.metrics);
                         return;
                     }
                     let live_active = live.active(self.metrics.batches_committed(), Instant::now());
@@ -192,12 +192,16 @@ impl Worker {
                 Ok(StepResult::CursorMoved { .. }) => {
                     // Another worker advanced it: let that one finish (the scan takes
                     // over again if it dies).
-                    self.metrics.backfill_task(backfill_status::SKIPPED);
+                    Backfill::Skipped { function: function_id, why: "another worker moved the cursor" }
+                        .emit(&self.metrics);
                     return;
                 }
                 Ok(StepResult::NotBackfilling) => {
-                    info!(function = function_id, "function no longer backfilling (detached or done elsewhere)");
-                    self.metrics.backfill_task(backfill_status::SKIPPED);
+                    Backfill::Skipped {
+                        function: function_id,
+                        why: "no longer backfilling (detached or done elsewhere)",
+                    }
+                    .emit(&self.metrics);
                     return;
                 }
                 Err(e) if e.is_retryable() => {
@@ -209,8 +213,8 @@ impl Worker {
                     continue;
                 }
                 Err(e) => {
-                    warn!(%e, function = function_id, "backfill step failed; the next scan retries");
-                    self.metrics.backfill_task(backfill_status::FAILED);
+                    Backfill::Failed { function: function_id, what: "backfill step failed", error: &e }
+                        .emit(&self.metrics);
                     return;
                 }
             }

@@ -19,6 +19,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
 use crate::config::Config;
+use crate::events::{DataLossGap, GroupOffsetAhead, SysdbRetry};
 use crate::health::Health;
 use crate::kafka::cluster::MetadataClient;
 use crate::kafka::consumer::{Command, ConsumerHandle, ConsumerSettings, Event, StartDecision};
@@ -82,6 +83,12 @@ impl Workers {
         let Some(w) = self.map.get_mut(&partition) else { return };
         if !w.backlog.is_empty() {
             w.backlog.push_back(msg);
+            // Past the pause, only chunks already on their way arrive (at most a channel's).
+            debug_assert!(
+                w.backlog.len() <= BACKLOG_PAUSE_AT + crate::config::memory::CHANNEL_CHUNKS as usize + 1,
+                "design.md invariant 16: partition {partition}'s backlog holds {} chunks",
+                w.backlog.len()
+            );
             // The consumer stops reading the partition; its records wait in librdkafka's
             // queue of it (bounded there), and nothing is thrown away or fetched twice.
             if w.backlog.len() >= BACKLOG_PAUSE_AT && !w.throttled {
@@ -412,8 +419,8 @@ async fn assign(
             cfg.processor.on_data_loss,
         );
         if s.group_ahead {
-            shared.metrics.group_offset_ahead();
-            warn!(partition = info.partition, sysdb = s.offset, group = ?info.group_offset, "group offset is AHEAD of the sysdb position; the sysdb wins (records after it will be re-read and applied once)");
+            GroupOffsetAhead { partition: info.partition, sysdb: s.offset, group: info.group_offset }
+                .emit(&shared.metrics);
         }
         if s.needs_row {
             let from = s.gap.map(|(from, _)| from).unwrap_or(s.offset);
@@ -427,16 +434,12 @@ async fn assign(
         }
         if let Some((from, to)) = s.gap {
             retry_sysdb(&shared.metrics, || shared.sysdb.record_gap(&shared.topic, info.partition, from, to)).await?;
-            shared.metrics.gap();
-            warn!(
-                partition = info.partition,
-                from, to, "records deleted before processing; gap recorded and skipped (on_data_loss = \"skip\")"
-            );
+            DataLossGap { partition: info.partition, from, to, recorded: true }.emit(&shared.metrics);
         }
         let p = info.partition;
         let reason = match s.halted {
             Some(HaltReason::DataLoss { from, to }) => {
-                shared.metrics.gap();
+                DataLossGap { partition: p, from, to, recorded: false }.emit(&shared.metrics);
                 Some(format!("records [{from}, {to}) were deleted by retention before being processed (on_data_loss = \"halt\"); to accept the loss: `sluice offsets reset --partition {p} --to {to}` (or set on_data_loss = \"skip\")"))
             }
             Some(HaltReason::AheadOfLog { sysdb, high }) => Some(format!(
@@ -488,8 +491,7 @@ where
     loop {
         match f().await {
             Err(e) if e.is_retryable() && tokio::time::Instant::now() < deadline => {
-                metrics.sysdb_retry();
-                warn!(%e, "sysdb unavailable; retrying");
+                SysdbRetry { what: "sysdb unavailable; retrying", partition: None, error: &e }.emit(metrics);
                 tokio::time::sleep(delays.next().unwrap_or(Duration::from_secs(3))).await;
             }
             other => return other,

@@ -17,6 +17,7 @@ use tracing::{debug_span, error, info_span, warn, Span};
 use super::batch::{DlqEntry, Known};
 use super::function_batches;
 use crate::config::{Config, OnDataLoss};
+use crate::events::{DataLossGap, SysdbRetry, WatermarkRetry};
 use crate::health::Health;
 use crate::kafka::cluster::MetadataClient;
 use crate::kafka::consumer::{Command, Commander};
@@ -353,6 +354,12 @@ impl Worker {
     fn after_commit_position(&mut self, to: i64) {
         // Only the hand-over to the consumer thread, which commits the group offset later.
         let _span = debug_span!("group_commit_request", to).entered();
+        debug_assert!(
+            to > self.next,
+            "design.md invariant 2: a committed batch moves partition {}'s position forward, not {} -> {to}",
+            self.partition,
+            self.next
+        );
         self.next = to;
         self.shared.metrics.partition_sysdb_next(self.partition, to);
         self.shared.commander.send(Command::Commit(vec![(self.partition, to)]));
@@ -384,8 +391,12 @@ impl Worker {
                     return;
                 }
                 Err(e) => {
-                    self.shared.metrics.sysdb_retry();
-                    warn!(%e, "cannot re-read the position; retrying");
+                    SysdbRetry {
+                        what: "cannot re-read the position; retrying",
+                        partition: Some(self.partition),
+                        error: &e,
+                    }
+                    .emit(&self.shared.metrics);
                     tokio::select! {
                         _ = tokio::time::sleep(delays.next().unwrap_or(Duration::from_secs(5))) => {}
                         _ = self.stop.cancelled() => return,
@@ -412,22 +423,18 @@ impl Worker {
         if self.next >= low {
             return;
         }
-        self.shared.metrics.gap();
+        let recorded = self.shared.config.processor.on_data_loss == OnDataLoss::Skip;
         match self.shared.config.processor.on_data_loss {
             OnDataLoss::Halt => {
                 let from = self.next;
+                DataLossGap { partition: p, from, to: low, recorded }.emit(&self.shared.metrics);
                 self.halt(format!(
                     "records [{from}, {low}) were deleted by retention before being processed (on_data_loss = \"halt\"); to accept the loss: `sluice offsets reset --partition {p} --to {low}`"
                 ));
             }
             OnDataLoss::Skip => match self.shared.sysdb.record_gap(&self.shared.topic, p, self.next, low).await {
                 Ok(()) => {
-                    warn!(
-                        partition = p,
-                        from = self.next,
-                        to = low,
-                        "data-loss gap recorded; skipping (on_data_loss = \"skip\")"
-                    );
+                    DataLossGap { partition: p, from: self.next, to: low, recorded }.emit(&self.shared.metrics);
                     self.next = low;
                     self.shared.metrics.partition_sysdb_next(p, low);
                     self.generation = 0;
@@ -451,10 +458,9 @@ impl Worker {
                     .await;
             match wm {
                 Ok(Ok((low, _high))) => return Some(low),
-                Ok(Err(e)) => warn!(%e, partition = p, "cannot read the watermarks; retrying"),
-                Err(e) => warn!(%e, partition = p, "watermark read task failed; retrying"),
+                Ok(Err(e)) => WatermarkRetry { partition: p, error: &e }.emit(&self.shared.metrics),
+                Err(e) => WatermarkRetry { partition: p, error: &e }.emit(&self.shared.metrics),
             }
-            self.shared.metrics.watermark_retry();
             let wait = delays.next().unwrap_or(Duration::from_secs(5));
             if Instant::now() + wait > deadline {
                 return None;

@@ -1,4 +1,4 @@
-//! Where a newly assigned partition starts (design.md design.md invariants 1 and 11), as a pure function.
+//! Where a newly assigned partition starts (docs/design.md invariants 1 and 11), as a pure function.
 
 use crate::config::{OnDataLoss, ResetPolicy};
 use crate::kafka::PartitionInfo;

@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 use tracing::{debug, debug_span, error, info, warn, Instrument, Span};
 
 use super::{batch_span, RangeOutcome, Worker, DLQ_LOG, FATAL_ATTEMPTS};
+use crate::events::{CasConflict, SysdbRetry};
 use crate::failpoint;
 use crate::kafka::producer::Outgoing;
 use crate::kafka::Msg;
@@ -141,8 +142,7 @@ impl Worker {
             match outcome {
                 Ok(()) => return RangeOutcome::Committed,
                 Err(BatchError::Conflict(e)) => {
-                    self.shared.metrics.sysdb_cas_conflict();
-                    warn!(%e, partition = self.partition, "batch refused by the sysdb compare-and-set; re-reading the position");
+                    CasConflict { partition: self.partition, error: &e }.emit(&self.shared.metrics);
                     self.forget_caches();
                     self.resync().await;
                     return RangeOutcome::Abandoned;
@@ -173,12 +173,15 @@ impl Worker {
                     warn!(error = %e, partition = self.partition, from = delta.from, to = delta.to, "writer schema unavailable; the batch waits and retries");
                 }
                 Err(BatchError::Transient(e)) => {
-                    self.shared.metrics.sysdb_retry();
                     self.shared.health.set_sysdb_unavailable(Some(e.to_string()));
-                    warn!(%e, partition = self.partition, "sysdb unavailable; retrying the batch");
+                    SysdbRetry {
+                        what: "sysdb unavailable; retrying the batch",
+                        partition: Some(self.partition),
+                        error: &e,
+                    }
+                    .emit(&self.shared.metrics);
                 }
                 Err(BatchError::Fatal(e)) => {
-                    self.shared.metrics.sysdb_retry();
                     fatal_attempts += 1;
                     if fatal_attempts >= FATAL_ATTEMPTS {
                         self.halt(format!(
@@ -187,7 +190,8 @@ impl Worker {
                         ));
                         return RangeOutcome::Abandoned;
                     }
-                    warn!(%e, partition = self.partition, attempt = fatal_attempts, "batch commit failed; retrying");
+                    SysdbRetry { what: "batch commit failed; retrying", partition: Some(self.partition), error: &e }
+                        .emit(&self.shared.metrics);
                 }
             }
             retried = true;

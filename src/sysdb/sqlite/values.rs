@@ -214,6 +214,10 @@ impl DeltaCache {
             let keep = self.metadata_bytes + meta_bytes <= self.budget;
             let held = if keep { meta_bytes } else { 0 };
             self.metadata_bytes += held;
+            debug_assert!(
+                self.metadata_bytes <= self.budget,
+                "design.md invariant 16: the delta cache over its budget"
+            );
             let entry = DeltaEntry {
                 seq,
                 last_offset: r.get(4)?,
@@ -621,6 +625,11 @@ pub(super) fn compact(tx: &Connection, tuning: &SqliteConfig, appended_bytes: i6
             drop_old.execute(params![seq])?;
         }
     }
+    debug_assert!(
+        done.copied_bytes <= step || live_values.len() == 1,
+        "design.md invariant 16: one compaction copied {} bytes, over its step of {step}",
+        done.copied_bytes
+    );
     tx.prepare_cached("UPDATE value_log SET log_bytes = log_bytes - ?1")?
         .execute([done.examined_bytes - done.copied_bytes])?;
     tracing::debug!(
