@@ -16,6 +16,10 @@ phase "format and lints clean"
 # crate (and the check's own tests, which inject a circle and an upward import).
 python3 -m unittest discover -s scripts -p 'test_check_structure.py'
 python3 scripts/check-structure.py
+# The docs: every path, invariant and section number that the docs and comments cite
+# exists (and the check's own tests, on small made-up trees).
+python3 -m unittest discover -s scripts -p 'test_check_docs.py'
+python3 scripts/check-docs.py
 # The benchmark report and chart (Python, seconds): goal verdicts and the SVG.
 python3 -m unittest discover -s scripts/bench -p 'test_*.py'
 deploy/local/prometheus.sh start

@@ -3,7 +3,7 @@
 //!
 //! The write path allocates a record's parts on a partition's worker and frees them after
 //! its commit, a pattern where mimalloc costs less CPU than glibc's malloc
-//! (`BENCHMARKS.md`). But large blocks (a consumed chunk of a megabyte, a 1 MiB document,
+//! (`docs/bench/history.md`, "The write path: allocations and batch size"). But large blocks (a consumed chunk of a megabyte, a 1 MiB document,
 //! 64 KiB metadata values by the dozen, a batch's vectors) churn through mimalloc's
 //! segments, which it keeps for a while after they are freed: a replica catching up on
 //! records at the validation limits held 576 MiB of anonymous memory for about 150 MiB

@@ -19,7 +19,7 @@
 //!
 //! Consumer-side counters (group offset commits, rebalances) are atomics the consumer
 //! thread maintains in [`ConsumerStats`]; a [`Collector`] reads them at scrape time
-//! (no second copy to keep in sync, and no rdkafka type leaves `src/kafka/`).
+//! (no second copy to keep in sync, and no rdkafka type leaves the `sluice-kafka` crate).
 
 use std::collections::BTreeMap;
 use std::fmt;

@@ -1,7 +1,6 @@
 //! The processor's group consumer, polled on a dedicated OS thread.
 //!
-//! Why a thread: rebalance callbacks run inside `poll`, on whatever thread polls
-//!. Here that thread is ours, so the callback may block on a channel
+//! Why a thread: rebalance callbacks run inside `poll`, on whatever thread polls. Here that thread is ours, so the callback may block on a channel
 //! reply from the async processor (which reads the sysdb) without stalling the tokio
 //! runtime, and the async side never waits on this thread, so nothing can deadlock.
 //!
@@ -9,8 +8,8 @@
 //! partition's starting offset (the sysdb `next_offset`; the group offset or the reset
 //! policy only when the sysdb has no row), **writes those offsets into the partition list
 //! and only then assigns** (`incremental_assign` for cooperative-sticky, `assign` for
-//! eager) — never assign-then-seek (item 2). `auto.offset.reset=error`, so an
-//! out-of-range position is reported, never silently reset (item 11).
+//! eager) — never assign-then-seek, whose seek races the fetcher that assign already started. `auto.offset.reset=error`, so an
+//! out-of-range position is reported, never silently reset to the earliest or latest offset.
 //!
 //! Ordering: events and messages share one bounded channel, so a `Revoke` is seen after
 //! every message fetched before it. Each assignment and seek bumps the partition's
@@ -26,7 +25,8 @@
 //! every partition while the channel is full, is simply not polled. librdkafka stops
 //! fetching a partition once its queue holds `queued.max.messages.kbytes` or
 //! `queued.min.messages` (both apply per partition with partition queues), and nothing it
-//! prefetched is thrown away, as a pause would. Heartbeats and rebalances go on (item 7).
+//! prefetched is thrown away, as a pause would. Heartbeats and rebalances go on, because polling does:
+//! `max.poll.interval.ms` is never exceeded by a slow worker.
 //! Only halted partitions are paused.
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};

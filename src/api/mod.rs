@@ -8,7 +8,7 @@
 //! [`routes::Admin`]: config, sysdb, producer, token) nested under `/api/v1`.
 //!
 //! - `health.rs`: readiness as the processor reports it.
-//! - `admin.rs`: the admin endpoints; `ingest.rs`: `POST .../records` (parse, validate,
+//! - `routes.rs`: the admin endpoints; `ingest.rs`: `POST .../records` (parse, validate,
 //!   produce).
 //! - `auth.rs`: the bearer token of mutating requests (constant-time check).
 //! - `error.rs`: JSON errors with stable codes.

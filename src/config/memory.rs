@@ -27,7 +27,7 @@ pub const CHANNEL_CHUNKS: u64 = 32;
 pub const WORKER_CHUNKS: u64 = 4;
 
 /// SQLite's page caches: the writer's (its sorter spills past the same size), each
-/// reader's, the checkpoint thread's. Kept equal to the constants of `sysdb/sqlite.rs`
+/// reader's, the checkpoint thread's. Kept equal to the constants of `sysdb/sqlite/`
 /// (a unit test there checks).
 pub const SQLITE_WRITER_CACHE: u64 = 16 * MIB;
 pub const SQLITE_READER_CACHE: u64 = 8 * MIB;

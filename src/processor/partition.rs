@@ -1,10 +1,7 @@
 //! One partition's worker: batches messages, folds them, commits each batch with its
 //! position in one sysdb transaction (CAS), then asks for the lagging group commit.
-//!
-//! Delivery guarantee: every log record is applied to the sysdb exactly once, because a
-//! batch and its `next_offset` commit atomically and conditionally on the batch's start.
-//! DLQ entries are produced (and acknowledged) before that commit, so a crash in between
-//! may produce a DLQ entry twice: the DLQ is at-least-once, never lossy.
+//! What this delivers (exactly once into the sysdb, the DLQ at least once) is
+//! `docs/design.md` section 9; how a commit keeps it is in `partition/commit.rs`.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;

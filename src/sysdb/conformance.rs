@@ -1,6 +1,6 @@
 //! Backend-independent conformance suite for [`Sysdb`]: every backend must pass it.
 //!
-//! Run for SQLite by the unit tests in `sqlite.rs` and for PostgreSQL by
+//! Run for SQLite by the unit tests in `sqlite/tests.rs` and for PostgreSQL by
 //! `integration-tests/tests/sysdb_postgres.rs`. Every check uses its own random topic and
 //! collection names, so the suite can run against a shared database, concurrently with
 //! other runs, and never needs a clean one. Checks panic with a message naming the

@@ -76,7 +76,7 @@
 //!
 //! Step 9, PostgreSQL's `records` fill factor: pages are filled to 70% on insert, so an
 //! upsert's new row version usually fits on the row's own page (measured in
-//! `BENCHMARKS.md`: a W1 drain's server CPU fell by a tenth). SQLite's step 9 changes
+//! `docs/bench/history.md`, "PostgreSQL's buffer cache and fill factor": a W1 drain's server CPU fell by a tenth). SQLite's step 9 changes
 //! nothing.
 
 use super::error::SysdbError;

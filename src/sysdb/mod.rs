@@ -120,7 +120,7 @@ impl Sysdb {
         }
     }
 
-    /// Highest applied migration version (see `schema.rs`).
+    /// Highest applied migration version (see `migrations.rs`).
     pub async fn schema_version(&self) -> Result<i64> {
         dispatch!(self, s => s.schema_version().await)
     }

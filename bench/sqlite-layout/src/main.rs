@@ -1,7 +1,7 @@
 //! SQL-only benchmark of SQLite storage layouts for the `records` table.
 //!
 //! Generates a W1-shaped log deterministically (the same splitmix64 stream and record shape
-//! as Sluice's `src/workload.rs`: 64 collections x 1,000 ids, 384-dim f32 embeddings,
+//! as Sluice's `record/src/workload.rs`: 64 collections x 1,000 ids, 384-dim f32 embeddings,
 //! 70% upsert / 20% update / 10% delete), folds each transaction's records into their
 //! final state per id the way Sluice's materializer does (update and delete of an absent id
 //! are ignored, metadata merges key by key), and writes them with the pragmas of Sluice's
@@ -21,7 +21,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 // ---------------------------------------------------------------------------------------
-// Sluice's SQLite settings (src/sysdb/sqlite.rs).
+// Sluice's SQLite settings (src/sysdb/sqlite/).
 
 const CACHE_SIZE_KIB: i64 = 64 * 1024;
 const CHECKPOINTER_CACHE_KIB: i64 = 2 * 1024;
@@ -135,7 +135,7 @@ fn loadavg() -> String {
 }
 
 // ---------------------------------------------------------------------------------------
-// Workload: the generator of src/workload.rs, and the materializer's fold.
+// Workload: the generator of record/src/workload.rs, and the materializer's fold.
 
 struct Rng(u64);
 

@@ -3,11 +3,11 @@
 //! caches, counters). A range the sysdb refuses because of one record is split until that
 //! record is alone; retries follow the one retry policy (`crate::retry`).
 //!
-//! Delivery guarantee: every log record is applied to the sysdb exactly once, because a
-//! batch and its `next_offset` commit atomically and conditionally on the batch's start.
-//! DLQ entries are produced (and acknowledged) before that commit, so a crash in between
-//! may produce a DLQ entry twice: the DLQ is at-least-once, never lossy. Within one
-//! replica, a retried batch does not produce its DLQ entries again.
+//! Exactly once into the sysdb (`docs/design.md` section 9, invariants 2 and 15): a batch
+//! and its `next_offset` commit together, only if the position is still the batch's
+//! start. DLQ entries are produced and acknowledged before that commit (a crash in between
+//! produces them again: at least once, never lost); a retried batch of the same replica
+//! does not produce them again.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;

@@ -246,7 +246,7 @@ async fn commit_once(
         return Ok(Err(conflict));
     }
     // The batch's attached functions, locked FOR SHARE before anything else is written
-    // (lock order: partition, functions, collections; see `postgres/functions.rs`).
+    // (lock order: partition, functions, collections; see `postgres/attached.rs`).
     let states = attached::lock_functions(&tx, batch).await?;
     let now = now_ms();
     let prepared = WriteStatements::prepare(&tx).await?;

@@ -51,7 +51,7 @@ fn read_function(conn: &Connection, id: &str) -> Result<Option<FunctionRow>> {
 }
 
 /// `created_at_ms` of a new function: now, or 1 ms after the latest function if that is
-/// not earlier, so that creation order is strict (see `schema.rs`).
+/// not earlier, so that creation order is strict (see `sysdb/migrations.rs`).
 fn creation_stamp(tx: &Connection) -> Result<i64> {
     let latest: Option<i64> =
         tx.prepare_cached("SELECT MAX(created_at_ms) FROM functions")?.query_row([], |r| r.get(0))?;

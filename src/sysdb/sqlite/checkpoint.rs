@@ -50,7 +50,8 @@ const WAL_RESTART_BUSY: Duration = Duration::from_millis(200);
 /// since the last one (a passive checkpoint that does not reach the WAL's end does not
 /// sync the database file): 68 ms for one second's pages. Now 0-36 ms; paced at 60,000
 /// records/s, the p99 from the broker's append fell from 138-603 to 54-70 ms in
-/// interleaved runs (`BENCHMARKS.md`).
+/// interleaved runs (`docs/bench/history.md`, "The RESTART checkpoint and the delta's
+/// merges held every partition up").
 pub(super) fn spawn_checkpointer(path: &str, inner: std::sync::Weak<Inner>) -> Result<()> {
     let conn = open_connection(path)?;
     configure(&conn, path)?;

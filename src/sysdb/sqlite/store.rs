@@ -134,7 +134,7 @@ pub(super) fn configure(conn: &Connection, path: &str) -> Result<()> {
     conn.busy_timeout(BUSY_TIMEOUT)?;
     // Takes effect only on a new, empty database (before WAL mode is set), else a no-op.
     // 16 KiB pages keep a record with an embedding of up to ~4,000 dims in its table page
-    // instead of an overflow chain; see the measurements in `schema.rs`.
+    // instead of an overflow chain; see the measurements in `sysdb/migrations.rs`.
     conn.pragma_update(None, "page_size", PAGE_SIZE)?;
     if !is_memory(path) {
         let mode: String = conn.pragma_update_and_check(None, "journal_mode", "WAL", |r| r.get(0))?;
@@ -172,7 +172,7 @@ pub(super) fn configure_reader(conn: &Connection) -> Result<()> {
     Ok(())
 }
 
-/// Apply the missing migration steps in one write transaction (see `schema.rs`).
+/// Apply the missing migration steps in one write transaction (see `sysdb/migrations.rs`).
 pub(super) fn migrate(conn: &mut Connection) -> Result<()> {
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
     tx.execute_batch(migrations::CREATE_SCHEMA_MIGRATIONS)?;
