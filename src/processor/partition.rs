@@ -359,6 +359,8 @@ impl Worker {
         );
         self.next = to;
         self.shared.metrics.partition_sysdb_next(self.partition, to);
+        // The only group offset ever requested is a position the sysdb has just committed,
+        // so the group offset is never ahead of it (design.md invariant 3).
         self.shared.commander.send(Command::Commit(vec![(self.partition, to)]));
     }
 

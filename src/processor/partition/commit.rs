@@ -97,6 +97,14 @@ impl Worker {
     /// `/readyz` reports the sysdb unavailable) and other database failures a bounded
     /// number of times before halting.
     async fn commit_part(&mut self, msgs: &[Msg], to: i64, span: &Span) -> RangeOutcome {
+        debug_assert!(
+            msgs.first().is_none_or(|m| m.offset >= self.next) && msgs.last().is_none_or(|m| m.offset < to),
+            "design.md invariant 2: partition {}'s batch [{}, {to}) holds offsets {:?}..{:?} outside it",
+            self.partition,
+            self.next,
+            msgs.first().map(|m| m.offset),
+            msgs.last().map(|m| m.offset)
+        );
         let delta = match PositionDelta::new(self.partition, self.next, to) {
             Ok(d) => d,
             Err(e) => {
