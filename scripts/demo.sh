@@ -15,8 +15,8 @@ while (($#)); do
 done
 step() { printf '\n== %s\n' "$*"; }
 
-step "installing what is missing and starting the local Kafka broker"
-deploy/local/deps.sh
+step "installing what the build needs and starting the local Kafka broker"
+deploy/local/deps.sh --build
 deploy/local/kafka.sh start
 step "building sluice (release)"
 cargo build --release --locked --bin sluice
@@ -81,10 +81,25 @@ $sluice records collection-0-count
 step "first 3 records of collection-0-stats   (statistics: records per metadata key/value)"
 $sluice records collection-0-stats --format jsonl | head -3
 wait_caught_up
+# The group offset is committed after the sysdb (at most once a second) and the replica
+# reads it back for its gauges every 5 s: wait until the gauges show the last commit, so
+# that the metrics below and `offsets show` describe the same moment.
+metrics_agree() {
+    curl -s "http://$SLUICE_HTTP/metrics" | python3 -c '
+import re, sys
+v = {}
+for line in sys.stdin:
+    m = re.match(r"sluice_partition_(sysdb_next_offset|group_offset|lag_records)\{partition=\"(\d+)\"\} (-?\d+)", line)
+    if m:
+        v.setdefault(m[2], {})[m[1]] = int(m[3])
+ok = v and all(p.get("group_offset") == p.get("sysdb_next_offset") and p.get("lag_records") == 0 for p in v.values())
+sys.exit(0 if ok else 1)'
+}
+for _ in $(seq 1 30); do metrics_agree && break; sleep 0.5; done
 step "sluice offsets show   (sysdb = authoritative, group = lagging copy, lag = high watermark - sysdb)"
 $sluice offsets show
-step "metrics: curl http://$SLUICE_HTTP/metrics   (per-partition sysdb, group, high watermark, lag)"
-curl -s "http://$SLUICE_HTTP/metrics" | grep -E '^sluice_partition_(sysdb_next_offset|group_offset|lag_records)' | head -12 || true
+step "metrics: curl http://$SLUICE_HTTP/metrics   (per-partition sysdb, group, lag: the same numbers)"
+curl -s "http://$SLUICE_HTTP/metrics" | grep -E '^sluice_partition_(sysdb_next_offset|group_offset|lag_records)' | sort -t'"' -k2,2n -s | head -12 || true
 if deploy/local/prometheus.sh status >/dev/null 2>&1; then
     echo "Prometheus is running: $(deploy/local/prometheus.sh url) (add this replica with: deploy/local/prometheus.sh targets $SLUICE_HTTP)"
 fi

@@ -1,14 +1,26 @@
 #!/usr/bin/env bash
 # Installs (idempotently) the Debian packages Sluice's build, scripts and tests need,
 # and checks the toolchains that cannot come from apt here (Rust via rustup, Java 17).
+#
+#   deploy/local/deps.sh            everything the test command needs, helm included
+#   deploy/local/deps.sh --build    only what building and the demo need (no PostgreSQL,
+#                                   Prometheus, kcat, Python venv or helm)
 set -euo pipefail
 
+build_only=
+case "${1:-}" in
+    --build) build_only=1 ;;
+    "") ;;
+    *) echo "usage: deploy/local/deps.sh [--build]" >&2; exit 2 ;;
+esac
 need=()
 have_pkg() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed"; }
 # Build: rdkafka's bundled librdkafka with the `ssl` feature needs OpenSSL headers and
 # pkg-config; zstd/zlib are compiled from the crates. Scripts/tests: kcat, python venv,
 # PostgreSQL, Prometheus (the service scripts install those two themselves too).
-for p in build-essential pkg-config libssl-dev kcat python3-venv postgresql prometheus curl procps; do
+pkgs=(build-essential pkg-config libssl-dev curl procps python3)
+[ -n "$build_only" ] || pkgs+=(kcat python3-venv postgresql prometheus)
+for p in "${pkgs[@]}"; do
     have_pkg "$p" || need+=("$p")
 done
 if ((${#need[@]})); then
@@ -28,9 +40,10 @@ if ! cargo fmt --version >/dev/null 2>&1 || ! cargo clippy --version >/dev/null 
 fi
 command -v java >/dev/null || { echo "deps.sh: java not found. Fix: apt-get install -y openjdk-17-jdk-headless" >&2; exit 1; }
 command -v mvn >/dev/null || { echo "deps.sh: mvn not found. Fix: apt-get install -y maven" >&2; exit 1; }
+[ -z "$build_only" ] || exit 0
 # helm, for deploy/validate.sh's checks of the chart deploy/helm/sluice: built from the Go
 # module proxy into the git-ignored .local/bin (a few minutes on a cold module cache).
-# Without CI a failure only warns (validate.sh then skips the chart); with CI set it fails.
+# Only the test command needs it, never the demo. Without CI a failure only warns (validate.sh then skips the chart); with CI set it fails.
 HELM_VERSION=v3.22.0
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 # (`helm version` of a go-installed helm says only v3.22; the module version is exact.)
@@ -39,7 +52,7 @@ if ! go version -m "$repo/.local/bin/helm" 2>/dev/null | grep -Eq "^[[:space:]]+
     if ! { command -v go >/dev/null && GOBIN="$repo/.local/bin" go install "helm.sh/helm/v3/cmd/helm@$HELM_VERSION"; } >/tmp/sluice-helm.log 2>&1; then
         tail -n 5 /tmp/sluice-helm.log >&2 || true
         if [ -n "${CI:-}" ] && [ "${CI:-}" != false ]; then
-            echo "deps.sh: could not build helm $HELM_VERSION (Go: https://go.dev/dl, proxy.golang.org reachable?)" >&2; exit 1
+            echo "deps.sh: could not build helm $HELM_VERSION (Go: https://go.dev/dl; is the Go module proxy reachable?)" >&2; exit 1
         fi
         echo "deps.sh: WARNING: no helm $HELM_VERSION: deploy/validate.sh will skip the Helm chart" >&2
     fi
