@@ -15,6 +15,7 @@ pub mod materialize;
 pub(crate) mod metrics;
 pub mod offsets;
 pub mod processor;
+pub mod reading;
 /// The log record contract lives in its own crate (`record/`), without I/O.
 pub use sluice_record as record;
 pub mod replica;
@@ -22,6 +23,6 @@ pub mod schema_registry;
 pub mod sysdb;
 pub mod telemetry;
 /// The foundations and the Kafka clients are crates of their own (`base/`, `kafka/`).
-pub use sluice_base::{failpoint, positions, ratelimit, redact, retry};
+pub use sluice_base::{failpoint, positions, ratelimit, redact, retry, token};
 pub use sluice_kafka as kafka;
 pub use sluice_record::workload;

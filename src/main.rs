@@ -1,7 +1,7 @@
 //! The `sluice` binary: parses the command line, loads the configuration, sets up logs,
 //! and dispatches. Exit codes: 0 success (a closed stdout pipe included), 1 failure (the
 //! error is printed with its context chain), 2 usage (clap's own code for an invalid
-//! command line; also an invalid configuration).
+//! command line; also an invalid configuration or read token).
 
 use std::io::Write;
 
@@ -72,13 +72,14 @@ fn main() -> std::process::ExitCode {
                 Err(e) => Err(e),
             },
             Cmd::Schema { command } => sluice::cli::schema_cmd::run(&config, command).await,
-            Cmd::Checksum { format } => sluice::cli::records_cmd::checksum(&config, format.format).await,
+            Cmd::Checksum { read, format } => sluice::cli::records_cmd::checksum(&config, &read, format.format).await,
+            Cmd::Token { command } => sluice::cli::token_cmd::run(command),
             Cmd::Functions { command } => sluice::cli::functions_cmd::run(&config, command).await,
             Cmd::Produce { input, dry_run, rejects, format } => {
                 sluice::cli::produce_cmd::produce(&config, &input, dry_run, rejects.as_deref(), format.format).await
             }
-            Cmd::Records { collection, format } => {
-                sluice::cli::records_cmd::records(&config, &collection, format.format).await
+            Cmd::Records { collection, read, format } => {
+                sluice::cli::records_cmd::records(&config, &collection, &read, format.format).await
             }
             Cmd::Collections { command } => sluice::cli::collections_cmd::run(&config, command).await,
             Cmd::Offsets { command } => sluice::cli::offsets_cmd::run(&config, command).await,
@@ -111,7 +112,19 @@ fn main() -> std::process::ExitCode {
         Err(e) => {
             // stderr closed too: nothing left to tell.
             let _ = writeln!(std::io::stderr(), "sluice: {e:#}");
-            std::process::ExitCode::FAILURE
+            // A malformed read token, or one of another topic, is a usage error.
+            let bad_token = e.chain().any(|c| {
+                c.downcast_ref::<sluice::token::TokenError>().is_some()
+                    || matches!(
+                        c.downcast_ref::<sluice::reading::ReadError>(),
+                        Some(sluice::reading::ReadError::Token(_))
+                    )
+            });
+            if bad_token {
+                std::process::ExitCode::from(2)
+            } else {
+                std::process::ExitCode::FAILURE
+            }
         }
     }
 }

@@ -527,6 +527,17 @@ pub struct Metrics {
     /// Lost markers: see `backfill::marker_relay::relay_once`.
     markers_republished: Counter,
     awaiting_marker_oldest: Gauge<f64, std::sync::atomic::AtomicU64>,
+    /// `sluice_read_wait_seconds{result}`: how long HTTP reads with a read token (or
+    /// `read_level=latest`) waited.
+    read_wait: Family<ResultLabel, Histogram, fn() -> Histogram>,
+}
+
+/// Buckets of `sluice_read_wait_seconds`.
+const READ_WAIT_BUCKETS: [f64; 14] =
+    [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0];
+
+fn read_wait_histogram() -> Histogram {
+    Histogram::new(READ_WAIT_BUCKETS)
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, PartialOrd, Ord, EncodeLabelSet)]
@@ -624,6 +635,7 @@ impl Metrics {
             per_collection: per_collection.then(Family::default),
             markers_republished: Counter::default(),
             awaiting_marker_oldest: Gauge::default(),
+            read_wait: Family::new_with_constructor(read_wait_histogram),
         };
         if let Some(f) = &m.per_collection {
             r.register(
@@ -663,6 +675,12 @@ impl Metrics {
             "Age of the oldest function still awaiting its BACKFILL_FN marker (0 when none), refreshed by the outbox relay",
             Unit::Seconds,
             m.awaiting_marker_oldest.clone(),
+        );
+        r.register_with_unit(
+            "read_wait",
+            "How long HTTP reads with a read token or read_level=latest waited, by result (covered, behind: the wait ran out, halted)",
+            Unit::Seconds,
+            m.read_wait.clone(),
         );
         r.register("records_processed", "Data records applied to the sysdb, by operation", m.records_processed.clone());
         r.register(
@@ -809,6 +827,11 @@ impl Metrics {
 
     pub fn observe_backfill_duration(&self, d: Duration) {
         self.backfill_duration.observe(d.as_secs_f64());
+    }
+
+    /// A read that waited for a read token: `result` is `covered`, `behind` or `halted`.
+    pub(crate) fn observe_read_wait(&self, result: &'static str, d: Duration) {
+        self.read_wait.get_or_create(&ResultLabel { result }).observe(d.as_secs_f64());
     }
 
     pub fn marker_published(&self, ok: bool) {

@@ -18,6 +18,7 @@ use crate::config::Config;
 use crate::health::Health;
 use crate::kafka::producer::Producer;
 use crate::metrics::Metrics;
+use crate::reading::board::Board;
 use crate::sysdb::{redact_url, Sysdb};
 
 /// How long start-up waits for a sysdb that answers "unavailable" (restarting, busy,
@@ -26,6 +27,8 @@ const SYSDB_OPEN_FOR: Duration = Duration::from_secs(60);
 
 /// How long the backfill worker and the relay get to stop after the processor has.
 const ROLE_STOP_BUDGET: Duration = Duration::from_secs(15);
+/// How often the readers' shared poll may read the positions while someone waits.
+const BOARD_POLL: Duration = Duration::from_millis(100);
 
 /// Which parts of a replica run (`sluice process --roles`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -81,7 +84,7 @@ pub async fn run(config: Config, roles: Roles) -> Result<()> {
             return Ok(());
         }
     };
-    let Started { sysdb, metrics, health, server } = started;
+    let Started { sysdb, metrics, health, board, server } = started;
     let mut background = Vec::new();
     if roles.backfill {
         let worker = crate::backfill::Worker::new(config.clone(), sysdb.clone(), metrics.clone(), stop.child_token());
@@ -103,7 +106,7 @@ pub async fn run(config: Config, roles: Roles) -> Result<()> {
     }
     let result = if roles.processor {
         let token = stop.child_token();
-        crate::processor::run(config, sysdb, metrics, health, token).await.map_err(anyhow::Error::from)
+        crate::processor::run(config, sysdb, metrics, health, board, token).await.map_err(anyhow::Error::from)
     } else {
         health.consumer_started();
         health.assignment_completed();
@@ -130,6 +133,7 @@ struct Started {
     sysdb: Arc<Sysdb>,
     metrics: Arc<Metrics>,
     health: Arc<Health>,
+    board: Arc<Board>,
     server: Option<crate::api::Server>,
 }
 
@@ -144,14 +148,19 @@ async fn start(config: &Config, stop: &CancellationToken) -> Result<Started> {
         metrics.attach_sqlite(stats);
     }
     let health = Health::new();
+    // Readers waiting for a read token: woken by the processor's commits, and by one
+    // shared poll of the sysdb (at most every 100 ms, only while someone waits).
+    let board = Board::new();
+    board.spawn_poller(sysdb.clone(), config.kafka.log_topic(), BOARD_POLL, stop.child_token());
     let server = if config.http.listen.is_empty() {
         None
     } else {
-        let admin = Arc::new(crate::api::Admin::new(config.clone(), sysdb.clone())?);
+        let admin =
+            Arc::new(crate::api::Admin::new(config.clone(), sysdb.clone())?.with_reads(board.clone(), metrics.clone()));
         let state = crate::api::AppState { metrics: metrics.clone(), health: health.clone(), admin: Some(admin) };
         Some(crate::api::Server::start(&config.http.listen, state).await?)
     };
-    Ok(Started { sysdb, metrics, health, server })
+    Ok(Started { sysdb, metrics, health, board, server })
 }
 
 /// Open the sysdb, waiting (bounded) while it answers "unavailable": a replica started

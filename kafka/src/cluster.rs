@@ -106,6 +106,14 @@ impl MetadataClient {
         }
     }
 
+    /// The cluster's id (KRaft's `cluster.id`), which read tokens fingerprint.
+    pub fn cluster_id(&self) -> Result<String, KafkaError> {
+        self.consumer
+            .client()
+            .fetch_cluster_id(self.timeout)
+            .ok_or_else(|| broker_err("cluster id", "no answer within the request timeout"))
+    }
+
     /// `(low, high)` watermarks of a partition. This client is never polled, so its view
     /// of partition leaders is refreshed only on request: after a leader moved (a broker
     /// died) the query fails with "unknown partition" until the metadata is read again,
@@ -227,4 +235,38 @@ pub struct GroupMember {
 /// Partition count of a topic (blocking).
 pub fn partition_count(settings: &ClientSettings, topic: &str) -> Result<i32, KafkaError> {
     MetadataClient::new(settings, None)?.partition_count(topic)
+}
+
+/// The offset and producer timestamp of the first committed record at or after `offset`
+/// in a partition, read with a consumer of its own (not a group member); `None` when
+/// there is no such record within `wait` (the offset is the end of the log). The
+/// timestamp is `None` when the record has none.
+pub fn timestamp_at(
+    settings: &ClientSettings,
+    topic: &str,
+    partition: i32,
+    offset: i64,
+    wait: Duration,
+) -> Result<Option<(i64, Option<i64>)>, KafkaError> {
+    use rdkafka::Message;
+    let mut c = settings.client_config();
+    c.set("enable.auto.commit", "false");
+    c.set("enable.auto.offset.store", "false");
+    c.set("isolation.level", "read_committed");
+    // librdkafka wants a group id even for an assigned consumer; nothing joins or commits
+    // it (the offset is explicit), so the broker never sees this group.
+    c.set("group.id", "sluice-timestamp-reader");
+    let consumer: BaseConsumer = c.create().map_err(|e| KafkaError::Config(e.to_string()))?;
+    let mut tpl = TopicPartitionList::new();
+    tpl.add_partition_offset(topic, partition, Offset::Offset(offset)).map_err(|e| broker_err("build offsets", e))?;
+    consumer.assign(&tpl).map_err(|e| broker_err(format!("read {topic}/{partition} at {offset}"), e))?;
+    let deadline = std::time::Instant::now() + wait;
+    while let Some(left) = deadline.checked_duration_since(std::time::Instant::now()) {
+        match consumer.poll(left.min(Duration::from_millis(200))) {
+            Some(Ok(m)) if m.partition() == partition => return Ok(Some((m.offset(), m.timestamp().to_millis()))),
+            Some(Ok(_)) | None => {}
+            Some(Err(e)) => return Err(broker_err(format!("read {topic}/{partition} at {offset}"), e)),
+        }
+    }
+    Ok(None)
 }

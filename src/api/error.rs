@@ -38,6 +38,13 @@ pub(crate) enum ErrorCode {
     PayloadTooLarge,
     /// 503: the sysdb or the broker cannot be reached right now; retry later.
     Unavailable,
+    /// 400: a read token that is malformed, of an unknown version, or of another topic
+    /// or cluster.
+    BadToken,
+    /// 504: the sysdb did not reach the read token within the wait.
+    TokenNotReached,
+    /// 503: a partition the read waits for is halted (the message has the reason).
+    PartitionHalted,
     /// 500: a bug or an unexpected database answer (the replica's log has details).
     Internal,
 }
@@ -55,6 +62,9 @@ impl ErrorCode {
             ErrorCode::MethodNotAllowed => "method_not_allowed",
             ErrorCode::PayloadTooLarge => "payload_too_large",
             ErrorCode::Unavailable => "unavailable",
+            ErrorCode::BadToken => "bad_token",
+            ErrorCode::TokenNotReached => "token_not_reached",
+            ErrorCode::PartitionHalted => "partition_halted",
             ErrorCode::Internal => "internal",
         }
     }
@@ -62,7 +72,11 @@ impl ErrorCode {
     pub(crate) fn status(self) -> StatusCode {
         match self {
             ErrorCode::UnknownCollection | ErrorCode::UnknownFunction | ErrorCode::NotFound => StatusCode::NOT_FOUND,
-            ErrorCode::BadJson | ErrorCode::InvalidRecord | ErrorCode::BadRequest => StatusCode::BAD_REQUEST,
+            ErrorCode::BadJson | ErrorCode::InvalidRecord | ErrorCode::BadRequest | ErrorCode::BadToken => {
+                StatusCode::BAD_REQUEST
+            }
+            ErrorCode::TokenNotReached => StatusCode::GATEWAY_TIMEOUT,
+            ErrorCode::PartitionHalted => StatusCode::SERVICE_UNAVAILABLE,
             ErrorCode::Unauthorized => StatusCode::UNAUTHORIZED,
             ErrorCode::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             ErrorCode::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,

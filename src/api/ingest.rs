@@ -12,8 +12,8 @@
 //! Valid requests are encoded and framed like `sluice produce` and produced to the log
 //! topic keyed by the collection id (so murmur2 puts them on the collection's partition),
 //! in request order, with the idempotent producer; the response (202) comes after every
-//! record is acknowledged and gives the offsets. A record is materialized once the
-//! collection's `log_position` reaches its offset. Delivery is at least once: a 503 after
+//! record is acknowledged and gives the offsets and a read token: a read with
+//! `at_least=TOKEN` includes every record of the request. Delivery is at least once: a 503 after
 //! a partial delivery lists the undelivered items, and retrying the whole request may
 //! apply the delivered ones twice (use `upsert` for safe retries).
 
@@ -104,7 +104,16 @@ pub(crate) async fn post_records(
         );
         return Err(HttpError::new(ErrorCode::Unavailable, message).with_items(undelivered));
     }
+    // A read at least this token includes every record of the request.
+    let token = match admin.tokens.token_of(delivered.iter().map(|d| (d.partition, d.offset))).await {
+        Ok(t) => Some(t.to_string()),
+        Err(e) => {
+            tracing::warn!(error = %e, "records delivered, but no read token: the cluster id is unknown");
+            None
+        }
+    };
     let body = json!({
+        "token": token,
         "collection": collection,
         "delivered": delivered.len(),
         "topic": topic,

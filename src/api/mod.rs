@@ -16,6 +16,7 @@
 pub(crate) mod auth;
 pub(crate) mod error;
 pub(crate) mod ingest;
+pub(crate) mod reads;
 pub(crate) mod routes;
 pub(crate) mod state;
 

@@ -24,8 +24,9 @@ use super::auth::require_token;
 use super::error::MAX_BODY_BYTES;
 use super::error::{ErrorCode, HttpError};
 use super::ingest;
+use super::reads::{self, wait_read, ReadParams};
 pub(crate) use super::state::{Admin, DEFAULT_PAGE, MAX_PAGE};
-use crate::backfill::attach::{attach, AttachError, FunctionView};
+use crate::backfill::attach::{attach, AttachError, AttachSpec, FunctionView};
 use crate::offsets::OffsetsError;
 use crate::record::jsonl::record_to_json;
 use crate::sysdb::{CollectionRow, FunctionRow};
@@ -36,6 +37,7 @@ pub(crate) fn routes(admin: Arc<Admin>) -> Router {
     Router::new()
         .route("/collections", get(list_collections))
         .route("/collections/{id}", get(show_collection))
+        .route("/collections/{id}/freshness", get(reads::collection_freshness))
         .route("/collections/{id}/records", get(list_records).post(ingest::post_records))
         .route("/functions", get(list_functions).post(attach_function))
         .route("/functions/{id}", get(show_function).delete(detach_function))
@@ -72,7 +74,12 @@ fn function_json(r: &FunctionRow) -> Value {
     v
 }
 
-async fn list_collections(State(admin): State<Arc<Admin>>) -> Result<Json<Value>, HttpError> {
+async fn list_collections(
+    State(admin): State<Arc<Admin>>,
+    query: Result<Query<ReadParams>, QueryRejection>,
+) -> Result<Json<Value>, HttpError> {
+    let Query(read) = query?;
+    wait_read(&admin, &read, None).await?;
     let rows = admin.sysdb.collections().await?;
     Ok(Json(json!({"collections": rows.iter().map(collection_json).collect::<Vec<_>>()})))
 }
@@ -80,8 +87,11 @@ async fn list_collections(State(admin): State<Arc<Admin>>) -> Result<Json<Value>
 async fn show_collection(
     State(admin): State<Arc<Admin>>,
     path: Result<Path<String>, PathRejection>,
+    query: Result<Query<ReadParams>, QueryRejection>,
 ) -> Result<Json<Value>, HttpError> {
     let Path(id) = path?;
+    let Query(read) = query?;
+    wait_read(&admin, &read, reads::partition_of(&admin, &id).await?).await?;
     let row = admin.sysdb.collection(&id).await?.ok_or_else(|| HttpError::unknown_collection(&id))?;
     let functions = admin.sysdb.functions(Some(&id)).await?;
     let mut v = collection_json(&row);
@@ -95,6 +105,9 @@ struct RecordsQuery {
     /// Exclusive cursor: the `next` of the previous page.
     after: Option<String>,
     limit: Option<usize>,
+    at_least: Option<String>,
+    wait_ms: Option<u64>,
+    read_level: Option<crate::reading::ReadLevel>,
 }
 
 async fn list_records(
@@ -108,6 +121,8 @@ async fn list_records(
     if !(1..=MAX_PAGE).contains(&limit) {
         return Err(HttpError::bad_request(format!("limit must be between 1 and {MAX_PAGE}")));
     }
+    let read = ReadParams { at_least: q.at_least, wait_ms: q.wait_ms, read_level: q.read_level };
+    wait_read(&admin, &read, reads::partition_of(&admin, &id).await?).await?;
     if admin.sysdb.collection(&id).await?.is_none() {
         return Err(HttpError::unknown_collection(&id));
     }
@@ -199,9 +214,14 @@ async fn attach_function(
         .into_iter()
         .map(|(k, v)| Ok((k.clone(), param_text(&k, v)?)))
         .collect::<Result<BTreeMap<_, _>, HttpError>>()?;
-    let attached =
-        attach(&admin.config, &admin.sysdb, &admin.producer, &req.collection, &req.function, &req.output, params)
-            .await?;
+    let attached = attach(
+        &admin.config,
+        &admin.sysdb,
+        &admin.producer,
+        AttachSpec { collection: &req.collection, function: &req.function, output: &req.output, params },
+        &admin.tokens,
+    )
+    .await?;
     let status = if attached.marker == "existing" { StatusCode::OK } else { StatusCode::CREATED };
     let location = format!("/api/v1/functions/{}", attached.function_id);
     Ok((status, [(header::LOCATION, location)], Json(json!(attached))).into_response())

@@ -23,6 +23,12 @@ pub(crate) struct Admin {
     pub(super) sysdb: Arc<Sysdb>,
     pub(super) producer: Producer,
     pub(super) token: AdminToken,
+    /// Where readers waiting for a read token watch the positions (`None`: they poll).
+    pub(super) board: Option<Arc<crate::reading::board::Board>>,
+    /// The replica's metrics (how long token reads waited); `None` in unit tests.
+    pub(super) metrics: Option<Arc<crate::metrics::Metrics>>,
+    /// The log topic's fingerprint for read tokens, asked of the broker once.
+    pub(super) tokens: Arc<crate::reading::TokenSource>,
 }
 
 impl std::fmt::Debug for Admin {
@@ -40,7 +46,20 @@ impl Admin {
     pub(crate) fn new(config: Config, sysdb: Arc<Sysdb>) -> Result<Admin, KafkaError> {
         let producer = Producer::new(&config.client_settings(), &[("message.timeout.ms", DELIVERY_TIMEOUT_MS)])?;
         let token = AdminToken::new(config.http.admin_token());
-        Ok(Admin { config, sysdb, producer, token })
+        let tokens = crate::reading::TokenSource::new(config.client_settings(), config.kafka.log_topic());
+        Ok(Admin { config, sysdb, producer, token, board: None, metrics: None, tokens })
+    }
+
+    /// Readers wait on `board` (the replica's) instead of polling the sysdb each, and
+    /// their waits are counted in `metrics`.
+    pub(crate) fn with_reads(
+        mut self,
+        board: Arc<crate::reading::board::Board>,
+        metrics: Arc<crate::metrics::Metrics>,
+    ) -> Admin {
+        self.board = Some(board);
+        self.metrics = Some(metrics);
+        self
     }
 
     pub(crate) fn config(&self) -> &Config {

@@ -52,6 +52,10 @@ pub(crate) struct Attached {
     pub status: String,
     /// `published`, `pending` (the relay will publish it) or `existing` (nothing new).
     pub marker: String,
+    /// A published marker's read token: a read at least this token sees the function
+    /// attached (its status past `awaiting_marker`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub token: Option<String>,
 }
 
 /// The marker record of an outbox row.
@@ -78,16 +82,25 @@ pub(crate) async fn publish_marker(config: &Config, producer: &Producer, row: &O
     Ok(delivered.offset)
 }
 
-/// Attach `function` to `collection`, writing `output`.
+/// What to attach: `function` with `params` to `collection`, writing `output`.
+#[derive(Debug, Clone)]
+pub(crate) struct AttachSpec<'a> {
+    pub collection: &'a str,
+    pub function: &'a str,
+    pub output: &'a str,
+    pub params: BTreeMap<String, String>,
+}
+
+/// Attach a function (see [`AttachSpec`]); a published marker's read token comes from
+/// `tokens`.
 pub(crate) async fn attach(
     config: &Config,
     sysdb: &Sysdb,
     producer: &Producer,
-    collection: &str,
-    function: &str,
-    output: &str,
-    params: BTreeMap<String, String>,
+    spec: AttachSpec<'_>,
+    tokens: &crate::reading::TokenSource,
 ) -> Result<Attached, AttachError> {
+    let AttachSpec { collection, function, output, params } = spec;
     if collection.is_empty() || output.is_empty() {
         return Err(AttachError::Invalid("collection and output must not be empty".into()));
     }
@@ -123,21 +136,33 @@ pub(crate) async fn attach(
     match sysdb.attach_function(&new).await? {
         AttachOutcome::Existing(row) => {
             info!(function = %row.id, "function already attached; nothing published");
-            Ok(Attached { function_id: row.id, status: row.status.as_str().into(), marker: "existing".into() })
+            Ok(Attached {
+                function_id: row.id,
+                status: row.status.as_str().into(),
+                marker: "existing".into(),
+                token: None,
+            })
         }
         AttachOutcome::Refused(conflict) => Err(AttachError::Refused(refusal(&conflict, collection, function, output))),
         AttachOutcome::Created(row, outbox) => {
-            let marker = match publish_marker(config, producer, &outbox).await {
+            let (marker, token) = match publish_marker(config, producer, &outbox).await {
                 Ok(offset) => {
                     sysdb.mark_outbox_sent(outbox.id, Some(offset)).await?;
-                    "published"
+                    let token = match tokens.token_of([(outbox.partition, offset)]).await {
+                        Ok(t) => Some(t.to_string()),
+                        Err(e) => {
+                            warn!(%e, function = %row.id, "marker published, but no read token: the cluster id is unknown");
+                            None
+                        }
+                    };
+                    ("published", token)
                 }
                 Err(e) => {
                     warn!(%e, function = %row.id, "marker not published; the outbox relay of `sluice process` will publish it");
-                    "pending"
+                    ("pending", None)
                 }
             };
-            Ok(Attached { function_id: row.id, status: row.status.as_str().into(), marker: marker.into() })
+            Ok(Attached { function_id: row.id, status: row.status.as_str().into(), marker: marker.into(), token })
         }
     }
 }

@@ -1,9 +1,9 @@
-//! `sluice collections list | show`.
+//! `sluice collections list | freshness`.
 
 use anyhow::Result;
 use serde::Serialize;
 
-use super::context::open_sysdb_read;
+use super::context::{open_sysdb_read, wait_for_read};
 use super::output;
 use super::CollectionsCmd;
 use crate::config::Config;
@@ -18,8 +18,12 @@ struct CollectionView<'a> {
 }
 
 pub async fn run(config: &Config, cmd: CollectionsCmd) -> Result<()> {
-    let CollectionsCmd::List { format } = cmd;
+    let (read, format) = match cmd {
+        CollectionsCmd::List { read, format } => (read, format),
+        CollectionsCmd::Freshness { collection, format } => return freshness(config, &collection, format.format).await,
+    };
     let sysdb = open_sysdb_read(config).await?;
+    wait_for_read(config, &sysdb, &read, None).await?;
     let rows = sysdb.collections().await?;
     let views: Vec<CollectionView<'_>> = rows
         .iter()
@@ -43,5 +47,42 @@ pub async fn run(config: &Config, cmd: CollectionsCmd) -> Result<()> {
             ]);
         }
         t
+    })
+}
+
+/// `sluice collections freshness COLL`.
+async fn freshness(config: &Config, collection: &str, format: output::Format) -> Result<()> {
+    let sysdb = open_sysdb_read(config).await?;
+    let f =
+        crate::reading::freshness::freshness(&sysdb, &config.client_settings(), &config.kafka.log_topic(), collection)
+            .await?;
+    output::one(format, &f, || {
+        let mut t = output::table(&[
+            "COLLECTION",
+            "PARTITION",
+            "SYSDB_NEXT",
+            "HIGH_WATERMARK",
+            "LAG",
+            "LAG_SECONDS",
+            "LAST_APPLIED",
+            "LAST_APPLIED_TIME",
+            "STATUS",
+        ]);
+        let time = f.last_applied_time_ms.map(crate::offsets::format_rfc3339_ms).unwrap_or_else(|| "-".into());
+        t.add_row(vec![
+            f.collection.clone(),
+            f.partition.to_string(),
+            f.sysdb_next_offset.to_string(),
+            f.high_watermark.to_string(),
+            f.lag_records.to_string(),
+            f.lag_seconds.map(|s| format!("{s:.3}")).unwrap_or_else(|| "-".into()),
+            if f.last_applied_offset >= 0 { f.last_applied_offset.to_string() } else { "-".into() },
+            time,
+            match &f.halted {
+                Some(r) => format!("HALTED: {r}"),
+                None => "running".into(),
+            },
+        ]);
+        t.trim_fmt().to_string()
     })
 }

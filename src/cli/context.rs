@@ -30,3 +30,20 @@ pub(super) async fn preflight(config: &Config) -> Result<()> {
     tokio::task::spawn_blocking(move || crate::kafka::preflight::check_connection(&settings, timeout)).await??;
     Ok(())
 }
+
+/// Wait, before a read, until the sysdb covers what `read` asks for (nothing to wait for
+/// without `--at-least` or `--read-level latest`). `partitions`: the partitions the read
+/// touches, for `latest` (`None` = all).
+pub(super) async fn wait_for_read(
+    config: &Config,
+    sysdb: &Sysdb,
+    read: &super::ReadArgs,
+    partitions: Option<Vec<i32>>,
+) -> Result<crate::reading::Covered> {
+    let wish = read.wish();
+    if wish.is_plain() {
+        return Ok(crate::reading::Covered { waited: std::time::Duration::ZERO, token: None });
+    }
+    let tokens = crate::reading::TokenSource::new(config.client_settings(), config.kafka.log_topic());
+    Ok(crate::reading::wait_for(sysdb, &tokens, &wish, partitions, None).await?)
+}

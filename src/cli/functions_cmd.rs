@@ -75,15 +75,19 @@ pub async fn run(config: &Config, cmd: super::FunctionsCmd) -> Result<()> {
                 config,
                 &sysdb,
                 &producer,
-                &collection,
-                &function,
-                &out_collection,
-                params,
+                crate::backfill::attach::AttachSpec {
+                    collection: &collection,
+                    function: &function,
+                    output: &out_collection,
+                    params,
+                },
+                &crate::reading::TokenSource::new(config.client_settings(), config.kafka.log_topic()),
             )
             .await?;
             output::one(format.format, &attached, || {
+                let token = attached.token.as_deref().map(|t| format!("\ntoken: {t}")).unwrap_or_default();
                 format!(
-                    "attached function {} ({function} on {collection} -> {out_collection}): status {}, marker {}",
+                    "attached function {} ({function} on {collection} -> {out_collection}): status {}, marker {}{token}",
                     attached.function_id, attached.status, attached.marker
                 )
             })?;

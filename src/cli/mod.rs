@@ -12,6 +12,7 @@ pub mod output;
 pub mod produce_cmd;
 pub mod records_cmd;
 pub mod schema_cmd;
+pub mod token_cmd;
 pub mod workload_cmd;
 /// JSON lines live with the record types; re-exported for the commands and tests.
 pub use crate::record::jsonl;
@@ -120,6 +121,8 @@ pub enum Cmd {
         /// The collection id.
         collection: String,
         #[command(flatten)]
+        read: ReadArgs,
+        #[command(flatten)]
         format: FormatArg,
     },
     /// Collections.
@@ -151,7 +154,14 @@ pub enum Cmd {
     /// (function outputs excluded), comparable across implementations (benchmarks).
     Checksum {
         #[command(flatten)]
+        read: ReadArgs,
+        #[command(flatten)]
         format: FormatArg,
+    },
+    /// Read tokens: what a write prints (`sluice produce`) so that a read includes it.
+    Token {
+        #[command(subcommand)]
+        command: TokenCmd,
     },
     /// Print a deterministic synthetic workload as JSON lines (demo and benchmarks).
     Workload {
@@ -181,8 +191,54 @@ pub enum CollectionsCmd {
     /// List the collections the sysdb knows.
     List {
         #[command(flatten)]
+        read: ReadArgs,
+        #[command(flatten)]
         format: FormatArg,
     },
+    /// How fresh a collection is: its partition's sysdb position, high watermark, lag in
+    /// records and seconds, and the last change applied to it and when it was produced.
+    Freshness {
+        /// The collection id.
+        collection: String,
+        #[command(flatten)]
+        format: FormatArg,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum TokenCmd {
+    /// Merge read tokens into one that covers them all (the later offset per partition).
+    Merge {
+        /// Tokens (or comma-separated lists of tokens).
+        #[arg(required = true)]
+        tokens: Vec<String>,
+        #[command(flatten)]
+        format: FormatArg,
+    },
+}
+
+/// What a read must include, and how long it may wait for that (docs/reading.md).
+#[derive(Debug, Clone, Args, Default)]
+pub struct ReadArgs {
+    /// Answer only from a state that includes every record of this read token (printed by
+    /// `sluice produce`, returned by the HTTP API's writes); repeat it or give a
+    /// comma-separated list to wait for several.
+    #[arg(long = "at-least", value_name = "TOKEN")]
+    pub at_least: Vec<String>,
+    /// How long to wait for the token before failing (exit 1, naming the partition
+    /// behind): `500ms`, `10s`, `2m`; `0` fails at once when not covered.
+    #[arg(long, value_name = "DURATION", default_value = "10s")]
+    pub wait: humantime::Duration,
+    /// `committed`: what the sysdb holds now (and any `--at-least`); `latest`: first read
+    /// the high watermarks, then wait until the sysdb reaches them.
+    #[arg(long, value_enum, default_value_t = crate::reading::ReadLevel::Committed)]
+    pub read_level: crate::reading::ReadLevel,
+}
+
+impl ReadArgs {
+    pub fn wish(&self) -> crate::reading::ReadWish {
+        crate::reading::ReadWish { at_least: self.at_least.clone(), level: self.read_level, wait: Some(*self.wait) }
+    }
 }
 
 #[derive(Debug, Subcommand)]
@@ -399,6 +455,8 @@ mod tests {
             &["records"],
             &["checksum"],
             &["collections", "list"],
+            &["collections", "freshness"],
+            &["token", "merge"],
             &["offsets", "show"],
             &["offsets", "reconcile"],
             &["offsets", "reset"],

@@ -31,6 +31,10 @@ struct ProduceReport {
     valid: usize,
     delivered: usize,
     rejected: usize,
+    /// The read token of the delivered records (`sluice records --at-least`); absent on a
+    /// dry run.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    token: Option<String>,
 }
 
 /// Progress on stderr: a bar on a terminal, a plain line every few seconds otherwise.
@@ -140,6 +144,8 @@ pub async fn produce(
             .with_context(|| format!("the log topic {topic} is not usable (create it with `sluice init`)"))?;
         Some(Producer::new(&settings, &[])?)
     };
+    let tokens = crate::reading::TokenSource::new(config.client_settings(), topic.clone());
+    let mut acked: std::collections::HashMap<i32, i64> = std::collections::HashMap::new();
     let mut report = ProduceReport { topic: topic.clone(), dry_run, ..ProduceReport::default() };
     let mut progress = Progress::new(total_bytes);
     let mut bytes = 0u64;
@@ -186,16 +192,17 @@ pub async fn produce(
             pending.push((n, rec.collection_id, payload));
         }
         if let (Some(p), true) = (&producer, pending.len() >= PRODUCE_CHUNK) {
-            let (bad, ok) = deliver(p, &topic, std::mem::take(&mut pending)).await;
+            let (bad, ok) = deliver(p, &topic, std::mem::take(&mut pending), &mut acked).await;
             undelivered.extend(bad);
             report.delivered += ok;
         }
         progress.update(bytes, &report);
     }
     if let Some(p) = &producer {
-        let (bad, ok) = deliver(p, &topic, pending).await;
+        let (bad, ok) = deliver(p, &topic, pending, &mut acked).await;
         undelivered.extend(bad);
         report.delivered += ok;
+        report.token = Some(tokens.token_of(acked).await?.to_string());
     }
     progress.finish();
     if let Some(mut w) = rejects_out {
@@ -228,16 +235,22 @@ pub async fn produce(
         if dry_run {
             format!("dry run: {} valid records of {} lines, nothing produced{rejected}", report.valid, report.lines)
         } else {
-            format!("delivered {} records to {topic}{rejected}", report.delivered)
+            format!(
+                "delivered {} records to {topic}{rejected}\ntoken: {}",
+                report.delivered,
+                report.token.as_deref().unwrap_or_default()
+            )
         }
     })
 }
 
-/// Produce `(line number, key, payload)` items; returns the failed lines and the count delivered.
+/// Produce `(line number, key, payload)` items; returns the failed lines and the count
+/// delivered, and raises `acked` (partition -> highest offset acknowledged).
 async fn deliver(
     producer: &Producer,
     topic: &str,
     pending: Vec<(usize, String, Vec<u8>)>,
+    acked: &mut std::collections::HashMap<i32, i64>,
 ) -> (Vec<(usize, String)>, usize) {
     let items: Vec<Outgoing<'_>> = pending
         .iter()
@@ -248,7 +261,11 @@ async fn deliver(
     let mut ok = 0;
     for ((line, _, _), r) in pending.iter().zip(results) {
         match r {
-            Ok(_) => ok += 1,
+            Ok(d) => {
+                ok += 1;
+                let e = acked.entry(d.partition).or_insert(d.offset);
+                *e = (*e).max(d.offset);
+            }
             Err(e) => bad.push((*line, e.to_string())),
         }
     }

@@ -4,14 +4,27 @@
 use anyhow::{bail, Result};
 use serde_json::json;
 
-use super::context::open_sysdb_read;
+use super::context::{open_sysdb_read, wait_for_read};
 use super::jsonl;
 use super::output::{self, Format, Out};
 use crate::config::Config;
 
+/// The partition of `collection` (its key's murmur2 hash over the log topic's partition
+/// count, as the sysdb recorded it); `None` when the sysdb does not know the count.
+async fn partition_of(config: &Config, sysdb: &crate::sysdb::Sysdb, collection: &str) -> Result<Option<Vec<i32>>> {
+    let count = sysdb.topic_partitions(&config.kafka.log_topic()).await?;
+    Ok(count.map(|n| vec![crate::record::partitioner::partition_for(collection.as_bytes(), n as u32) as i32]))
+}
+
 /// Records stream page by page in json (one array) and jsonl; the table is built whole.
-pub async fn records(config: &Config, collection: &str, format: Format) -> Result<()> {
+/// With a read token (or `--read-level latest`) the read first waits until the sysdb
+/// covers it.
+pub async fn records(config: &Config, collection: &str, read: &super::ReadArgs, format: Format) -> Result<()> {
     let sysdb = open_sysdb_read(config).await?;
+    if !read.wish().is_plain() {
+        let partitions = partition_of(config, &sysdb, collection).await?;
+        wait_for_read(config, &sysdb, read, partitions).await?;
+    }
     if sysdb.collection(collection).await?.is_none() {
         bail!("collection {collection:?} is not known to the sysdb (see `sluice collections list`)");
     }
@@ -97,9 +110,10 @@ pub fn canonical_line(collection: &str, r: &crate::record::Record) -> String {
     line
 }
 
-pub async fn checksum(config: &Config, format: Format) -> Result<()> {
+pub async fn checksum(config: &Config, read: &super::ReadArgs, format: Format) -> Result<()> {
     use sha2::{Digest, Sha256};
     let sysdb = open_sysdb_read(config).await?;
+    wait_for_read(config, &sysdb, read, None).await?;
     let outputs: std::collections::HashSet<String> =
         sysdb.functions(None).await?.into_iter().map(|f| f.output_collection).collect();
     let mut ids: Vec<String> =

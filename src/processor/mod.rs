@@ -174,6 +174,7 @@ pub async fn run(
     sysdb: Arc<Sysdb>,
     metrics: Arc<Metrics>,
     health: Arc<Health>,
+    board: Arc<crate::reading::board::Board>,
     stop: CancellationToken,
 ) -> Result<(), ProcessorError> {
     let settings = config.client_settings();
@@ -219,6 +220,7 @@ pub async fn run(
         registry: crate::schema_registry::SchemaRegistry::from_config(&config.schema_registry)
             .map_err(|e| ProcessorError::Fatal(e.to_string()))?
             .map(Arc::new),
+        board,
     });
     info!(topic = %topic, group = %config.kafka.group, sysdb = sysdb.backend(), "processor started");
     let refresh_now = Arc::new(Notify::new());

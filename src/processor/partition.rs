@@ -45,6 +45,8 @@ pub struct Shared {
     /// The schema registry writer schemas come from (`None`: every record is read as
     /// `schemas/log_record.avsc`, its schema id ignored).
     pub registry: Option<Arc<crate::schema_registry::SchemaRegistry>>,
+    /// Where readers waiting for a read token see this replica's commits.
+    pub board: Arc<crate::reading::board::Board>,
 }
 
 impl Shared {
@@ -359,6 +361,7 @@ impl Worker {
         );
         self.next = to;
         self.shared.metrics.partition_sysdb_next(self.partition, to);
+        self.shared.board.committed(self.partition, to);
         // The only group offset ever requested is a position the sysdb has just committed,
         // so the group offset is never ahead of it (design.md invariant 3).
         self.shared.commander.send(Command::Commit(vec![(self.partition, to)]));
