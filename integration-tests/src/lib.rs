@@ -22,9 +22,14 @@ pub fn postgres_url() -> String {
         .unwrap_or_else(|_| "postgres://sluice:sluice@127.0.0.1:55432/sluice_test".into())
 }
 
+/// Whether this runs in CI (`CI` set, not empty and not `false`): a missing service fails
+/// the test there, whatever `SLUICE_SKIP_INTEGRATION` says.
+pub fn in_ci() -> bool {
+    std::env::var("CI").map(|v| !v.is_empty() && v != "false").unwrap_or(false)
+}
+
 fn may_skip(what: &str, fix: &str, why: &str) -> bool {
-    let in_ci = std::env::var("CI").map(|v| !v.is_empty() && v != "false").unwrap_or(false);
-    if !in_ci && std::env::var("SLUICE_SKIP_INTEGRATION").as_deref() == Ok("1") {
+    if !in_ci() && std::env::var("SLUICE_SKIP_INTEGRATION").as_deref() == Ok("1") {
         eprintln!("SKIPPING: {what} is unreachable ({why}) and SLUICE_SKIP_INTEGRATION=1");
         return true;
     }
