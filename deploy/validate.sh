@@ -29,7 +29,7 @@
 # The Python tools are pinned below and installed on first use into the git-ignored
 # $REPO/.local/deploy-venv (from PyPI; afterwards everything runs offline). promtool comes
 # with Prometheus (deploy/local/prometheus.sh or deploy/local/deps.sh installs it).
-# Run by the integration test integration-tests/tests/prometheus_dashboard.rs.
+# Run by the integration test integration-tests/tests/it/prometheus_dashboard.rs.
 set -euo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"

@@ -9,13 +9,13 @@
 #
 #   scripts/chaos.sh [--minutes N] [--seed S]
 #
-# It is the integration test `chaos` (integration-tests/tests/chaos.rs, which CI runs for
-# 45 s) run for longer; the workload is scripts/chaos/driver.py (Python venv from
-# deploy/local/python-env.sh: confluent-kafka, fastavro). The run directory (replica logs,
-# manifest.json with the hostile records sent and the figures) is printed at the start;
-# re-check a finished run with
+# It is the integration test `chaos::chaos_on_postgres` (integration-tests/tests/it/chaos.rs,
+# which CI runs for 45 s) run for longer; the workload is scripts/chaos/driver.py (Python
+# venv from deploy/local/python-env.sh: confluent-kafka, fastavro). The run directory
+# (replica logs, manifest.json with the hostile records sent and the figures) is printed at
+# the start; re-check a finished run with
 #   SLUICE_CHAOS_MANIFEST=/tmp/sluice-it-chaos-.../manifest.json \
-#     cargo test -p sluice-integration-tests --test chaos -- --ignored check_manifest --nocapture
+#     cargo test -p sluice-integration-tests --test it -- --ignored chaos::check_manifest --nocapture
 # Exit status: 0 when every check passes; the failures are listed one per line
 # ("chaos check FAILURE: ...") before the test's panic.
 set -euo pipefail
@@ -37,11 +37,11 @@ answers 9092 || deploy/local/kafka.sh start
 answers 55432 || deploy/local/postgres.sh start
 deploy/local/python-env.sh >/dev/null
 cargo build --locked --bin sluice -p sluice
-cargo test --locked -p sluice-integration-tests --test chaos --no-run
+cargo test --locked -p sluice-integration-tests --test it --no-run
 started=$(date +%s)
 set +e
 SLUICE_CHAOS_SECONDS=$((minutes * 60)) SLUICE_CHAOS_SEED="$seed" \
-  cargo test --locked -p sluice-integration-tests --test chaos -- chaos_on_postgres --nocapture
+  cargo test --locked -p sluice-integration-tests --test it -- chaos::chaos_on_postgres --exact --nocapture
 rc=$?
 set -e
 echo "chaos.sh: ${minutes} min of chaos, $(( $(date +%s) - started )) s in all, exit status $rc" >&2

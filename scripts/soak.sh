@@ -19,4 +19,4 @@ cargo build --release --locked -p sluice-integration-tests --tests
 mkdir -p target
 SLUICE_SOAK_SAMPLES="${SAMPLES:-$PWD/target/soak-samples.csv}" \
 SLUICE_SOAK_MAX_RSS_GROWTH=10 SLUICE_SOAK_SECONDS=$((minutes * 60)) SLUICE_SOAK_RATE="$rate" SLUICE_SOAK_KILL_EVERY="${KILL_EVERY:-180}" \
-    cargo test --release --locked -p sluice-integration-tests --test soak -- --nocapture
+    cargo test --release --locked -p sluice-integration-tests --test it -- soak:: --nocapture

@@ -24,7 +24,7 @@ python3 scripts/check-docs.py
 python3 -m unittest discover -s scripts/bench -p 'test_*.py'
 deploy/local/prometheus.sh start
 deploy/local/kafka.sh start
-deploy/local/kafka-auth.sh start # SASL_SSL/SCRAM broker on 29192 (integration-tests/tests/auth_broker.rs)
+deploy/local/kafka-auth.sh start # SASL_SSL/SCRAM broker on 29192 (integration-tests/tests/it/auth_broker.rs)
 deploy/local/postgres.sh start
 deploy/local/python-env.sh >/dev/null
 cargo build --locked --bin sluice

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Produce keyed records with the Python client (confluent-kafka) and report where each landed.
 
-Used by integration-tests/tests/partitioner_interop.rs to check that a Python producer
+Used by integration-tests/tests/it/partitioner_interop.rs to check that a Python producer
 configured with `partitioner=murmur2_random` puts a key on the partition Sluice computes
 (`sluice::record::partitioner::partition_for`, the Java client's default partitioner).
 

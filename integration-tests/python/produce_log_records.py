@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Write randomized Sluice log records with the Python Avro stack and describe them in JSON.
 
-Used by integration-tests/tests/python_interop.rs: a producer in another language
+Used by integration-tests/tests/it/python_interop.rs: a producer in another language
 (fastavro + confluent-kafka) writes `schemas/log_record.avsc` datums, and Sluice's
 hand-written decoder must read back exactly what was written.
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Produce Confluent-framed log records whose writer schemas live in a schema registry.
 
-Used by integration-tests/tests/schema_registry.rs (and shown in docs/producing.md): each
+Used by integration-tests/tests/it/schema_registry.rs (and shown in docs/producing.md): each
 input line names a writer schema (one of the --schema NAME=SUBJECT=PATH given) and the
 record to write with it. The schema is registered under SUBJECT (the registry answers with
 its id; registering the same schema again returns the same id), the record is encoded with

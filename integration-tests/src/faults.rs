@@ -1,4 +1,4 @@
-//! Helpers of the fault tests (`tests/fault_points.rs`, `tests/unclean_faults.rs`): log
+//! Helpers of the fault tests (`tests/it/fault_points.rs`, `tests/it/unclean_faults.rs`): log
 //! waits, functions and their outputs against the reference model, the group-offset
 //! invariant, and the three-broker cluster with a guard that stops it.
 

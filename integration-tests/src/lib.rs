@@ -22,9 +22,14 @@ pub fn postgres_url() -> String {
         .unwrap_or_else(|_| "postgres://sluice:sluice@127.0.0.1:55432/sluice_test".into())
 }
 
+/// Whether this runs in CI (`CI` set, not empty and not `false`): a missing service fails
+/// the test there, whatever `SLUICE_SKIP_INTEGRATION` says.
+pub fn in_ci() -> bool {
+    std::env::var("CI").map(|v| !v.is_empty() && v != "false").unwrap_or(false)
+}
+
 fn may_skip(what: &str, fix: &str, why: &str) -> bool {
-    let in_ci = std::env::var("CI").map(|v| !v.is_empty() && v != "false").unwrap_or(false);
-    if !in_ci && std::env::var("SLUICE_SKIP_INTEGRATION").as_deref() == Ok("1") {
+    if !in_ci() && std::env::var("SLUICE_SKIP_INTEGRATION").as_deref() == Ok("1") {
         eprintln!("SKIPPING: {what} is unreachable ({why}) and SLUICE_SKIP_INTEGRATION=1");
         return true;
     }
@@ -145,8 +150,8 @@ pub struct Env {
 #[derive(Debug)]
 pub struct Cleanup {
     dir: PathBuf,
-    /// The PostgreSQL database of the test, if any.
-    database: Option<String>,
+    /// The PostgreSQL database of the test, if any: the server's URL and the name.
+    database: Option<(String, String)>,
     prefix: String,
 }
 
@@ -156,7 +161,7 @@ impl Drop for Cleanup {
             eprintln!(
                 "the failed test keeps its files in {}{} (topics {}.*)",
                 self.dir.display(),
-                self.database.as_deref().map(|d| format!(" and its PostgreSQL database {d}")).unwrap_or_default(),
+                self.database.as_ref().map(|(_, d)| format!(" and its PostgreSQL database {d}")).unwrap_or_default(),
                 self.prefix
             );
             return;
@@ -170,8 +175,8 @@ impl Drop for Cleanup {
         let _ = std::thread::spawn(move || {
             let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().ok()?;
             rt.block_on(async {
-                if let Some(db) = database {
-                    if let Ok((client, conn)) = tokio_postgres::connect(&postgres_url(), tokio_postgres::NoTls).await {
+                if let Some((server, db)) = database {
+                    if let Ok((client, conn)) = tokio_postgres::connect(&server, tokio_postgres::NoTls).await {
                         tokio::spawn(conn);
                         let _ = client.batch_execute(&format!("DROP DATABASE IF EXISTS {db} WITH (FORCE)")).await;
                     }
@@ -210,17 +215,22 @@ impl Env {
 
     /// A fresh PostgreSQL database (created from the test database's server).
     pub async fn postgres(name: &str) -> Env {
+        Env::postgres_on(&postgres_url(), name).await
+    }
+
+    /// A fresh PostgreSQL database on the server of `server` (a URL of one of its
+    /// databases), e.g. a private server that the test stops.
+    pub async fn postgres_on(server: &str, name: &str) -> Env {
         let s = suffix();
         // PostgreSQL cuts names at 63 bytes: shorten the test's name so that the unique
         // suffix always stays in (a long name would otherwise meet an earlier run's).
         let short: String =
             name.replace('-', "_").chars().filter(char::is_ascii).take(63 - "it__".len() - s.len()).collect();
         let db = format!("it_{short}_{s}");
-        let (client, conn) = tokio_postgres::connect(&postgres_url(), tokio_postgres::NoTls).await.expect("postgres");
+        let (client, conn) = tokio_postgres::connect(server, tokio_postgres::NoTls).await.expect("postgres");
         tokio::spawn(conn);
         client.batch_execute(&format!("CREATE DATABASE {db}")).await.expect("create database");
-        let base = postgres_url();
-        let url = format!("{}/{db}", &base[..base.rfind('/').expect("db in url")]);
+        let url = format!("{}/{db}", &server[..server.rfind('/').expect("db in url")]);
         let dir = std::env::temp_dir().join(format!("sluice-it-{name}-{s}"));
         std::fs::create_dir_all(&dir).expect("temp dir");
         let prefix = format!("it-{name}-{s}");
@@ -228,7 +238,11 @@ impl Env {
             prefix: prefix.clone(),
             group: format!("it-{name}-{s}"),
             sysdb: url,
-            cleanup: std::sync::Arc::new(Cleanup { dir: dir.clone(), database: Some(db), prefix }),
+            cleanup: std::sync::Arc::new(Cleanup {
+                dir: dir.clone(),
+                database: Some((server.to_string(), db)),
+                prefix,
+            }),
             dir,
             extra: Vec::new(),
             processor_toml: String::new(),

@@ -28,7 +28,7 @@ What it does, in order:
      sent (partition, offset, label), the attaches/detaches, the replica logs, exit codes,
      lines that say a partition HALTED, and the figures of the run.
 
-The verdict is not given here: the Rust checker (integration-tests/tests/chaos.rs) reads
+The verdict is not given here: the Rust checker (integration-tests/tests/it/chaos.rs) reads
 the log topic with read_committed, computes the expected state with the reference model and
 compares it with the sysdb, the function outputs, the DLQ and the positions.
 

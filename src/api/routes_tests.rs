@@ -1,7 +1,7 @@
 //! The admin API driven through the whole router with `tower::ServiceExt::oneshot`, on an
 //! in-memory SQLite sysdb and no broker (the producer points at a closed port; nothing
 //! here produces). Producing and attaching against a real broker and replica:
-//! `integration-tests/tests/admin_api.rs`.
+//! `integration-tests/tests/it/admin_api.rs`.
 
 use std::sync::Arc;
 

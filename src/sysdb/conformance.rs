@@ -1,7 +1,7 @@
 //! Backend-independent conformance suite for [`Sysdb`]: every backend must pass it.
 //!
 //! Run for SQLite by the unit tests in `sqlite/tests.rs` and for PostgreSQL by
-//! `integration-tests/tests/sysdb_postgres.rs`. Every check uses its own random topic and
+//! `integration-tests/tests/it/sysdb_postgres.rs`. Every check uses its own random topic and
 //! collection names, so the suite can run against a shared database, concurrently with
 //! other runs, and never needs a clean one. Checks panic with a message naming the
 //! behaviour that broke.

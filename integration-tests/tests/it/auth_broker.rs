@@ -19,16 +19,12 @@
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use sluice_integration_tests::{repo_root, suffix, Env};
+use sluice_integration_tests::{in_ci, repo_root, suffix, Env};
 
 const PASSWORD: &str = "sluice-secret";
 
 fn script() -> std::path::PathBuf {
     repo_root().join("deploy/local/kafka-auth.sh")
-}
-
-fn in_ci() -> bool {
-    std::env::var("CI").map(|v| !v.is_empty() && v != "false").unwrap_or(false)
 }
 
 /// What `kafka-auth.sh env` prints, as pairs.

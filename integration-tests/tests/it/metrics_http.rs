@@ -3,42 +3,15 @@
 //! with what was produced, and readiness follows the assignment and halted partitions.
 
 use std::collections::BTreeMap;
-use std::io::{Read, Write};
-use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use sluice::cli::jsonl::log_record_to_json;
 use sluice::record::LogRecord;
 use sluice::workload::{generate, WorkloadSpec};
-use sluice_integration_tests::{require_kafka, Env, Replica};
+use sluice_integration_tests::{free_port, http_get, require_kafka, Env, Replica};
 
 const WAIT: Duration = Duration::from_secs(120);
-
-/// A free local port (bound, then released for the replica).
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
-
-/// `GET path` over a raw HTTP/1.1 connection: `(status, content type, body)`, or `None`
-/// while nothing listens.
-fn get(port: u16, path: &str) -> Option<(u16, String, String)> {
-    let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
-    write!(s, "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n").ok()?;
-    let mut raw = Vec::new();
-    s.read_to_end(&mut raw).ok()?;
-    let text = String::from_utf8(raw).expect("utf-8 response");
-    let (head, body) = text.split_once("\r\n\r\n").expect("HTTP head");
-    let status = head.split(' ').nth(1).expect("status").parse().expect("numeric status");
-    let content_type = head
-        .lines()
-        .find_map(|l| {
-            l.split_once(':').filter(|(k, _)| k.eq_ignore_ascii_case("content-type")).map(|(_, v)| v.trim().to_string())
-        })
-        .unwrap_or_default();
-    Some((status, content_type, body.to_string()))
-}
 
 /// `series → value` of a text exposition (series = name plus its labels as printed).
 fn samples(text: &str) -> BTreeMap<String, f64> {
@@ -52,7 +25,7 @@ fn samples(text: &str) -> BTreeMap<String, f64> {
 }
 
 fn scrape(port: u16) -> BTreeMap<String, f64> {
-    let (status, content_type, body) = get(port, "/metrics").expect("metrics endpoint answers");
+    let (status, content_type, body) = http_get(port, "/metrics").expect("metrics endpoint answers");
     assert_eq!(status, 200);
     assert!(
         content_type.starts_with("application/openmetrics-text") || content_type.starts_with("text/plain"),
@@ -62,7 +35,7 @@ fn scrape(port: u16) -> BTreeMap<String, f64> {
 }
 
 fn readyz(port: u16) -> Option<(u16, Value)> {
-    get(port, "/readyz").map(|(status, _, body)| (status, serde_json::from_str(&body).expect("readyz JSON body")))
+    http_get(port, "/readyz").map(|(status, _, body)| (status, serde_json::from_str(&body).expect("readyz JSON body")))
 }
 
 fn offsets(env: &Env) -> Vec<Value> {
@@ -125,7 +98,7 @@ fn metrics_agree_with_offsets_show_and_the_workload() {
     let mut replica = env.spawn_replica("r1", &[("SLUICE_HTTP", listen.as_str())]);
     let starting = wait_ready(port, &mut replica);
     eprintln!("/readyz answered 503 \"starting\" {starting} times before the first assignment");
-    let (status, _, _) = get(port, "/healthz").expect("healthz answers");
+    let (status, _, _) = http_get(port, "/healthz").expect("healthz answers");
     assert_eq!(status, 200);
 
     env.wait_caught_up(WAIT);
@@ -210,7 +183,7 @@ fn metrics_agree_with_offsets_show_and_the_workload() {
 
     // Graceful stop: exits 0 and the HTTP server goes away with the processor.
     assert_eq!(replica.terminate(Duration::from_secs(30)), Some(0), "{}", replica.log_text());
-    assert!(get(port, "/healthz").is_none(), "HTTP server still up after the replica exited");
+    assert!(http_get(port, "/healthz").is_none(), "HTTP server still up after the replica exited");
 }
 
 #[test]
@@ -245,7 +218,7 @@ fn readyz_is_503_while_a_partition_is_halted() {
     assert_eq!(v["ready"], false);
     let reason = v["reason"].as_str().unwrap();
     assert!(reason.contains("partition 1 halted: the sysdb position 1000 is beyond"), "{reason}");
-    assert_eq!(get(port, "/healthz").expect("healthz").0, 200, "alive while not ready");
+    assert_eq!(http_get(port, "/healthz").expect("healthz").0, 200, "alive while not ready");
 
     let m = scrape(port);
     assert_eq!(m["sluice_partition_halted{partition=\"1\"}"], 1.0);

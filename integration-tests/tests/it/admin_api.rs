@@ -8,15 +8,10 @@ use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
-use sluice_integration_tests::{require_kafka, Env, Replica};
+use sluice_integration_tests::{free_port, require_kafka, Env, Replica};
 
 const WAIT: Duration = Duration::from_secs(120);
 const TOKEN: &str = "it-admin-token-0123456789";
-
-/// A free local port (bound, then released for the replica).
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
 
 /// One HTTP/1.1 request over a fresh connection: `(status, JSON body or Null)`, or `None`
 /// while nothing listens.

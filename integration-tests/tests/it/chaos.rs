@@ -87,7 +87,7 @@ async fn chaos_on_postgres() {
         // Topics of a passing run go; a failing run keeps them for `check_manifest`.
         drop(TopicGuard(vec![env.log_topic(), env.dlq_topic(), format!("{}.backfill", env.prefix)]));
     } else {
-        eprintln!("kept the topics and the database; re-check with SLUICE_CHAOS_MANIFEST={manifest} cargo test -p sluice-integration-tests --test chaos -- --ignored check_manifest --nocapture");
+        eprintln!("kept the topics and the database; re-check with SLUICE_CHAOS_MANIFEST={manifest} cargo test -p sluice-integration-tests --test it -- --ignored chaos::check_manifest --nocapture");
     }
     if let Err(e) = verdict {
         std::panic::resume_unwind(e.into_panic());

@@ -3,9 +3,12 @@
 //! lets the group offset pass the sysdb, reports not-ready while the sysdb is
 //! unreachable, and ends with exact results.
 //!
-//! One test per backend, run one after the other inside a single test function: stopping
-//! PostgreSQL must not hit other tests (cargo runs test binaries one at a time).
+//! One test per backend, run one after the other inside a single test function. The
+//! PostgreSQL one stops and restarts a server of its own (`deploy/local/postgres.sh` with
+//! `SLUICE_PG_DIR` and `SLUICE_PG_PORT`), never the shared one: the other tests of the
+//! binary run at the same time.
 
+use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -15,8 +18,8 @@ use sluice::functions::model::reference_outputs;
 use sluice::record::{LogRecord, Record};
 use sluice::workload::{generate, WorkloadSpec};
 use sluice_integration_tests::{
-    assert_records_match_model, free_port, http_get, jsonl_lines, metric_samples, repo_root, require_kafka,
-    require_postgres, Env, Replica,
+    assert_records_match_model, free_port, http_get, jsonl_lines, metric_samples, repo_root, require_kafka, Env,
+    Replica,
 };
 
 const WAIT: Duration = Duration::from_secs(180);
@@ -131,12 +134,57 @@ fn function_status(env: &Env, id: &str) -> Value {
         .unwrap_or_else(|| panic!("function {id} not listed: {fl}"))
 }
 
-fn pg(cmd: &str) {
-    let st = Command::new(repo_root().join("deploy/local/postgres.sh")).arg(cmd).status().unwrap();
-    assert!(st.success(), "postgres.sh {cmd}");
+/// This test's own PostgreSQL server, on a free port, its files in `.local/postgres-outage`
+/// (kept for the next run; the test's database is dropped). Stopped when dropped.
+struct PrivatePostgres {
+    dir: PathBuf,
+    port: u16,
 }
 
-fn postgres_restart_during_processing_and_backfill(env: Env) {
+impl PrivatePostgres {
+    fn start() -> PrivatePostgres {
+        let pg = PrivatePostgres { dir: repo_root().join(".local/postgres-outage"), port: free_port() };
+        // A server left running by an interrupted run listens on another port.
+        pg.script("stop");
+        pg.script("start");
+        pg
+    }
+
+    /// `postgres.sh CMD` on this server; panics unless it succeeds.
+    fn script(&self, cmd: &str) -> String {
+        let out = Command::new(repo_root().join("deploy/local/postgres.sh"))
+            .arg(cmd)
+            .env("SLUICE_PG_DIR", &self.dir)
+            .env("SLUICE_PG_PORT", self.port.to_string())
+            .env("SLUICE_PG_SHARED_BUFFERS", "128MB")
+            .output()
+            .expect("run deploy/local/postgres.sh");
+        assert!(
+            out.status.success(),
+            "postgres.sh {cmd} (SLUICE_PG_DIR={}, SLUICE_PG_PORT={}): {}",
+            self.dir.display(),
+            self.port,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    }
+
+    fn url(&self) -> String {
+        self.script("url")
+    }
+}
+
+impl Drop for PrivatePostgres {
+    fn drop(&mut self) {
+        let _ = Command::new(repo_root().join("deploy/local/postgres.sh"))
+            .arg("stop")
+            .env("SLUICE_PG_DIR", &self.dir)
+            .env("SLUICE_PG_PORT", self.port.to_string())
+            .output();
+    }
+}
+
+fn postgres_restart_during_processing_and_backfill(server: &PrivatePostgres, env: Env) {
     env.run(&["init", "--partitions", "3"]);
     let env = env.with_sections("[backfill]\nchunk_size = 20\npause_ms = 50\nscan_interval_ms = 500\n");
     let base = workload(2_000, 1, &env.prefix);
@@ -172,7 +220,7 @@ fn postgres_restart_during_processing_and_backfill(env: Env) {
         let stalled_at = Instant::now();
         let f = function_status(&env, &id);
         assert_eq!(f["status"], "backfilling", "the function is backfilling when PostgreSQL stops: {f}");
-        pg("stop");
+        server.script("stop");
         assert!(
             stalled_at.elapsed() < STALL,
             "PostgreSQL stopped {:?} after the stall began: the chunk may have committed",
@@ -184,7 +232,7 @@ fn postgres_restart_during_processing_and_backfill(env: Env) {
         );
         wait_not_ready(port, "sysdb unavailable");
         std::thread::sleep(Duration::from_secs(3));
-        pg("start");
+        server.script("start");
         wait_ready(port);
     });
     env.wait_caught_up(WAIT);
@@ -231,13 +279,16 @@ fn sqlite_locked_by_another_process(env: Env) {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn sysdb_outages_are_retried_reported_and_end_exact() {
-    if !require_kafka() || !require_postgres().await {
+    if !require_kafka() {
         return;
     }
-    let pg_env = Env::postgres("outage").await;
+    let server = PrivatePostgres::start();
+    let pg_env = Env::postgres_on(&server.url(), "outage").await;
+    // The server is stopped after the environment (its database) is gone.
     tokio::task::spawn_blocking(move || {
         sqlite_locked_by_another_process(Env::sqlite("locked"));
-        postgres_restart_during_processing_and_backfill(pg_env);
+        postgres_restart_during_processing_and_backfill(&server, pg_env);
+        drop(server);
     })
     .await
     .unwrap();

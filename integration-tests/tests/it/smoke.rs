@@ -129,7 +129,7 @@ async fn helper_child() {
 /// Runs `helper_child` checking `service`, with `env` set (`None` = removed).
 fn run_child(service: &str, env: &[(&str, Option<&str>)]) -> (Output, String) {
     let mut c = Command::new(std::env::current_exe().expect("current exe"));
-    c.args(["--exact", "helper_child", "--ignored", "--nocapture", "--test-threads=1"])
+    c.args(["--exact", "smoke::helper_child", "--ignored", "--nocapture", "--test-threads=1"])
         .env(CHILD_VAR, service)
         .env("RUST_BACKTRACE", "0");
     for (k, v) in env {

@@ -34,7 +34,7 @@ use sluice::record::codec::encode;
 use sluice::record::partitioner::partition_for;
 use sluice::record::LogRecord;
 use sluice::workload::{generate, WorkloadSpec};
-use sluice_integration_tests::{brokers, repo_root, require_kafka, sluice_bin, suffix, Env};
+use sluice_integration_tests::{brokers, free_port, in_ci, repo_root, require_kafka, sluice_bin, suffix, Env};
 
 const PARTITIONS: i32 = 4;
 const WAIT: Duration = Duration::from_secs(60);
@@ -49,10 +49,6 @@ const DASHBOARD: &str = "deploy/grafana/dashboards/sluice.json";
 const NO_DATA_ALLOWED: &[(&str, &str)] = &[];
 
 // ---------------------------------------------------------------------------- helpers
-
-fn in_ci() -> bool {
-    std::env::var("CI").map(|v| !v.is_empty() && v != "false").unwrap_or(false)
-}
 
 /// Same policy as the shared `require_*` helpers: fail with the fix, or (outside CI, with
 /// SLUICE_SKIP_INTEGRATION=1) skip.
@@ -221,10 +217,6 @@ impl Drop for Targets {
         let _ = Command::new(script("prometheus.sh")).args(["targets", "--name", &self.name]).output();
         let _ = std::fs::remove_file(repo_root().join(".local/prometheus/targets").join(format!("{}.json", self.name)));
     }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
 fn raw_producer() -> ThreadedProducer<DefaultProducerContext> {

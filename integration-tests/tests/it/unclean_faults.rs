@@ -391,7 +391,7 @@ fn failing_group_commits_are_counted_and_harmless() {
         &[
             ("SLUICE_FAILPOINT", "sleep_before_group_commit:1"),
             ("SLUICE_FAILPOINT_SLEEP_MS", "12000"),
-            ("SLUICE_LOG", "info,sluice::kafka::consumer=debug"),
+            ("SLUICE_LOG", "info,sluice_kafka::consumer=debug"),
         ],
     );
     wait_log(&r1, "fail point sleep_before_group_commit reached", WAIT);
@@ -418,7 +418,7 @@ fn failing_group_commits_are_counted_and_harmless() {
         &[
             ("SLUICE_FAILPOINT", "fail_group_commit:1"),
             ("SLUICE_HTTP", &format!("127.0.0.1:{port}")),
-            ("SLUICE_LOG", "info,sluice::kafka::consumer=debug"),
+            ("SLUICE_LOG", "info,sluice_kafka::consumer=debug"),
         ],
     );
     r2.wait_for_log("partition starts", WAIT);

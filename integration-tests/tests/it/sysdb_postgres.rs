@@ -172,7 +172,7 @@ async fn wrong_password_is_refused_without_echoing_it() {
     assert!(!text.contains("not-the-password-42"), "{text}");
 }
 
-/// `cargo test --release -p sluice-integration-tests --test sysdb_postgres -- --ignored --nocapture`
+/// `cargo test --release -p sluice-integration-tests --test it -- --ignored sysdb_postgres::commit_throughput --nocapture`
 #[tokio::test]
 #[ignore = "measurement, prints records/s"]
 async fn commit_throughput() {
