@@ -31,6 +31,7 @@ mod processor_e2e;
 mod processor_faults;
 mod prometheus_dashboard;
 mod python_interop;
+mod read_tokens;
 mod real_world_inputs;
 mod refused_records;
 mod schema_registry;
