@@ -211,7 +211,10 @@ fn cli(env: &Env, args: &[&str]) -> (i32, String, String) {
 }
 
 fn produced_token(out: &str) -> String {
-    out.lines().find_map(|l| l.strip_prefix("token: ")).unwrap_or_else(|| panic!("no token line in {out:?}")).to_string()
+    out.lines()
+        .find_map(|l| l.strip_prefix("token: "))
+        .unwrap_or_else(|| panic!("no token line in {out:?}"))
+        .to_string()
 }
 
 /// A token for the same topic whose `partition` asks for `offset`.
@@ -223,7 +226,9 @@ fn raised(token: &str, partition: i32, offset: i64) -> String {
 fn refusals(env: Env) {
     init(&env, 2);
     let lines: Vec<String> = (0..20)
-        .map(|i| json!({"collection": "c", "id": format!("id-{i}"), "operation": "upsert", "document": "d"}).to_string())
+        .map(|i| {
+            json!({"collection": "c", "id": format!("id-{i}"), "operation": "upsert", "document": "d"}).to_string()
+        })
         .collect();
     let path = env.dir.join("in.jsonl");
     std::fs::write(&path, lines.join("\n")).unwrap();
@@ -258,7 +263,8 @@ fn refusals(env: Env) {
     let (p, _) = token.rsplit('.').next().unwrap().split('_').next().unwrap().split_once('-').unwrap();
     let ahead = raised(&token, p.parse().unwrap(), 1_000_000);
     let t = Instant::now();
-    let (status, body) = http(port, "GET", &format!("/api/v1/collections/c/records?at_least={ahead}&wait_ms=700"), None);
+    let (status, body) =
+        http(port, "GET", &format!("/api/v1/collections/c/records?at_least={ahead}&wait_ms=700"), None);
     assert_eq!((status, body["error"].as_str()), (504, Some("token_not_reached")), "{body}");
     assert!(t.elapsed() >= Duration::from_millis(700));
     let msg = body["message"].as_str().unwrap();
@@ -283,7 +289,9 @@ fn refusals(env: Env) {
 
     // read_level=latest: records produced without any token are in the answer.
     let more: Vec<String> = (20..30)
-        .map(|i| json!({"collection": "c", "id": format!("id-{i}"), "operation": "upsert", "document": "d"}).to_string())
+        .map(|i| {
+            json!({"collection": "c", "id": format!("id-{i}"), "operation": "upsert", "document": "d"}).to_string()
+        })
         .collect();
     std::fs::write(&path, more.join("\n")).unwrap();
     env.run(&["produce", path.to_str().unwrap()]);
@@ -298,7 +306,10 @@ fn refusals(env: Env) {
     assert!(f["last_applied_time_ms"].as_i64().is_some(), "{f}");
     let (status, h) = http(port, "GET", "/api/v1/collections/c/freshness", None);
     assert_eq!(status, 200, "{h}");
-    assert_eq!((h["partition"].clone(), h["last_applied_offset"].clone()), (f["partition"].clone(), f["last_applied_offset"].clone()));
+    assert_eq!(
+        (h["partition"].clone(), h["last_applied_offset"].clone()),
+        (f["partition"].clone(), f["last_applied_offset"].clone())
+    );
     let (status, h) = http(port, "GET", "/api/v1/collections/nope/freshness", None);
     assert_eq!((status, h["error"].as_str()), (404, Some("unknown_collection")), "{h}");
 }
