@@ -73,7 +73,7 @@ fn main() -> std::process::ExitCode {
             },
             Cmd::Schema { command } => sluice::cli::schema_cmd::run(&config, command).await,
             Cmd::Checksum { read, format } => sluice::cli::records_cmd::checksum(&config, &read, format.format).await,
-            Cmd::Token { command } => sluice::cli::token_cmd::run(command),
+            Cmd::Token { command } => sluice::cli::token_cmd::run(&config, command).await,
             Cmd::Functions { command } => sluice::cli::functions_cmd::run(&config, command).await,
             Cmd::Produce { input, dry_run, rejects, format } => {
                 sluice::cli::produce_cmd::produce(&config, &input, dry_run, rejects.as_deref(), format.format).await
