@@ -7,8 +7,8 @@
 #      measured window (default 3 + 20 s);
 #   B  the same, plus a reader client paging through every collection with
 #      GET /api/v1/collections/{id}/records?limit=1000&after=... in a tight loop for the
-#      whole paced run (scripts/bench/read_ab.py reader; its pages/s and records/s are
-#      printed).
+#      whole paced run (scripts/bench/read_ab.py reader; its pages/s and records/s after
+#      the warm-up are printed, and its page times and CPU).
 # Per run: end-to-end latency p50/p99 of the records stamped after the warm-up, exactly
 # like the suite's latency phase (scripts/bench/latency.py: the replica's debug JSON log
 # line "batch committed" of the batch holding each record's offset minus the record's
@@ -16,7 +16,9 @@
 # sluice_sysdb_commit_duration_seconds histogram, the difference of two /metrics scrapes
 # (after the warm-up, and at caught-up), interpolated within buckets like latency.py
 # does (buckets 0.5, 1, 2.5, 5, 10, 25 ms ...: a p99 is only as sharp as its bucket);
-# the replica's CPU seconds from pacing start to caught-up. Every run must end caught up
+# the replica's CPU seconds from pacing start to caught-up, beside the busy seconds of
+# CPU 1 and CPU 0 (/proc/stat) over the same window: CPU 1 busy beyond the replica's own
+# is something else on its core (the machine is shared). Every run must end caught up
 # (`sluice offsets show`: lag 0 on every partition). The summary prints the median and
 # the spread (min-max) of each side, and whether each B median lies within A's spread.
 #
@@ -151,6 +153,12 @@ if [[ -n "$SERVICE_CPU" ]]; then
     log "pinning: replica on CPU 1; broker, paced producer, reader, kcat and this script on CPU 0"
 fi
 
+# cpu_busy: busy seconds (user, nice, system, irq, softirq) of CPU 0 and CPU 1 so far, from
+# /proc/stat: over a run, CPU 1's minus the replica's own is what else ran on its core.
+cpu_busy() {
+    awk -v t="$CLK_TCK" '$1 == "cpu0" || $1 == "cpu1" { printf "%.2f ", ($2 + $3 + $4 + $7 + $8) / t }' /proc/stat
+}
+
 # ------------------------------------------------------------------ one run ---------
 # run VARIANT NAME: one paced run (B: with the reader); appends its JSON to RESULTS and
 # prints its line.
@@ -171,10 +179,10 @@ run() {
     local rp=$!
     BG_PIDS+=("$rp")
     wait_log "$WORK/$name-replay.err" 'pacing starts' 1 180 "$rp" || { cat "$WORK/$name-replay.err" >&2; die "$name: the paced producer did not start"; }
-    local c0 b0 t0 rd=""
-    c0="$(pid_cpu "$pid")" b0="$(broker_cpu)" t0="$(now)"
+    local c0 b0 t0 s0 rd=""
+    c0="$(pid_cpu "$pid")" b0="$(broker_cpu)" t0="$(now)" s0="$(cpu_busy)"
     if [[ "$variant" == B ]]; then
-        python3 "$REPO/scripts/bench/read_ab.py" reader --url "http://127.0.0.1:$port" --limit "$PAGE" \
+        python3 "$REPO/scripts/bench/read_ab.py" reader --url "http://127.0.0.1:$port" --limit "$PAGE" --warmup-s "$WARMUP_S" \
             --stop-file "$WORK/$name.stop" >"$WORK/$name-reader.json" 2>"$WORK/$name-reader.err" &
         rd=$!
         BG_PIDS+=("$rd")
@@ -195,8 +203,8 @@ run() {
         sleep 0.1
     done
     curl -fsS "http://127.0.0.1:$port/metrics" >"$WORK/$name.m1" || die "$name: cannot scrape /metrics at caught-up"
-    local c1 b1
-    c1="$(pid_cpu "$pid")" b1="$(broker_cpu)"
+    local c1 b1 s1
+    c1="$(pid_cpu "$pid")" b1="$(broker_cpu)" s1="$(cpu_busy)"
     env $(sluice_env "$prefix" "$url" "$prefix") timeout 60 "$BIN" offsets show --format json >"$WORK/$name-offsets.json" 2>/dev/null &&
         jq -e --argjson n "$sent" '(map(.high_watermark) | add) == $n and all(.[]; .lag == 0 and .sysdb_next_offset == .high_watermark)' \
             "$WORK/$name-offsets.json" >/dev/null || { cat "$WORK/$name-offsets.json" >&2; die "$name: not caught up (lag > 0) by sluice offsets show"; }
@@ -217,15 +225,17 @@ run() {
     jq -c -n --arg v "$variant" --arg name "$name" --argjson sent "$sent" --slurpfile lat "$WORK/$name-latency.json" \
         --slurpfile com "$WORK/$name-commit.json" --argjson rd "$reader" --arg cpu "$(fsub "$c1" "$c0")" \
         --arg bcpu "$(fsub "$b1" "$b0")" --arg paced "$paced_s" --argjson rate "$RATE" \
+        --arg busy0 "$(fsub "${s1%% *}" "${s0%% *}")" --arg busy1 "$(fsub "$(cut -d' ' -f2 <<<"$s1")" "$(cut -d' ' -f2 <<<"$s0")")" \
         '{variant: $v, run: $name, rate: $rate, records: $sent, paced_s: ($paced|tonumber),
           e2e_p50_ms: $lat[0].p50_ms, e2e_p99_ms: $lat[0].p99_ms, e2e_n: $lat[0].n, e2e_whole_run: $lat[0].whole_run,
           e2e_histogram: $lat[0].histogram, records_per_batch: $lat[0].records_per_batch,
           commit_p50_ms: $com[0].p50_ms, commit_p99_ms: $com[0].p99_ms, commit_mean_ms: $com[0].mean_ms, commits: $com[0].count,
-          cpu_s: ($cpu|tonumber), broker_cpu_s: ($bcpu|tonumber)}
-         + (if $v == "B" then {reader_pages_per_s: $rd.pages_per_s, reader_records_per_s: $rd.records_per_s, reader: $rd} else {} end)' \
+          cpu_s: ($cpu|tonumber), broker_cpu_s: ($bcpu|tonumber),
+          cpu0_busy_s: ($busy0|tonumber), cpu1_busy_s: ($busy1|tonumber), cpu1_other_s: (($busy1|tonumber) - ($cpu|tonumber))}
+         + (if $v == "B" then {reader_pages_per_s: $rd.steady_pages_per_s, reader_records_per_s: $rd.steady_records_per_s, reader_cpu_s: $rd.cpu_s, reader: $rd} else {} end)' \
         >>"$RESULTS"
-    tail -1 "$RESULTS" | jq -r '"run \(.run): e2e p50 \(.e2e_p50_ms) p99 \(.e2e_p99_ms) ms (\(.e2e_n) records); commit p50 \(.commit_p50_ms) p99 \(.commit_p99_ms) mean \(.commit_mean_ms) ms (\(.commits) commits); replica CPU \(.cpu_s) s; lag 0"
-        + (if .variant == "B" then "; reader \(.reader.pages_per_s) pages/s, \(.reader.records_per_s) records/s, page p50 \(.reader.page_p50_ms) p99 \(.reader.page_p99_ms) ms, CPU \(.reader.cpu_s) s" else "" end)'
+    tail -1 "$RESULTS" | jq -r '"run \(.run): e2e p50 \(.e2e_p50_ms) p99 \(.e2e_p99_ms) ms (\(.e2e_n) records); commit p50 \(.commit_p50_ms) p99 \(.commit_p99_ms) mean \(.commit_mean_ms) ms (\(.commits) commits); replica CPU \(.cpu_s) s (CPU 1 busy \(.cpu1_busy_s) s, CPU 0 \(.cpu0_busy_s) s); lag 0"
+        + (if .variant == "B" then "; reader after the warm-up \(.reader.steady_pages_per_s) pages/s, \(.reader.steady_records_per_s) records/s (whole run \(.reader.pages_per_s) pages/s), page p50 \(.reader.page_p50_ms) p99 \(.reader.page_p99_ms) ms, CPU \(.reader.cpu_s) s" else "" end)'
     # Each run's sysdb and topic hold the paced records (~1.7 kB each): dropped once measured.
     rm -f "$WORK/$name.db" "$WORK/$name.db-wal" "$WORK/$name.db-shm" "$WORK/$name.ts"
     bench_delete_topics "$prefix\\..*"

@@ -6,7 +6,8 @@
       GET /api/v1/collections/{id}/records?limit=L&after=..., in a tight loop (one
       keep-alive connection) until F exists. Prints one JSON object: pages, records,
       bytes, seconds, pages/s, records/s, page time p50/p99, passes over all
-      collections, its own CPU seconds, errors. Cheap on its own core: the cursor is
+      collections, its own CPU seconds, errors; steady_*: the same after --warmup-s, and
+      per_second: [pages, records] in each second. Cheap on its own core: the cursor is
       read from the head of the body (serde_json writes the keys sorted: "collection",
       "next", "records") and the records counted by their "offset" key; the first page
       of every pass is parsed in full to check both.
@@ -56,7 +57,7 @@ def reader(a):
         return resp.status, resp.read()
 
     pages = records = nbytes = passes = errors = 0
-    times = []
+    times, per_s = [], []  # per_s: [pages, records] per second of the run
     c0, t0 = cpu_s(), time.monotonic()
     stop = False
     while not stop:
@@ -83,6 +84,10 @@ def reader(a):
                     break
                 pages += 1
                 nbytes += len(body)
+                sec = int(time.monotonic() - t0)
+                while len(per_s) <= sec:
+                    per_s.append([0, 0])
+                per_s[sec][0] += 1
                 m = HEAD.match(body)
                 count = body.count(b'"offset":')
                 if n == 0 or m is None:
@@ -94,6 +99,7 @@ def reader(a):
                 else:
                     nxt = None if m.group(2) is None else json.loads(b'"' + m.group(2) + b'"')
                 records += count
+                per_s[sec][1] += count
                 if nxt is None:
                     break
                 after = nxt
@@ -105,12 +111,19 @@ def reader(a):
             stop = stop or os.path.exists(a.stop_file)
     secs = time.monotonic() - t0
     times.sort()
+    # after the warm-up (whole seconds, the last partial second left out): the pages of
+    # the first seconds are small (the collections are filling)
+    steady = per_s[a.warmup_s:int(secs)]
+    sp, sr = sum(p for p, _ in steady), sum(r for _, r in steady)
     out = {"pages": pages, "records": records, "bytes": nbytes, "seconds": round(secs, 3),
            "pages_per_s": round(pages / secs, 1), "records_per_s": round(records / secs),
            "mb_per_s": round(nbytes / secs / 2**20, 1), "passes": passes, "errors": errors,
            "page_p50_ms": round(quantile(times, 0.5) * 1000, 1) if times else None,
            "page_p99_ms": round(quantile(times, 0.99) * 1000, 1) if times else None,
-           "cpu_s": round(cpu_s() - c0, 2), "limit": a.limit}
+           "cpu_s": round(cpu_s() - c0, 2), "limit": a.limit,
+           "steady_pages_per_s": round(sp / len(steady), 1) if steady else None,
+           "steady_records_per_s": round(sr / len(steady)) if steady else None,
+           "steady_records_per_page": round(sr / sp) if sp else None, "per_second": per_s}
     json.dump(out, sys.stdout)
     print()
     return 0 if pages and not errors else 1
@@ -168,8 +181,10 @@ FIELDS = [
     ("commit p99 ms", "commit_p99_ms", "{:.2f}"),
     ("commit mean ms", "commit_mean_ms", "{:.2f}"),
     ("replica CPU s", "cpu_s", "{:.2f}"),
+    ("CPU 1 other s", "cpu1_other_s", "{:.2f}"),
     ("reader pages/s", "reader_pages_per_s", "{:.1f}"),
     ("reader records/s", "reader_records_per_s", "{:.0f}"),
+    ("reader CPU s", "reader_cpu_s", "{:.2f}"),
 ]
 
 
@@ -185,12 +200,12 @@ def summary(a):
             if not vals:
                 row += f"  {v}: -{'':<27}"
                 continue
-            med, lo, hi = statistics.median(vals), min(vals), max(vals)
+            med, lo, hi = (round(x, 3) for x in (statistics.median(vals), min(vals), max(vals)))
             stats[v] = (med, lo, hi)
             out[f"{v}_{key}"] = {"median": med, "min": lo, "max": hi}
             cell = f"{fmt.format(med)} [{fmt.format(lo)}-{fmt.format(hi)}]"
             row += f"  {v}: {cell:<28}"
-        if "A" in stats and "B" in stats and key not in ("cpu_s",) and not key.startswith("reader"):
+        if "A" in stats and "B" in stats and key.startswith(("e2e", "commit")):
             med, lo, hi = stats["B"][0], stats["A"][1], stats["A"][2]
             within = lo <= med <= hi
             out[f"B_{key}_within_A_spread"] = within
@@ -210,6 +225,7 @@ def main():
     r.add_argument("--url", required=True)
     r.add_argument("--stop-file", required=True)
     r.add_argument("--limit", type=int, default=1000)
+    r.add_argument("--warmup-s", type=int, default=0, help="left out of the steady_* figures")
     h = sub.add_parser("hist")
     h.add_argument("--before")
     h.add_argument("--after", required=True)
