@@ -16,11 +16,13 @@
 # sluice_sysdb_commit_duration_seconds histogram, the difference of two /metrics scrapes
 # (after the warm-up, and at caught-up), interpolated within buckets like latency.py
 # does (buckets 0.5, 1, 2.5, 5, 10, 25 ms ...: a p99 is only as sharp as its bucket);
-# the replica's CPU seconds from pacing start to caught-up, beside the busy seconds of
-# CPU 1 and CPU 0 (/proc/stat) over the same window: CPU 1 busy beyond the replica's own
-# is something else on its core (the machine is shared). Every run must end caught up
-# (`sluice offsets show`: lag 0 on every partition). The summary prints the median and
-# the spread (min-max) of each side, and whether each B median lies within A's spread.
+# the writer's own work from its log (sluice::sysdb at debug: records-delta merges, WAL
+# restart checkpoints, whole run); the replica's CPU seconds from pacing start to
+# caught-up, beside the busy seconds of CPU 1 and CPU 0 (/proc/stat) over the same
+# window: CPU 1 busy beyond the replica's own is something else on its core (the machine
+# is shared). Every run must end caught up (`sluice offsets show`: lag 0 on every
+# partition). The summary prints the median and the spread (min-max) of each side, and
+# whether each B median lies within A's spread.
 #
 #   scripts/bench-read-ab.sh BIN [--rounds 4] [--rate 22000] [--warmup 3] [--seconds 20]
 #                                [--page 1000] [--keep]
@@ -30,7 +32,9 @@
 # produce -`, 8 partitions, rate x (warm-up + seconds) records), copied by the suite's
 # paced producer (sluice.peer.tools.Replay of bench/kafka-streams-peer, built with
 # `mvn package` if its jar is missing; linger 5 ms; fresh CreateTimes). Each run has
-# fresh topics, a fresh SQLite file and a consumer group of its own.
+# fresh topics, a fresh SQLite file and a consumer group of its own; its sysdb and
+# topics are dropped once it is measured (--keep keeps the work folder with the logs and
+# scrapes, and the source topic).
 #
 # Needs a broker (deploy/local/kafka.sh start). Pinning (with >= 2 CPUs): the replica
 # under `taskset -c 1`; the broker JVM, the paced producer, the reader, kcat and this
@@ -167,7 +171,7 @@ run() {
     local prefix="$BASE-$name" url="sqlite://$WORK/$name.db" logf="$WORK/$name.log" port
     port="$(free_port)"
     env $(sluice_env "$prefix" "$url" "$prefix") timeout 300 "$BIN" init --partitions "$PARTITIONS" >/dev/null 2>&1 || die "$name: init failed"
-    env $(sluice_env "$prefix" "$url" "$prefix") SLUICE_HTTP="127.0.0.1:$port" SLUICE_LOG="info,rdkafka=warn,sluice::processor=debug" \
+    env $(sluice_env "$prefix" "$url" "$prefix") SLUICE_HTTP="127.0.0.1:$port" SLUICE_LOG="info,rdkafka=warn,sluice::processor=debug,sluice::sysdb=debug" \
         "${PIN[@]}" "$BIN" --log-format json process 2>"$logf" &
     local pid=$!
     BG_PIDS+=("$pid")
@@ -220,21 +224,23 @@ run() {
         die "$name: latency.py found no per-record latencies (or unmatched records): $(cat "$WORK/$name-latency.json")"
     python3 "$REPO/scripts/bench/read_ab.py" hist --before "$WORK/$name.m0" --after "$WORK/$name.m1" >"$WORK/$name-commit.json" ||
         die "$name: no commits in the commit histogram"
+    python3 "$REPO/scripts/bench/read_ab.py" sqlite-events --log "$logf" >"$WORK/$name-sqlite.json"
     local reader='{}'
     [[ -z "$rd" ]] || reader="$(cat "$WORK/$name-reader.json")"
     jq -c -n --arg v "$variant" --arg name "$name" --argjson sent "$sent" --slurpfile lat "$WORK/$name-latency.json" \
-        --slurpfile com "$WORK/$name-commit.json" --argjson rd "$reader" --arg cpu "$(fsub "$c1" "$c0")" \
+        --slurpfile com "$WORK/$name-commit.json" --slurpfile ev "$WORK/$name-sqlite.json" --argjson rd "$reader" --arg cpu "$(fsub "$c1" "$c0")" \
         --arg bcpu "$(fsub "$b1" "$b0")" --arg paced "$paced_s" --argjson rate "$RATE" \
         --arg busy0 "$(fsub "${s1%% *}" "${s0%% *}")" --arg busy1 "$(fsub "$(cut -d' ' -f2 <<<"$s1")" "$(cut -d' ' -f2 <<<"$s0")")" \
         '{variant: $v, run: $name, rate: $rate, records: $sent, paced_s: ($paced|tonumber),
           e2e_p50_ms: $lat[0].p50_ms, e2e_p99_ms: $lat[0].p99_ms, e2e_n: $lat[0].n, e2e_whole_run: $lat[0].whole_run,
           e2e_histogram: $lat[0].histogram, records_per_batch: $lat[0].records_per_batch,
           commit_p50_ms: $com[0].p50_ms, commit_p99_ms: $com[0].p99_ms, commit_mean_ms: $com[0].mean_ms, commits: $com[0].count,
+          merges_ms: $ev[0].merges.sum_ms, sqlite_events: $ev[0],
           cpu_s: ($cpu|tonumber), broker_cpu_s: ($bcpu|tonumber),
           cpu0_busy_s: ($busy0|tonumber), cpu1_busy_s: ($busy1|tonumber), cpu1_other_s: (($busy1|tonumber) - ($cpu|tonumber))}
          + (if $v == "B" then {reader_pages_per_s: $rd.steady_pages_per_s, reader_records_per_s: $rd.steady_records_per_s, reader_cpu_s: $rd.cpu_s, reader: $rd} else {} end)' \
         >>"$RESULTS"
-    tail -1 "$RESULTS" | jq -r '"run \(.run): e2e p50 \(.e2e_p50_ms) p99 \(.e2e_p99_ms) ms (\(.e2e_n) records); commit p50 \(.commit_p50_ms) p99 \(.commit_p99_ms) mean \(.commit_mean_ms) ms (\(.commits) commits); replica CPU \(.cpu_s) s (CPU 1 busy \(.cpu1_busy_s) s, CPU 0 \(.cpu0_busy_s) s); lag 0"
+    tail -1 "$RESULTS" | jq -r '"run \(.run): e2e p50 \(.e2e_p50_ms) p99 \(.e2e_p99_ms) ms (\(.e2e_n) records); commit p50 \(.commit_p50_ms) p99 \(.commit_p99_ms) mean \(.commit_mean_ms) ms (\(.commits) commits; delta merges \(.sqlite_events.merges.n) in \(.merges_ms) ms, WAL restarts \(.sqlite_events.wal_restarts.n) max \(.sqlite_events.wal_restarts.max_ms) ms); replica CPU \(.cpu_s) s (CPU 1 busy \(.cpu1_busy_s) s, CPU 0 \(.cpu0_busy_s) s); lag 0"
         + (if .variant == "B" then "; reader after the warm-up \(.reader.steady_pages_per_s) pages/s, \(.reader.steady_records_per_s) records/s (whole run \(.reader.pages_per_s) pages/s), page p50 \(.reader.page_p50_ms) p99 \(.reader.page_p99_ms) ms, CPU \(.reader.cpu_s) s" else "" end)'
     # Each run's sysdb and topic hold the paced records (~1.7 kB each): dropped once measured.
     rm -f "$WORK/$name.db" "$WORK/$name.db-wal" "$WORK/$name.db-shm" "$WORK/$name.ts"

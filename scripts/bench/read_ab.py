@@ -17,6 +17,11 @@
       difference), interpolated linearly within buckets like latency.py (Prometheus
       histogram_quantile), and the exact mean (sum / count). One JSON object.
 
+  read_ab.py sqlite-events --log FILE
+      From the replica's JSON log (sluice::sysdb at debug): how many records-delta
+      merges, value-log compactions and WAL restart checkpoints ran and how long they
+      took (ms: sum, max), the writer's own work that a reader could lengthen.
+
   read_ab.py summary --results FILE
       The medians and spreads (min-max) of the A and B runs of a results file (one JSON
       object per run), and whether each B median lies within A's run-to-run spread.
@@ -173,6 +178,33 @@ def hist(a):
     return 0
 
 
+def sqlite_events(a):
+    kinds = {"records delta merged": ("merges", ["elapsed_ms"]),
+             "WAL restart checkpoint": ("wal_restarts", ["writer_wait_ms", "restart_ms"])}
+    seen = {name: [] for name, _ in kinds.values()}
+    compactions = 0
+    for line in open(a.log):
+        if '"sluice::sysdb' not in line:
+            continue
+        try:
+            ev = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        f = ev.get("fields", {})
+        msg = f.get("message")
+        if msg == "value log compacted":
+            compactions += 1
+        elif msg in kinds:
+            name, keys = kinds[msg]
+            seen[name].append(sum(int(f.get(k, 0)) for k in keys))
+    out = {"compactions": compactions}
+    for name, vals in seen.items():
+        out[name] = {"n": len(vals), "sum_ms": sum(vals), "max_ms": max(vals, default=0)}
+    json.dump(out, sys.stdout)
+    print()
+    return 0
+
+
 # (label, key in a run's JSON, format)
 FIELDS = [
     ("e2e p50 ms", "e2e_p50_ms", "{:.1f}"),
@@ -180,6 +212,7 @@ FIELDS = [
     ("commit p50 ms", "commit_p50_ms", "{:.2f}"),
     ("commit p99 ms", "commit_p99_ms", "{:.2f}"),
     ("commit mean ms", "commit_mean_ms", "{:.2f}"),
+    ("delta merges ms", "merges_ms", "{:.0f}"),
     ("replica CPU s", "cpu_s", "{:.2f}"),
     ("CPU 1 other s", "cpu1_other_s", "{:.2f}"),
     ("reader pages/s", "reader_pages_per_s", "{:.1f}"),
@@ -230,10 +263,12 @@ def main():
     h.add_argument("--before")
     h.add_argument("--after", required=True)
     h.add_argument("--name", default="sluice_sysdb_commit_duration_seconds")
+    e = sub.add_parser("sqlite-events")
+    e.add_argument("--log", required=True)
     s = sub.add_parser("summary")
     s.add_argument("--results", required=True)
     a = ap.parse_args()
-    return {"reader": reader, "hist": hist, "summary": summary}[a.cmd](a)
+    return {"reader": reader, "hist": hist, "sqlite-events": sqlite_events, "summary": summary}[a.cmd](a)
 
 
 if __name__ == "__main__":
