@@ -20,7 +20,7 @@
 # restart checkpoints, whole run); the replica's CPU seconds from pacing start to
 # caught-up, beside the busy seconds of CPU 1 and CPU 0 (/proc/stat) over the same
 # window: CPU 1 busy beyond the replica's own is something else on its core (the machine
-# is shared). Every run must end caught up (`sluice offsets show`: lag 0 on every
+# is shared; a run where that exceeds a tenth of its time is flagged NOISY). Every run must end caught up (`sluice offsets show`: lag 0 on every
 # partition). The summary prints the median and the spread (min-max) of each side, and
 # whether each B median lies within A's spread.
 #
@@ -241,6 +241,7 @@ run() {
          + (if $v == "B" then {reader_pages_per_s: $rd.steady_pages_per_s, reader_records_per_s: $rd.steady_records_per_s, reader_cpu_s: $rd.cpu_s, reader: $rd} else {} end)' \
         >>"$RESULTS"
     tail -1 "$RESULTS" | jq -r '"run \(.run): e2e p50 \(.e2e_p50_ms) p99 \(.e2e_p99_ms) ms (\(.e2e_n) records); commit p50 \(.commit_p50_ms) p99 \(.commit_p99_ms) mean \(.commit_mean_ms) ms (\(.commits) commits; delta merges \(.sqlite_events.merges.n) in \(.merges_ms) ms, WAL restarts \(.sqlite_events.wal_restarts.n) max \(.sqlite_events.wal_restarts.max_ms) ms); replica CPU \(.cpu_s) s (CPU 1 busy \(.cpu1_busy_s) s, CPU 0 \(.cpu0_busy_s) s); lag 0"
+        + (if .cpu1_other_s > 0.1 * .paced_s then " [NOISY: \(.cpu1_other_s) s of other work on CPU 1]" else "" end)
         + (if .variant == "B" then "; reader after the warm-up \(.reader.steady_pages_per_s) pages/s, \(.reader.steady_records_per_s) records/s (whole run \(.reader.pages_per_s) pages/s), page p50 \(.reader.page_p50_ms) p99 \(.reader.page_p99_ms) ms, CPU \(.reader.cpu_s) s" else "" end)'
     # Each run's sysdb and topic hold the paced records (~1.7 kB each): dropped once measured.
     rm -f "$WORK/$name.db" "$WORK/$name.db-wal" "$WORK/$name.db-shm" "$WORK/$name.ts"
@@ -252,5 +253,7 @@ for i in $(seq 1 "$ROUNDS"); do
     run B "b$i"
 done
 python3 "$REPO/scripts/bench/read_ab.py" summary --results "$RESULTS"
+noisy="$(jq -s 'map(select(.cpu1_other_s > 0.1 * .paced_s)) | length' "$RESULTS")"
+((noisy == 0)) || log "WARNING: $noisy runs shared CPU 1 with other work for more than a tenth of their time (NOISY above): the machine was not quiet"
 log "$ROUNDS rounds at $RATE records/s, $WARMUP_S + $SECONDS_M s; every run ended caught up (lag 0)"
 PASSED=true
