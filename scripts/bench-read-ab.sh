@@ -25,7 +25,10 @@
 # whether each B median lies within A's spread.
 #
 #   scripts/bench-read-ab.sh BIN [--rounds 4] [--rate 22000] [--warmup 3] [--seconds 20]
-#                                [--page 1000] [--keep]
+#                                [--page 1000] [--reader-pause-ms 0] [--keep]
+#
+# --reader-pause-ms N: the reader sleeps N ms after each page instead of asking for the
+# next at once (a lighter reader, to tell CPU sharing from waiting on the writer).
 #
 # The records come from a W1-shaped source topic produced once per invocation (`sluice
 # workload --collections 64 --dim 384 --ids-per-collection 1000 --seed 42 | sluice
@@ -53,7 +56,7 @@ usage() { sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d' | sed 's/^# \{0
 [[ $# -ge 1 && "$1" != -* ]] || usage
 BIN="$(realpath "$1")"
 shift
-ROUNDS=4 RATE=22000 WARMUP_S=3 SECONDS_M=20 PAGE=1000 KEEP=false
+ROUNDS=4 RATE=22000 WARMUP_S=3 SECONDS_M=20 PAGE=1000 PAUSE_MS=0 KEEP=false
 while (($#)); do
     case "$1" in
     --rounds) ROUNDS="${2:?}"; shift 2 ;;
@@ -61,12 +64,13 @@ while (($#)); do
     --warmup) WARMUP_S="${2:?}"; shift 2 ;;
     --seconds) SECONDS_M="${2:?}"; shift 2 ;;
     --page) PAGE="${2:?}"; shift 2 ;;
+    --reader-pause-ms) PAUSE_MS="${2:?}"; shift 2 ;;
     --keep) KEEP=true; shift ;;
     -h | --help) usage ;;
     *) echo "unknown argument: $1" >&2; usage ;;
     esac
 done
-for v in ROUNDS RATE WARMUP_S SECONDS_M PAGE; do is_uint "${!v}" || die "$v must be a whole number"; done
+for v in ROUNDS RATE WARMUP_S SECONDS_M PAGE PAUSE_MS; do is_uint "${!v}" || die "$v must be a whole number"; done
 [[ -x "$BIN" ]] || die "no executable at $BIN"
 for tool in java mvn kcat jq python3 sqlite3 taskset curl; do command -v "$tool" >/dev/null || die "'$tool' is missing"; done
 
@@ -140,7 +144,7 @@ wait_log() {
 
 SRC_N=$((RATE * (WARMUP_S + SECONDS_M)))
 SRC="$BASE-src"
-log "run $BASE: $("$BIN" --version), $NCPU CPUs, $ROUNDS rounds of A (no reader) and B (reader, limit $PAGE) at $RATE records/s for $WARMUP_S + $SECONDS_M s"
+log "run $BASE: $("$BIN" --version), $NCPU CPUs, $ROUNDS rounds of A (no reader) and B (reader, limit $PAGE, pause $PAUSE_MS ms) at $RATE records/s for $WARMUP_S + $SECONDS_M s"
 log "producing $SRC_N W1-shaped records into $SRC.log (unpinned)"
 env $(sluice_env "$SRC" "sqlite://$WORK/src.db" "$SRC") "$BIN" init --partitions "$PARTITIONS" >/dev/null 2>&1 || die "init of the source failed"
 "$BIN" workload --records "$SRC_N" --collections 64 --dim 384 --ids-per-collection 1000 --seed 42 |
@@ -186,7 +190,7 @@ run() {
     local c0 b0 t0 s0 rd=""
     c0="$(pid_cpu "$pid")" b0="$(broker_cpu)" t0="$(now)" s0="$(cpu_busy)"
     if [[ "$variant" == B ]]; then
-        python3 "$REPO/scripts/bench/read_ab.py" reader --url "http://127.0.0.1:$port" --limit "$PAGE" --warmup-s "$WARMUP_S" \
+        python3 "$REPO/scripts/bench/read_ab.py" reader --url "http://127.0.0.1:$port" --limit "$PAGE" --warmup-s "$WARMUP_S" --pause-ms "$PAUSE_MS" \
             --stop-file "$WORK/$name.stop" >"$WORK/$name-reader.json" 2>"$WORK/$name-reader.err" &
         rd=$!
         BG_PIDS+=("$rd")

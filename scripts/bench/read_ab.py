@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Helpers of scripts/bench-read-ab.sh (reads beside a paced load).
 
-  read_ab.py reader --url http://HOST:PORT --stop-file F [--limit 1000]
+  read_ab.py reader --url http://HOST:PORT --stop-file F [--limit 1000] [--pause-ms 0]
       The reader client: pages through every collection of the replica's admin API,
       GET /api/v1/collections/{id}/records?limit=L&after=..., in a tight loop (one
       keep-alive connection) until F exists. Prints one JSON object: pages, records,
@@ -105,6 +105,8 @@ def reader(a):
                     nxt = None if m.group(2) is None else json.loads(b'"' + m.group(2) + b'"')
                 records += count
                 per_s[sec][1] += count
+                if a.pause_ms:
+                    time.sleep(a.pause_ms / 1000)
                 if nxt is None:
                     break
                 after = nxt
@@ -125,7 +127,7 @@ def reader(a):
            "mb_per_s": round(nbytes / secs / 2**20, 1), "passes": passes, "errors": errors,
            "page_p50_ms": round(quantile(times, 0.5) * 1000, 1) if times else None,
            "page_p99_ms": round(quantile(times, 0.99) * 1000, 1) if times else None,
-           "cpu_s": round(cpu_s() - c0, 2), "limit": a.limit,
+           "cpu_s": round(cpu_s() - c0, 2), "limit": a.limit, "pause_ms": a.pause_ms,
            "steady_pages_per_s": round(sp / len(steady), 1) if steady else None,
            "steady_records_per_s": round(sr / len(steady)) if steady else None,
            "steady_records_per_page": round(sr / sp) if sp else None, "per_second": per_s}
@@ -259,6 +261,7 @@ def main():
     r.add_argument("--stop-file", required=True)
     r.add_argument("--limit", type=int, default=1000)
     r.add_argument("--warmup-s", type=int, default=0, help="left out of the steady_* figures")
+    r.add_argument("--pause-ms", type=float, default=0, help="sleep after each page (0: a tight loop)")
     h = sub.add_parser("hist")
     h.add_argument("--before")
     h.add_argument("--after", required=True)
