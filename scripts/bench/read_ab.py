@@ -4,7 +4,7 @@
   read_ab.py reader --url http://HOST:PORT --stop-file F [--limit 1000] [--pause-ms 0]
       The reader client: pages through every collection of the replica's admin API,
       GET /api/v1/collections/{id}/records?limit=L&after=..., in a tight loop (one
-      keep-alive connection) until F exists. Prints one JSON object: pages, records,
+      keep-alive connection; --pause-ms N: a sleep after each page) until F exists. Prints one JSON object: pages, records,
       bytes, seconds, pages/s, records/s, page time p50/p99, passes over all
       collections, its own CPU seconds, errors; steady_*: the same after --warmup-s, and
       per_second: [pages, records] in each second. Cheap on its own core: the cursor is
