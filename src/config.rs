@@ -44,6 +44,7 @@ pub struct Config {
     pub limits: Limits,
     pub http: HttpConfig,
     pub backfill: BackfillConfig,
+    pub changelog: ChangelogConfig,
     pub metrics: MetricsConfig,
     pub schema_registry: SchemaRegistryConfig,
     pub telemetry: TelemetryConfig,
@@ -435,6 +436,84 @@ impl Default for BackfillConfig {
     }
 }
 
+/// The change feed (`docs/changes.md`): every materialized change of a record published
+/// to `<topic_prefix>.<topic_suffix>`, exactly once for read_committed consumers, in the
+/// order the sysdb applied them per record.
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields, default)]
+pub struct ChangelogConfig {
+    /// Write every change to the sysdb's changelog outbox in its batch's transaction, and
+    /// publish it with a transactional producer per partition. Off by default. `sluice
+    /// init` creates the topics when on.
+    pub enabled: bool,
+    /// The changes topic is `<kafka.topic_prefix>.<topic_suffix>`; its progress topic
+    /// (the relay's last published outbox sequence per partition, compacted) is that
+    /// name followed by `.progress`.
+    pub topic_suffix: String,
+    /// `cleanup.policy` of the changes topic: `compact` keeps the latest change of each
+    /// record (deletes as tombstones), `delete` keeps every change for the retention
+    /// time, `compact,delete` both.
+    pub cleanup_policy: String,
+    /// A partition's relay uses `transactional.id = <transactional_id_prefix><partition>`:
+    /// the partition's next owner takes the same id, which fences the previous owner's
+    /// producer (its open transaction is aborted, its later commits refused). Empty:
+    /// `<kafka.group>.changes.`.
+    pub transactional_id_prefix: String,
+    /// `transaction.timeout.ms` of the relay's producers. Checked at start against the
+    /// broker's `transaction.max.timeout.ms` (a longer one is refused by the broker).
+    pub transaction_timeout_ms: u64,
+    /// A transaction carries at most this many changes...
+    pub max_records_per_transaction: usize,
+    /// ...or this many bytes of keys and values (at least one change).
+    pub max_bytes_per_transaction: usize,
+    /// How often a relay with nothing to publish looks at the outbox again.
+    pub poll_interval_ms: u64,
+    /// Published outbox rows are deleted at most this many per statement.
+    pub delete_step_rows: usize,
+    /// The outbox of one partition may hold this many bytes of unpublished changes
+    /// (reserved: the pause at this bound is not implemented yet).
+    pub outbox_max_bytes: u64,
+}
+
+impl Default for ChangelogConfig {
+    fn default() -> Self {
+        ChangelogConfig {
+            enabled: false,
+            topic_suffix: "changes".into(),
+            cleanup_policy: "compact".into(),
+            transactional_id_prefix: String::new(),
+            transaction_timeout_ms: 60_000,
+            max_records_per_transaction: 5_000,
+            max_bytes_per_transaction: 4 << 20,
+            poll_interval_ms: 50,
+            delete_step_rows: 5_000,
+            outbox_max_bytes: 1 << 30,
+        }
+    }
+}
+
+impl Config {
+    /// `<topic_prefix>.<changelog.topic_suffix>`.
+    pub fn changes_topic(&self) -> String {
+        format!("{}.{}", self.kafka.topic_prefix, self.changelog.topic_suffix)
+    }
+
+    /// The changes topic's progress topic.
+    pub fn changes_progress_topic(&self) -> String {
+        format!("{}.progress", self.changes_topic())
+    }
+
+    /// The relay's `transactional.id` of `partition`.
+    pub fn changelog_transactional_id(&self, partition: i32) -> String {
+        let prefix = if self.changelog.transactional_id_prefix.is_empty() {
+            format!("{}.changes.", self.kafka.group)
+        } else {
+            self.changelog.transactional_id_prefix.clone()
+        };
+        format!("{prefix}{partition}")
+    }
+}
+
 #[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct HttpConfig {
@@ -733,6 +812,30 @@ impl Config {
                 "backfill.live_share must be in (0, 1] (1 = no throttle), got {}",
                 self.backfill.live_share
             )));
+        }
+        let c = &self.changelog;
+        if c.enabled {
+            if c.topic_suffix.is_empty() || c.topic_suffix.contains(['/', ' ']) {
+                return Err(ConfigError::Invalid(format!(
+                    "changelog.topic_suffix {:?} is not a topic name part",
+                    c.topic_suffix
+                )));
+            }
+            if !matches!(c.cleanup_policy.as_str(), "compact" | "delete" | "compact,delete" | "delete,compact") {
+                return Err(ConfigError::Invalid(format!(
+                    "changelog.cleanup_policy must be compact, delete or compact,delete, got {:?}",
+                    c.cleanup_policy
+                )));
+            }
+            if c.max_records_per_transaction == 0 || c.max_bytes_per_transaction == 0 || c.delete_step_rows == 0 {
+                return Err(ConfigError::Invalid(
+                    "changelog.max_records_per_transaction, max_bytes_per_transaction and delete_step_rows must be > 0"
+                        .into(),
+                ));
+            }
+            if c.transaction_timeout_ms < 1_000 {
+                return Err(ConfigError::Invalid("changelog.transaction_timeout_ms must be at least 1000".into()));
+            }
         }
         let q = &self.sqlite;
         if q.delta_max_rows == 0 || q.delta_max_bytes == 0 || q.compaction_step_bytes < (1 << 20) {

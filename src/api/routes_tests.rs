@@ -61,6 +61,8 @@ async fn sysdb_with(n: usize) -> Arc<Sysdb> {
             writes,
         }],
         functions: Vec::new(),
+        changelog: false,
+        changes: Vec::new(),
     };
     db.commit_batch(batch).await.unwrap();
     Arc::new(db)

@@ -78,6 +78,15 @@
 //! upsert's new row version usually fits on the row's own page (measured in
 //! `docs/bench/history.md`, "PostgreSQL's buffer cache and fill factor": a W1 drain's server CPU fell by a tenth). SQLite's step 9 changes
 //! nothing.
+//!
+//! Step 11, the change feed (`docs/changes.md`): `changelog_partitions(partition,
+//! next_seq, published_seq, published_at_ms)` — per log partition, the next outbox
+//! sequence number (taken by each transaction that writes changes, so on PostgreSQL the
+//! row lock orders those transactions, and sequence order is commit order) and the last
+//! one the relay reported committed to Kafka; `changelog_outbox(partition, seq,
+//! collection_id, record_id, operation, source_offset, value, created_at_ms)` — the
+//! changes not yet deleted, written in the transaction that made them (`value` a
+//! `ChangeRecord` datum, NULL for a delete).
 
 use super::error::SysdbError;
 
@@ -365,6 +374,30 @@ UPDATE value_log SET
                    FROM record_delta);
 "#,
     },
+    Migration {
+        version: 11,
+        description: "changelog: the per-partition outbox of the change feed and its sequence",
+        sql: r#"
+CREATE TABLE changelog_partitions (
+    partition       INTEGER NOT NULL PRIMARY KEY,
+    next_seq        INTEGER NOT NULL,
+    published_seq   INTEGER NOT NULL DEFAULT -1,
+    published_at_ms INTEGER NULL
+) WITHOUT ROWID;
+
+CREATE TABLE changelog_outbox (
+    partition     INTEGER NOT NULL,
+    seq           INTEGER NOT NULL,
+    collection_id TEXT    NOT NULL,
+    record_id     TEXT    NOT NULL,
+    operation     TEXT    NOT NULL CHECK (operation IN ('insert', 'update', 'delete')),
+    source_offset INTEGER NOT NULL,
+    value         BLOB    NULL,
+    created_at_ms INTEGER NOT NULL,
+    PRIMARY KEY (partition, seq)
+);
+"#,
+    },
 ];
 
 /// PostgreSQL steps.
@@ -562,6 +595,31 @@ CREATE TABLE dlq_replays (
         description: "records: the value log and the delta bounded in bytes (SQLite)",
         // PostgreSQL's dead row versions are vacuumed by the server (autovacuum).
         sql: "SELECT 1;",
+    },
+    Migration {
+        version: 11,
+        description: "changelog: the per-partition outbox of the change feed and its sequence",
+        sql: r#"
+CREATE TABLE changelog_partitions (
+    partition       INTEGER NOT NULL PRIMARY KEY,
+    next_seq        BIGINT  NOT NULL,
+    published_seq   BIGINT  NOT NULL DEFAULT -1,
+    published_at_ms BIGINT  NULL
+);
+
+CREATE TABLE changelog_outbox (
+    partition     INTEGER NOT NULL,
+    seq           BIGINT  NOT NULL,
+    collection_id TEXT COLLATE "C" NOT NULL,
+    record_id     TEXT COLLATE "C" NOT NULL,
+    operation     TEXT    NOT NULL CHECK (operation IN ('insert', 'update', 'delete')),
+    source_offset BIGINT  NOT NULL,
+    value         BYTEA   NULL,
+    created_at_ms BIGINT  NOT NULL,
+    PRIMARY KEY (partition, seq)
+);
+ALTER TABLE changelog_outbox ALTER COLUMN value SET STORAGE EXTERNAL;
+"#,
     },
 ];
 

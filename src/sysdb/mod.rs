@@ -22,6 +22,7 @@
 //! transaction.
 
 pub mod attach_rules;
+mod changelog;
 mod codec;
 #[cfg(any(test, feature = "testkit"))]
 pub mod conformance;
@@ -312,8 +313,40 @@ impl Sysdb {
         f: &dyn Function,
     ) -> Result<StepResult> {
         let limit = limit.into();
-        let limit = ChunkLimit { records: limit.records.max(1), bytes: limit.bytes.max(1) };
+        let limit = ChunkLimit { records: limit.records.max(1), bytes: limit.bytes.max(1), ..limit };
         dispatch!(self, s => s.backfill_step(function_id, expected_cursor, limit, f).await)
+    }
+
+    /// The change feed's outbox rows of `partition` after sequence number `after_seq`, in
+    /// sequence order: at most `max_records`, and no more than `max_bytes` of keys and
+    /// values (at least one row). Sequence order is commit order (`docs/changes.md`).
+    pub async fn changelog_pending(
+        &self,
+        partition: i32,
+        after_seq: i64,
+        max_records: usize,
+        max_bytes: usize,
+    ) -> Result<Vec<ChangelogEntry>> {
+        let max_records = max_records.max(1);
+        dispatch!(self, s => s.changelog_pending(partition, after_seq, max_records, max_bytes).await)
+    }
+
+    /// Record that the relay committed the changes of `partition` up to `seq` to Kafka (a
+    /// copy of the progress topic's value, for reports and for deleting published rows;
+    /// it never moves back).
+    pub async fn changelog_mark_published(&self, partition: i32, seq: i64) -> Result<()> {
+        dispatch!(self, s => s.changelog_mark_published(partition, seq).await)
+    }
+
+    /// Delete at most `limit` outbox rows of `partition` with a sequence number up to
+    /// `through_seq` (published ones), oldest first; returns how many went.
+    pub async fn changelog_trim(&self, partition: i32, through_seq: i64, limit: usize) -> Result<usize> {
+        dispatch!(self, s => s.changelog_trim(partition, through_seq, limit.max(1)).await)
+    }
+
+    /// Every partition's changelog state, by partition.
+    pub async fn changelog_positions(&self) -> Result<Vec<ChangelogPosition>> {
+        dispatch!(self, s => s.changelog_positions().await)
     }
 
     /// Preimages currently saved for a function (tests and inspection).

@@ -300,10 +300,12 @@ impl Worker {
             attached_by.push(attached);
         }
         let mut current_all = self.shared.sysdb.get_records_many(wanted).await?;
+        let mut changes: Option<Vec<crate::sysdb::OutboxChange>> = cfg.changelog.enabled.then(Vec::new);
         for ((id, (row, records)), attached) in routed.collections.into_iter().zip(&attached_by) {
             let current = current_all.remove(&id).unwrap_or_default();
             let bug = |e: FoldError| BatchError::Bug(format!("fold of collection {id:?}: {e}"));
-            let folded = if attached.is_empty() {
+            // The change feed needs every change of the batch, as functions do.
+            let folded = if attached.is_empty() && changes.is_none() {
                 batch::fold_collection(&id, row.as_ref(), self.partition, records, current, &mut counts, &mut dlq)
                     .map_err(bug)?
             } else {
@@ -317,6 +319,9 @@ impl Worker {
                     &mut dlq,
                 )
                 .map_err(bug)?;
+                if let Some(changes) = changes.as_mut() {
+                    batch::outbox_changes(&id, &outcome, changes);
+                }
                 let markers = function_batches::markers(&records);
                 function_batches.extend(function_batches::function_batches(attached, &outcome, &markers));
                 tasks.extend(function_batches::tasks(attached, &markers, &self.shared.topic, self.partition, now_ms));
@@ -328,7 +333,7 @@ impl Worker {
             }
         }
         dlq.sort_by_key(|d| d.offset);
-        let commit = batch::commit(&self.shared.topic, delta, updates, function_batches);
+        let commit = batch::commit(&self.shared.topic, delta, updates, function_batches, changes);
         Ok(Plan { commit: Arc::new(commit), dlq, tasks, counts, applied })
     }
 

@@ -24,6 +24,7 @@ use crate::config::SqliteConfig;
 
 mod attached;
 mod audit;
+mod changelog;
 mod checkpoint;
 mod commit;
 mod positions;

@@ -50,6 +50,8 @@ fn group_batch(partition: i32, from: i64, to: i64, ids: &[&str]) -> Arc<BatchCom
             writes,
         }],
         functions: Vec::new(),
+        changelog: false,
+        changes: Vec::new(),
     })
 }
 
@@ -191,6 +193,8 @@ fn the_value_log_keeps_every_record_exact_and_stays_bounded_in_bytes() {
                 delta: PositionDelta::new(0, from, offset).unwrap(),
                 collections,
                 functions: Vec::new(),
+                changelog: false,
+                changes: Vec::new(),
             },
         );
         if tx == 0 {
@@ -626,6 +630,8 @@ async fn a_write_lock_held_elsewhere_is_unavailable_after_the_busy_timeout() {
             )],
         }],
         functions: Vec::new(),
+        changelog: false,
+        changes: Vec::new(),
     };
 
     let holder = Connection::open(dir.path().join("sysdb.sqlite")).unwrap();
