@@ -190,6 +190,17 @@ pub async fn run(
         }
     };
     let producer = Producer::new(&settings, &[])?;
+    // The change feed's relay: checked against the broker before anything is consumed (a
+    // transaction timeout the broker refuses would fail every partition's producer).
+    let relay = if config.changelog.enabled {
+        Some(
+            crate::changelog::Relay::prepare(&config, sysdb.clone())
+                .await
+                .map_err(|e| ProcessorError::Fatal(e.to_string()))?,
+        )
+    } else {
+        None
+    };
     let metadata = Arc::new(std::sync::Mutex::new(MetadataClient::new(&settings, Some(&config.kafka.group))?));
     let (consumer, mut events) = ConsumerHandle::start(ConsumerSettings {
         client: settings.clone(),
@@ -221,6 +232,7 @@ pub async fn run(
             .map_err(|e| ProcessorError::Fatal(e.to_string()))?
             .map(Arc::new),
         board,
+        relay,
     });
     info!(topic = %topic, group = %config.kafka.group, sysdb = sysdb.backend(), "processor started");
     let refresh_now = Arc::new(Notify::new());
@@ -465,6 +477,11 @@ async fn assign(
         let fence = CancellationToken::new();
         let worker = Worker::new(info.partition, shared.clone(), s.offset, halted, stop.clone(), fence.clone());
         let task = tokio::spawn(worker.run(rx));
+        if let Some(relay) = &shared.relay {
+            // Stops with the worker (revoke, shutdown); the partition's next owner fences
+            // its producer if it is slow to stop.
+            tokio::spawn(relay.clone().run(info.partition, stop.clone()));
+        }
         let handle = WorkerHandle { inbox: tx, backlog: VecDeque::new(), throttled: false, stop, fence, task };
         if let Some(old) = workers.map.insert(info.partition, handle) {
             old.stop.cancel();
