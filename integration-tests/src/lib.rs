@@ -182,8 +182,10 @@ impl Drop for Cleanup {
                     }
                 }
                 let settings = sluice::kafka::ClientSettings::new(brokers());
-                let topics: Vec<String> =
-                    ["log", "backfill", "dlq", "changes"].iter().map(|t| format!("{prefix}.{t}")).collect();
+                let topics: Vec<String> = ["log", "backfill", "dlq", "changes", "changes.progress"]
+                    .iter()
+                    .map(|t| format!("{prefix}.{t}"))
+                    .collect();
                 let refs: Vec<&str> = topics.iter().map(String::as_str).collect();
                 let _ = sluice::kafka::cluster::delete_topics(&settings, &refs).await;
             });

@@ -17,6 +17,7 @@ mod admin_api;
 mod attach_rules;
 mod auth_broker;
 mod broker_failover;
+mod changelog_feed;
 mod chaos;
 mod cli_contract;
 mod consumer_queues;

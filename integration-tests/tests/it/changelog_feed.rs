@@ -1,0 +1,177 @@
+//! The change feed (`docs/changes.md`) against the real broker, on SQLite and PostgreSQL:
+//! two replicas, replicas killed at fail points between the sysdb commit of a batch and
+//! the relay's Kafka commit of its changes (and between that commit and the sysdb's copy
+//! of the progress), a function attached midway. A read_committed reader then folds the
+//! changes topic into a copy of the state, which must equal `sluice records` for every
+//! collection (the function's output included); every changelog sequence number of a
+//! partition appears once, without a hole; every applied source offset of a data
+//! collection appears once; and each record's changes come in source-offset order.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use sluice::cli::jsonl::record_to_json;
+use sluice::record::change::{decode_change, split_change_key};
+use sluice_integration_tests::both_backends;
+use sluice_integration_tests::faults::{attach, expect_abort_at, wait_status, workload};
+use sluice_integration_tests::{consume_all, jsonl_lines, ConsumedMsg, Env, Replica};
+
+const WAIT: Duration = Duration::from_secs(240);
+const PARTITIONS: i32 = 4;
+
+/// `sluice records <collection>` as JSON values, by id.
+fn records(env: &Env, collection: &str) -> BTreeMap<String, Value> {
+    let out = env.cmd().args(["records", collection, "--format", "jsonl"]).output().expect("spawn sluice");
+    assert!(out.status.success(), "records {collection}: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| {
+            let v: Value = serde_json::from_str(l).expect("record JSON");
+            (v["id"].as_str().expect("id").to_string(), v)
+        })
+        .collect()
+}
+
+fn collections(env: &Env) -> Vec<String> {
+    let v: Value = serde_json::from_str(&env.run(&["collections", "list", "--format", "json"])).expect("collections");
+    v.as_array().expect("array").iter().map(|c| c["id"].as_str().expect("id").to_string()).collect()
+}
+
+/// The changes topic folded in offset order per partition: `collection -> id -> record`.
+fn fold(msgs: &[ConsumedMsg]) -> BTreeMap<String, BTreeMap<String, Value>> {
+    let mut state: BTreeMap<String, BTreeMap<String, Value>> = BTreeMap::new();
+    for m in msgs {
+        let key = m.key.as_deref().expect("a change has a key");
+        let (collection, id) = split_change_key(key).expect("collection NUL id");
+        if m.payload.is_empty() {
+            state.entry(collection.to_string()).or_default().remove(id);
+        } else {
+            let (c, r) = decode_change(&m.payload).expect("a ChangeRecord value");
+            assert_eq!((c.as_str(), r.id.as_str()), (collection, id), "value and key name the same record");
+            state.entry(c).or_default().insert(r.id.clone(), record_to_json(&r));
+        }
+    }
+    state.retain(|_, v| !v.is_empty());
+    state
+}
+
+/// Wait until the folded topic equals the records of every collection; returns the
+/// messages read last.
+fn wait_feed_equals_records(env: &Env) -> Vec<ConsumedMsg> {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let msgs = consume_all(&format!("{}.changes", env.prefix), PARTITIONS, Duration::from_secs(120));
+        let folded = fold(&msgs);
+        let mut want: BTreeMap<String, BTreeMap<String, Value>> = BTreeMap::new();
+        for c in collections(env) {
+            let r = records(env, &c);
+            if !r.is_empty() {
+                want.insert(c, r);
+            }
+        }
+        if folded == want {
+            return msgs;
+        }
+        if Instant::now() > deadline {
+            let names: BTreeSet<&String> = folded.keys().chain(want.keys()).collect();
+            let diff: Vec<String> = names
+                .into_iter()
+                .filter(|c| folded.get(*c) != want.get(*c))
+                .map(|c| {
+                    format!(
+                        "{c}: feed {} records, sysdb {}",
+                        folded.get(c).map_or(0, BTreeMap::len),
+                        want.get(c).map_or(0, BTreeMap::len)
+                    )
+                })
+                .collect();
+            panic!("the folded change feed never equalled the records: {diff:?}");
+        }
+        std::thread::sleep(Duration::from_secs(1));
+    }
+}
+
+/// Keep producing small workloads once `r` owns partitions, until it aborts at fail point
+/// `name` (it must have changes to publish when it gets there, whichever partitions the
+/// group gave it).
+fn produce_until_abort(env: &Env, r: &mut Replica, name: &str, seed: u64) {
+    r.wait_for_log("partition starts", WAIT);
+    let deadline = Instant::now() + WAIT;
+    let mut seed = seed;
+    while r.child.try_wait().expect("try_wait").is_none() {
+        assert!(Instant::now() < deadline, "never reached fail point {name}:\n{}", r.log_text());
+        env.produce(&jsonl_lines(&workload(150, seed, &env.prefix, 6, 60)));
+        seed += 1;
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    expect_abort_at(r, name, Duration::from_secs(10));
+}
+
+both_backends!(changes_exactly_once_through_kills, exactly_once);
+fn exactly_once(env: Env) {
+    let env = env.with_sections(
+        "[changelog]\nenabled = true\ntransaction_timeout_ms = 30000\nmax_records_per_transaction = 50\n",
+    );
+    env.run(&["init", "--partitions", &PARTITIONS.to_string()]);
+    let first = workload(1_500, 41, &env.prefix, 6, 60);
+    env.produce(&jsonl_lines(&first));
+
+    // Killed after a batch's sysdb commit, before the relay's Kafka commit of its changes.
+    let mut a = env.spawn_replica("a1", &[("SLUICE_FAILPOINT", "before_changelog_kafka_commit:3")]);
+    let b = env.spawn_replica("b", &[]);
+    produce_until_abort(&env, &mut a, "before_changelog_kafka_commit", 100);
+
+    // A function attached midway: its output's changes (backfilled and live) join the feed.
+    let collection = first[0].collection_id.clone();
+    let output = format!("{}-count", env.prefix);
+    let f = attach(&env, &collection, "record_counter", &output);
+    let fid = f["function_id"].as_str().expect("function id").to_string();
+
+    // Killed after the relay's Kafka commit, before the sysdb's copy of the progress: the
+    // next relay must read the progress back from Kafka and republish nothing.
+    let mut a = env.spawn_replica("a2", &[("SLUICE_FAILPOINT", "after_changelog_kafka_commit:2")]);
+    produce_until_abort(&env, &mut a, "after_changelog_kafka_commit", 200);
+    // And once more before the Kafka commit, now with the function running.
+    let mut a = env.spawn_replica("a3", &[("SLUICE_FAILPOINT", "before_changelog_kafka_commit:2")]);
+    produce_until_abort(&env, &mut a, "before_changelog_kafka_commit", 300);
+
+    let mut a = env.spawn_replica("a4", &[]);
+    wait_status(&env, &fid, "ready", WAIT);
+    env.wait_caught_up(WAIT);
+    let msgs = wait_feed_equals_records(&env);
+    let mut b = b;
+    a.terminate(Duration::from_secs(30));
+    b.terminate(Duration::from_secs(30));
+
+    // Exactly once: each partition's sequence numbers once each, from 0, without a hole.
+    let mut seqs: BTreeMap<i32, Vec<i64>> = BTreeMap::new();
+    for m in &msgs {
+        assert_eq!(
+            m.headers.get("sluice.source.partition").map(String::as_str),
+            Some(m.partition.to_string().as_str())
+        );
+        let seq: i64 = m.headers["sluice.changelog.seq"].parse().expect("seq header");
+        seqs.entry(m.partition).or_default().push(seq);
+        for h in ["sluice.source.offset", "sluice.operation", "sluice.collection", "sluice.version"] {
+            assert!(m.headers.contains_key(h), "header {h} on every change");
+        }
+    }
+    for (p, s) in &seqs {
+        assert_eq!(*s, (0..s.len() as i64).collect::<Vec<_>>(), "partition {p}: sequence numbers once each, in order");
+    }
+    // Every source offset that changed a record of a data collection: once, and a record's
+    // changes in source-offset order.
+    let mut seen: BTreeSet<(i32, i64)> = BTreeSet::new();
+    let mut last: BTreeMap<(String, String), i64> = BTreeMap::new();
+    for m in msgs.iter().filter(|m| m.headers["sluice.collection"] != output) {
+        let offset: i64 = m.headers["sluice.source.offset"].parse().expect("offset header");
+        assert!(seen.insert((m.partition, offset)), "source offset {}/{offset} published twice", m.partition);
+        let (c, id) = split_change_key(m.key.as_deref().expect("key")).expect("key");
+        if let Some(prev) = last.insert((c.to_string(), id.to_string()), offset) {
+            assert!(prev < offset, "{c}/{id}: change at {offset} after one at {prev}");
+        }
+    }
+    assert!(msgs.iter().any(|m| m.headers["sluice.collection"] == output), "the function's output is in the feed");
+    println!("change feed: {} messages over {} partitions, {} data changes", msgs.len(), seqs.len(), seen.len());
+}
