@@ -53,7 +53,11 @@ pub struct TxnProducer {
 fn classify(e: &RdError) -> (bool, bool, bool) {
     // (fenced, retriable, requires abort)
     let code = e.rdkafka_error_code();
-    let fenced = matches!(code, Some(RDKafkaErrorCode::ProducerFenced) | Some(RDKafkaErrorCode::InvalidProducerEpoch));
+    // `Fenced` is librdkafka's local code once the broker said ProducerFenced.
+    let fenced = matches!(
+        code,
+        Some(RDKafkaErrorCode::ProducerFenced | RDKafkaErrorCode::InvalidProducerEpoch | RDKafkaErrorCode::Fenced)
+    );
     match e {
         RdError::Transaction(t) => (fenced, t.is_retriable(), t.txn_requires_abort()),
         _ => (fenced, false, false),
