@@ -4,7 +4,8 @@
 //! of the progress), a function attached midway. A read_committed reader then folds the
 //! changes topic into a copy of the state, which must equal `sluice records` for every
 //! collection (the function's output included); every changelog sequence number of a
-//! partition appears once, without a hole; every applied source offset of a data
+//! partition appears once, without a hole (also after a replica frozen inside a relay
+//! transaction past the session timeout is fenced); every applied source offset of a data
 //! collection appears once; and each record's changes come in source-offset order.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -92,6 +93,11 @@ fn wait_feed_equals_records(env: &Env) -> Vec<ConsumedMsg> {
     }
 }
 
+fn signal(r: &Replica, sig: &str) {
+    let ok = std::process::Command::new("kill").args([sig, &r.child.id().to_string()]).status().expect("kill");
+    assert!(ok.success(), "kill {sig}");
+}
+
 /// Keep producing small workloads once `r` owns partitions, until it aborts at fail point
 /// `name` (it must have changes to publish when it gets there, whichever partitions the
 /// group gave it).
@@ -135,6 +141,32 @@ fn exactly_once(env: Env) {
     // And once more before the Kafka commit, now with the function running.
     let mut a = env.spawn_replica("a3", &[("SLUICE_FAILPOINT", "before_changelog_kafka_commit:2")]);
     produce_until_abort(&env, &mut a, "before_changelog_kafka_commit", 300);
+
+    // Frozen inside a relay transaction (changes sent, not committed) past the session
+    // timeout: the partition's next owner fences its producer and aborts the open
+    // transaction; woken up, its commit is refused and nothing of it is ever visible.
+    let mut z = env.spawn_replica(
+        "zombie",
+        &[("SLUICE_FAILPOINT", "sleep_before_changelog_kafka_commit:2"), ("SLUICE_FAILPOINT_SLEEP_MS", "3000")],
+    );
+    z.wait_for_log("partition starts", WAIT);
+    let deadline = Instant::now() + WAIT;
+    let mut seed = 400;
+    while !z.log_text().contains("fail point sleep_before_changelog_kafka_commit reached") {
+        assert!(Instant::now() < deadline, "the zombie never reached its fail point:\n{}", z.log_text());
+        env.produce(&jsonl_lines(&workload(150, seed, &env.prefix, 6, 60)));
+        seed += 1;
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    signal(&z, "-STOP");
+    for _ in 0..10 {
+        env.produce(&jsonl_lines(&workload(100, seed, &env.prefix, 6, 60)));
+        seed += 1;
+        std::thread::sleep(Duration::from_secs(1));
+    }
+    signal(&z, "-CONT");
+    z.wait_for_log("changelog relay fenced by a newer owner", WAIT);
+    z.terminate(Duration::from_secs(30));
 
     let mut a = env.spawn_replica("a4", &[]);
     wait_status(&env, &fid, "ready", WAIT);
