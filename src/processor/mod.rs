@@ -16,7 +16,7 @@ use std::time::Duration;
 use tokio::sync::{mpsc, Notify};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
-use tracing::{error, info, warn};
+use tracing::{debug, error, info, warn};
 
 use crate::config::Config;
 use crate::events::{DataLossGap, GroupOffsetAhead, SysdbRetry};
@@ -411,6 +411,20 @@ async fn refresh_partition_gauges(shared: Arc<Shared>, now: Arc<Notify>) {
             }
             Ok(Err(_)) => {}
             Err(e) => warn!(error = %e, "partition gauges: refresh task failed"),
+        }
+        if shared.relay.is_some() {
+            match shared.sysdb.changelog_positions().await {
+                Ok(positions) => {
+                    let known: HashMap<i32, _> = positions.into_iter().map(|c| (c.partition, c)).collect();
+                    for p in shared.metrics.tracked_partitions() {
+                        let (unpublished, oldest) = known.get(&p).map_or((0, None), |c| {
+                            ((c.next_seq - 1 - c.published_seq).max(0), c.oldest_unpublished_ms)
+                        });
+                        shared.metrics.partition_changelog(p, unpublished, oldest);
+                    }
+                }
+                Err(e) => debug!(error = %e, "partition gauges: cannot read the changelog outbox"),
+            }
         }
     }
 }

@@ -172,6 +172,16 @@ fn exactly_once(env: Env) {
     wait_status(&env, &fid, "ready", WAIT);
     env.wait_caught_up(WAIT);
     let msgs = wait_feed_equals_records(&env);
+    // `offsets show` follows: every change published, by the sysdb's copy of the progress.
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let rows = env.offsets();
+        if rows.iter().all(|r| r["changelog_unpublished"] == 0 && r["changelog_published_seq"].is_i64()) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "offsets show never reached an empty outbox: {rows:?}");
+        std::thread::sleep(Duration::from_millis(500));
+    }
     let mut b = b;
     a.terminate(Duration::from_secs(30));
     b.terminate(Duration::from_secs(30));
