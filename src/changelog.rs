@@ -48,6 +48,11 @@ pub struct Relay {
     progress_topic: String,
     /// With a schema registry: the id of `schemas/change_record.avsc` (Confluent framing).
     schema_id: Option<u32>,
+    /// Per partition, the bytes of its unpublished changes as last known: read from the
+    /// sysdb by the relay (at start, after each commit, every second while idle) and
+    /// raised by the partition's worker after each commit. The worker pauses the
+    /// partition while it is at `changelog.outbox_max_bytes`.
+    backlog: std::sync::Mutex<std::collections::HashMap<i32, i64>>,
 }
 
 /// Why the relay cannot start at all.
@@ -94,11 +99,35 @@ impl Relay {
             topic: config.changes_topic(),
             progress_topic: config.changes_progress_topic(),
             schema_id,
+            backlog: std::sync::Mutex::default(),
         }))
+    }
+
+    /// Bytes of `partition`'s unpublished changes, as last known (0 before the relay
+    /// read them).
+    pub fn backlog_bytes(&self, partition: i32) -> i64 {
+        self.backlog.lock().unwrap_or_else(|p| p.into_inner()).get(&partition).copied().unwrap_or(0)
+    }
+
+    /// A batch of `partition` committed changes of `bytes` bytes.
+    pub fn add_backlog(&self, partition: i32, bytes: i64) {
+        *self.backlog.lock().unwrap_or_else(|p| p.into_inner()).entry(partition).or_default() += bytes;
+    }
+
+    /// Read `partition`'s unpublished bytes from the sysdb.
+    async fn refresh_backlog(&self, partition: i32) {
+        match self.sysdb.changelog_unpublished_bytes(partition).await {
+            Ok(b) => {
+                self.backlog.lock().unwrap_or_else(|p| p.into_inner()).insert(partition, b);
+            }
+            Err(e) => debug!(partition, error = %e, "changelog relay: cannot read the outbox's size"),
+        }
     }
 
     /// Publish `partition`'s changes until `stop` is cancelled.
     pub async fn run(self: Arc<Self>, partition: i32, stop: CancellationToken) {
+        // Known before a producer exists: with the broker away the bound still holds.
+        self.refresh_backlog(partition).await;
         let mut delays = crate::retry::default_backoff();
         while !stop.is_cancelled() {
             match self.run_producer(partition, &stop).await {
@@ -165,6 +194,7 @@ impl Relay {
         info!(partition, transactional_id = %txid, kafka_progress = ?kafka_progress, sysdb_progress = stored, from_seq = last + 1, "changelog relay started");
         let mut trimmed_through = -1i64;
         let poll = Duration::from_millis(cfg.poll_interval_ms.max(1));
+        let mut refreshed = std::time::Instant::now();
         loop {
             if stop.is_cancelled() {
                 return Ok(());
@@ -186,6 +216,10 @@ impl Relay {
             if rows.is_empty() {
                 if trimmed_through < last {
                     trimmed_through = self.trim(partition, last).await;
+                }
+                if refreshed.elapsed() >= Duration::from_secs(1) {
+                    self.refresh_backlog(partition).await;
+                    refreshed = std::time::Instant::now();
                 }
                 tokio::select! {
                     _ = tokio::time::sleep(poll) => continue,
@@ -231,6 +265,8 @@ impl Relay {
                         warn!(partition, error = %e, "changelog relay: cannot record the progress in the sysdb");
                     }
                     trimmed_through = self.trim(partition, last).await;
+                    self.refresh_backlog(partition).await;
+                    refreshed = std::time::Instant::now();
                 }
                 Err(TxnError::Aborted(m)) => {
                     warn!(partition, error = %m, "changelog transaction aborted; publishing the run again");

@@ -470,8 +470,10 @@ pub struct ChangelogConfig {
     pub poll_interval_ms: u64,
     /// Published outbox rows are deleted at most this many per statement.
     pub delete_step_rows: usize,
-    /// The outbox of one partition may hold this many bytes of unpublished changes
-    /// (reserved: the pause at this bound is not implemented yet).
+    /// The outbox of one partition may hold this many bytes (keys and values) of
+    /// unpublished changes. At the bound (the broker refuses the relay's transactions or
+    /// is away) the partition pauses before its next batch, named in `/readyz`, until
+    /// the relay publishes again; nothing is dropped.
     pub outbox_max_bytes: u64,
 }
 

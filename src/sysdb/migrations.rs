@@ -80,10 +80,11 @@
 //! nothing.
 //!
 //! Step 11, the change feed (`docs/changes.md`): `changelog_partitions(partition,
-//! next_seq, published_seq, published_at_ms)` — per log partition, the next outbox
-//! sequence number (taken by each transaction that writes changes, so on PostgreSQL the
-//! row lock orders those transactions, and sequence order is commit order) and the last
-//! one the relay reported committed to Kafka; `changelog_outbox(partition, seq,
+//! next_seq, published_seq, published_at_ms, outbox_bytes)` — per log partition, the next
+//! outbox sequence number (taken by each transaction that writes changes, so on PostgreSQL
+//! the row lock orders those transactions, and sequence order is commit order), the last
+//! one the relay reported committed to Kafka, and the bytes (keys and values) of the
+//! changes after it, which bound the outbox; `changelog_outbox(partition, seq,
 //! collection_id, record_id, operation, source_offset, value, created_at_ms)` — the
 //! changes not yet deleted, written in the transaction that made them (`value` a
 //! `ChangeRecord` datum, NULL for a delete).
@@ -382,7 +383,8 @@ CREATE TABLE changelog_partitions (
     partition       INTEGER NOT NULL PRIMARY KEY,
     next_seq        INTEGER NOT NULL,
     published_seq   INTEGER NOT NULL DEFAULT -1,
-    published_at_ms INTEGER NULL
+    published_at_ms INTEGER NULL,
+    outbox_bytes    INTEGER NOT NULL DEFAULT 0
 ) WITHOUT ROWID;
 
 CREATE TABLE changelog_outbox (
@@ -604,7 +606,8 @@ CREATE TABLE changelog_partitions (
     partition       INTEGER NOT NULL PRIMARY KEY,
     next_seq        BIGINT  NOT NULL,
     published_seq   BIGINT  NOT NULL DEFAULT -1,
-    published_at_ms BIGINT  NULL
+    published_at_ms BIGINT  NULL,
+    outbox_bytes    BIGINT  NOT NULL DEFAULT 0
 );
 
 CREATE TABLE changelog_outbox (

@@ -338,6 +338,12 @@ impl Sysdb {
         dispatch!(self, s => s.changelog_mark_published(partition, seq).await)
     }
 
+    /// Bytes of `partition`'s changes not published yet (what `changelog.outbox_max_bytes`
+    /// bounds); 0 for a partition without changes.
+    pub async fn changelog_unpublished_bytes(&self, partition: i32) -> Result<i64> {
+        dispatch!(self, s => s.changelog_unpublished_bytes(partition).await)
+    }
+
     /// Delete at most `limit` outbox rows of `partition` with a sequence number up to
     /// `through_seq` (published ones), oldest first; returns how many went.
     pub async fn changelog_trim(&self, partition: i32, through_seq: i64, limit: usize) -> Result<usize> {

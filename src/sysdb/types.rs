@@ -124,6 +124,9 @@ pub struct ChangelogPosition {
     pub outbox_records: i64,
     /// `created_at_ms` of the oldest row after `published_seq`, if any.
     pub oldest_unpublished_ms: Option<i64>,
+    /// Bytes (keys and values, [`OutboxChange::bytes`]) of the changes after
+    /// `published_seq`: what `changelog.outbox_max_bytes` bounds.
+    pub unpublished_bytes: i64,
 }
 
 /// What one batch brings to one attached function. The sysdb decides **inside the batch

@@ -16,7 +16,7 @@ use sluice::cli::jsonl::record_to_json;
 use sluice::record::change::{decode_change, split_change_key};
 use sluice_integration_tests::both_backends;
 use sluice_integration_tests::faults::{attach, expect_abort_at, wait_status, workload};
-use sluice_integration_tests::{consume_all, jsonl_lines, ConsumedMsg, Env, Replica};
+use sluice_integration_tests::{consume_all, free_port, http_get, jsonl_lines, ConsumedMsg, Env, Replica};
 
 const WAIT: Duration = Duration::from_secs(240);
 const PARTITIONS: i32 = 4;
@@ -216,4 +216,59 @@ fn exactly_once(env: Env) {
     }
     assert!(msgs.iter().any(|m| m.headers["sluice.collection"] == output), "the function's output is in the feed");
     println!("change feed: {} messages over {} partitions, {} data changes", msgs.len(), seqs.len(), seen.len());
+}
+
+// Back-pressure: a relay stalled inside its transaction (a broker that does not answer)
+// lets its partition's outbox reach `outbox_max_bytes`; the partition pauses, named in
+// `/readyz`, and resumes once the relay publishes again. Nothing is dropped: the feed
+// ends equal to the records.
+both_backends!(a_full_outbox_pauses_the_partition, back_pressure);
+fn back_pressure(env: Env) {
+    let env =
+        env.with_sections("[changelog]\nenabled = true\noutbox_max_bytes = 3000\nmax_records_per_transaction = 10\n");
+    env.run(&["init", "--partitions", &PARTITIONS.to_string()]);
+    let port = free_port();
+    let listen = format!("127.0.0.1:{port}");
+    let mut r = env.spawn_replica(
+        "stalled",
+        &[
+            ("SLUICE_FAILPOINT", "sleep_before_changelog_kafka_commit:1"),
+            ("SLUICE_FAILPOINT_SLEEP_MS", "20000"),
+            ("SLUICE_HTTP", &listen),
+        ],
+    );
+    r.wait_for_log("partition starts", WAIT);
+    env.produce(&jsonl_lines(&workload(1_000, 51, &env.prefix, 6, 60)));
+    r.wait_for_log("fail point sleep_before_changelog_kafka_commit reached", WAIT);
+    // Records keep coming while the relay is stalled: the stalled partition's next batch
+    // finds its outbox full.
+    let deadline = Instant::now() + Duration::from_secs(18);
+    let mut seed = 52;
+    loop {
+        let ready = http_get(port, "/readyz");
+        if let Some((503, _, body)) = &ready {
+            if body.contains("changelog outbox holds") {
+                break;
+            }
+        }
+        assert!(Instant::now() < deadline, "/readyz never named a full changelog outbox: {ready:?}");
+        env.produce(&jsonl_lines(&workload(100, seed, &env.prefix, 6, 60)));
+        seed += 1;
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let paused = env.offsets();
+    assert!(
+        paused.iter().any(|p| p["lag"].as_i64() > Some(0) && p["changelog_unpublished"].as_i64() > Some(0)),
+        "a paused partition has records waiting and changes unpublished: {paused:?}"
+    );
+    r.wait_for_log("the partition resumes", WAIT);
+    env.wait_caught_up(WAIT);
+    wait_feed_equals_records(&env);
+    let deadline = Instant::now() + WAIT;
+    while http_get(port, "/readyz").map(|(s, _, _)| s) != Some(200) {
+        assert!(Instant::now() < deadline, "/readyz never came back: {:?}", http_get(port, "/readyz"));
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert!(r.log_text().contains("changelog outbox full"), "the pause is in the log");
+    r.terminate(Duration::from_secs(30));
 }

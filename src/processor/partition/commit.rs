@@ -340,10 +340,57 @@ impl Worker {
     /// Decode, fold and commit a batch with its position delta; on success the position,
     /// the caches and the counters follow.
     async fn process(&mut self, msgs: &[Msg], delta: PositionDelta) -> Result<(), BatchError> {
+        self.wait_for_changelog_room().await?;
         let started = Instant::now();
         let plan = self.plan(msgs, delta).await?;
         let report = self.apply(msgs, &plan).await?;
         self.after_commit(msgs, &plan, &report, started);
+        Ok(())
+    }
+
+    /// Back-pressure of the change feed (`docs/changes.md`): while the partition's
+    /// unpublished changes hold `changelog.outbox_max_bytes` or more (the broker refuses
+    /// the relay's transactions or is away), the partition pauses before its next batch,
+    /// visibly (`/readyz`), and resumes once the relay publishes again. Nothing is
+    /// dropped: the batch waits, and what arrives meanwhile stays in the consumer's
+    /// bounded queues. A worker told to stop while paused gives the batch up uncommitted
+    /// (the partition's next owner reads it again).
+    async fn wait_for_changelog_room(&mut self) -> Result<(), BatchError> {
+        let Some(relay) = self.shared.relay.clone() else { return Ok(()) };
+        let bound = i64::try_from(self.shared.config.changelog.outbox_max_bytes).unwrap_or(i64::MAX);
+        if relay.backlog_bytes(self.partition) < bound {
+            return Ok(());
+        }
+        let mut told = false;
+        loop {
+            let held = relay.backlog_bytes(self.partition);
+            if held < bound {
+                break;
+            }
+            if !told {
+                warn!(
+                    partition = self.partition,
+                    held, bound, "changelog outbox full: the partition pauses until the relay publishes"
+                );
+                told = true;
+            }
+            self.shared.health.set_changelog_full(
+                self.partition,
+                Some(format!("holds {held} bytes of unpublished changes (changelog.outbox_max_bytes = {bound})")),
+            );
+            tokio::select! {
+                _ = tokio::time::sleep(Duration::from_millis(200)) => {}
+                _ = self.stop.cancelled() => break,
+                _ = self.fence.cancelled() => break,
+            }
+        }
+        self.shared.health.set_changelog_full(self.partition, None);
+        if (self.stop.is_cancelled() || self.fence.is_cancelled()) && relay.backlog_bytes(self.partition) >= bound {
+            return Err(BatchError::Fenced);
+        }
+        if told {
+            info!(partition = self.partition, "changelog outbox below its bound: the partition resumes");
+        }
         Ok(())
     }
 
@@ -380,6 +427,10 @@ impl Worker {
     /// The commit is in: the position, caches and counters follow.
     fn after_commit(&mut self, msgs: &[Msg], plan: &Plan, report: &CommitReport, started: Instant) {
         self.after_commit_position(plan.commit.delta.to);
+        if let Some(relay) = &self.shared.relay {
+            // The function outputs' changes are counted when the relay next reads the size.
+            relay.add_backlog(self.partition, plan.commit.changes.iter().map(|c| c.bytes() as i64).sum());
+        }
         for (function_id, offset) in &report.markers_accepted {
             info!(partition = self.partition, function = %function_id, marker_offset = offset, "backfill marker processed: function is backfilling");
         }

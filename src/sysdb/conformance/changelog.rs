@@ -136,16 +136,27 @@ pub async fn changes_commit_with_their_batch_in_sequence(db: &Sysdb) {
     let two = db.changelog_pending(p, -1, 2, usize::MAX).await.expect("pending bounded in records");
     assert_eq!(two.len(), 2);
 
+    // The bound counts the bytes of what is not published yet.
+    let all = pending(db, p).await;
+    let bytes = |rows: &[ChangelogEntry]| rows.iter().map(|r| r.change.bytes() as i64).sum::<i64>();
+    assert_eq!(db.changelog_unpublished_bytes(p).await.expect("bytes"), bytes(&all), "every change's bytes");
+    assert_eq!(db.changelog_unpublished_bytes(fresh_partition()).await.expect("bytes"), 0, "no changes, no bytes");
+
     // Progress: a copy that never goes back; published rows deleted in bounded steps.
     db.changelog_mark_published(p, 2).await.expect("mark published");
     db.changelog_mark_published(p, 1).await.expect("mark published lower");
     let pos = db.changelog_positions().await.expect("positions").into_iter().find(|x| x.partition == p).expect("row");
     assert_eq!((pos.next_seq, pos.published_seq, pos.outbox_records), (5, 2, 5), "{pos:?}");
     assert_eq!(pos.oldest_unpublished_ms, Some(after[0].created_at_ms));
+    assert_eq!(pos.unpublished_bytes, bytes(&all[3..]), "published changes leave the bound");
+    assert_eq!(db.changelog_unpublished_bytes(p).await.expect("bytes"), bytes(&all[3..]));
     assert_eq!(db.changelog_trim(p, 2, 2).await.expect("trim"), 2, "a trim step deletes at most its bound");
     assert_eq!(db.changelog_trim(p, 2, 2).await.expect("trim"), 1);
     assert_eq!(db.changelog_trim(p, 2, 2).await.expect("trim"), 0, "nothing unpublished is deleted");
     assert_eq!(pending(db, p).await.iter().map(|r| r.seq).collect::<Vec<_>>(), [3, 4]);
+    assert_eq!(db.changelog_unpublished_bytes(p).await.expect("bytes"), bytes(&all[3..]), "trimming changes no bound");
+    db.changelog_mark_published(p, 4).await.expect("mark all published");
+    assert_eq!(db.changelog_unpublished_bytes(p).await.expect("bytes"), 0, "all published: nothing held");
 }
 
 /// Fold changes in sequence order into `(collection, id) -> record`.

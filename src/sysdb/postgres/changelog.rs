@@ -11,10 +11,13 @@ use crate::sysdb::changelog::within_bytes;
 use crate::sysdb::error::Result;
 use crate::sysdb::types::{now_ms, ChangeOp, ChangelogEntry, ChangelogPosition, OutboxChange};
 
-/// `$1` partition, `$2` the number of changes, `$3..$7` their columns, `$8` now.
+/// `$1` partition, `$2` the number of changes, `$3..$7` their columns, `$8` now, `$9`
+/// their bytes.
 pub(super) const APPEND: &str = "WITH s AS (
-         INSERT INTO changelog_partitions AS c (partition, next_seq) VALUES ($1, $2)
-         ON CONFLICT (partition) DO UPDATE SET next_seq = c.next_seq + EXCLUDED.next_seq
+         INSERT INTO changelog_partitions AS c (partition, next_seq, outbox_bytes) VALUES ($1, $2, $9)
+         ON CONFLICT (partition) DO UPDATE SET
+             next_seq = c.next_seq + EXCLUDED.next_seq,
+             outbox_bytes = c.outbox_bytes + EXCLUDED.outbox_bytes
          RETURNING c.next_seq - $2 AS first
      )
      INSERT INTO changelog_outbox (partition, seq, collection_id, record_id, operation, source_offset, value, created_at_ms)
@@ -32,6 +35,7 @@ pub(super) struct ChangeRows<'a> {
     offsets: Vec<i64>,
     values: Vec<Option<&'a [u8]>>,
     pub now: i64,
+    bytes: i64,
 }
 
 impl<'a> ChangeRows<'a> {
@@ -45,8 +49,10 @@ impl<'a> ChangeRows<'a> {
             offsets: Vec::new(),
             values: Vec::new(),
             now: now_ms(),
+            bytes: 0,
         };
         for c in changes {
+            rows.bytes += c.bytes() as i64;
             rows.collections.push(&c.collection_id);
             rows.ids.push(&c.record_id);
             rows.ops.push(c.op.as_str());
@@ -71,6 +77,7 @@ impl<'a> ChangeRows<'a> {
             &self.offsets,
             &self.values,
             &self.now,
+            &self.bytes,
         ]
     }
 }
@@ -131,14 +138,28 @@ impl PostgresSysdb {
         let client = self.client().await?;
         client
             .execute(
-                "INSERT INTO changelog_partitions AS c (partition, next_seq, published_seq, published_at_ms) VALUES ($1, $2::int8 + 1, $2::int8, $3)
-                 ON CONFLICT (partition) DO UPDATE SET
-                     published_seq = GREATEST(c.published_seq, EXCLUDED.published_seq),
-                     published_at_ms = EXCLUDED.published_at_ms",
+                // The published changes leave the bound: their bytes, read before the rows
+                // are deleted (only rows up to the old `published_seq` ever are).
+                "UPDATE changelog_partitions c SET
+                     outbox_bytes = c.outbox_bytes - (SELECT COALESCE(sum(octet_length(o.collection_id) + 1
+                             + octet_length(o.record_id) + COALESCE(octet_length(o.value), 0)), 0)
+                         FROM changelog_outbox o
+                         WHERE o.partition = $1 AND o.seq > c.published_seq AND o.seq <= $2::int8),
+                     published_seq = $2::int8,
+                     published_at_ms = $3
+                 WHERE c.partition = $1 AND c.published_seq < $2::int8",
                 &[&partition, &seq, &now_ms()],
             )
             .await?;
         Ok(())
+    }
+
+    pub async fn changelog_unpublished_bytes(&self, partition: i32) -> Result<i64> {
+        let client = self.client().await?;
+        let row = client
+            .query_opt("SELECT outbox_bytes FROM changelog_partitions WHERE partition = $1", &[&partition])
+            .await?;
+        Ok(row.map_or(0, |r| r.get(0)))
     }
 
     pub async fn changelog_trim(&self, partition: i32, through_seq: i64, limit: usize) -> Result<usize> {
@@ -158,7 +179,7 @@ impl PostgresSysdb {
         let client = self.client().await?;
         let rows = client
             .query(
-                "SELECT c.partition, c.next_seq, c.published_seq,
+                "SELECT c.partition, c.next_seq, c.published_seq, c.outbox_bytes,
                         (SELECT count(*) FROM changelog_outbox o WHERE o.partition = c.partition),
                         (SELECT o.created_at_ms FROM changelog_outbox o
                           WHERE o.partition = c.partition AND o.seq > c.published_seq ORDER BY o.seq LIMIT 1)
@@ -172,8 +193,9 @@ impl PostgresSysdb {
                 partition: r.get(0),
                 next_seq: r.get(1),
                 published_seq: r.get(2),
-                outbox_records: r.get(3),
-                oldest_unpublished_ms: r.get(4),
+                unpublished_bytes: r.get(3),
+                outbox_records: r.get(4),
+                oldest_unpublished_ms: r.get(5),
             })
             .collect())
     }

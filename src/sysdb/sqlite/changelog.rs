@@ -15,13 +15,16 @@ pub(super) fn append(tx: &Connection, partition: i32, changes: &[OutboxChange], 
         return Ok(());
     }
     let n = changes.len() as i64;
+    let bytes: i64 = changes.iter().map(|c| c.bytes() as i64).sum();
     let next: i64 = tx
         .prepare_cached(
-            "INSERT INTO changelog_partitions (partition, next_seq) VALUES (?1, ?2)
-             ON CONFLICT (partition) DO UPDATE SET next_seq = next_seq + excluded.next_seq
+            "INSERT INTO changelog_partitions (partition, next_seq, outbox_bytes) VALUES (?1, ?2, ?3)
+             ON CONFLICT (partition) DO UPDATE SET
+                 next_seq = next_seq + excluded.next_seq,
+                 outbox_bytes = outbox_bytes + excluded.outbox_bytes
              RETURNING next_seq",
         )?
-        .query_row(params![partition, n], |r| r.get(0))?;
+        .query_row(params![partition, n, bytes], |r| r.get(0))?;
     let mut insert = tx.prepare_cached(
         "INSERT INTO changelog_outbox (partition, seq, collection_id, record_id, operation, source_offset, value, created_at_ms)
          VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
@@ -85,14 +88,30 @@ impl SqliteSysdb {
 
     pub async fn changelog_mark_published(&self, partition: i32, seq: i64) -> Result<()> {
         self.write(move |c, _w| {
+            // The published changes leave the bound: their bytes, read before the rows
+            // are deleted (only rows up to the old `published_seq` ever are).
             c.prepare_cached(
-                "INSERT INTO changelog_partitions (partition, next_seq, published_seq, published_at_ms) VALUES (?1, ?2 + 1, ?2, ?3)
-                 ON CONFLICT (partition) DO UPDATE SET
-                     published_seq = max(published_seq, excluded.published_seq),
-                     published_at_ms = excluded.published_at_ms",
+                "UPDATE changelog_partitions SET
+                     outbox_bytes = outbox_bytes - (SELECT COALESCE(sum(octet_length(o.collection_id) + 1
+                             + octet_length(o.record_id) + COALESCE(octet_length(o.value), 0)), 0)
+                         FROM changelog_outbox o
+                         WHERE o.partition = ?1 AND o.seq > changelog_partitions.published_seq AND o.seq <= ?2),
+                     published_seq = ?2,
+                     published_at_ms = ?3
+                 WHERE partition = ?1 AND published_seq < ?2",
             )?
             .execute(params![partition, seq, now_ms()])?;
             Ok(())
+        })
+        .await
+    }
+
+    pub async fn changelog_unpublished_bytes(&self, partition: i32) -> Result<i64> {
+        self.read(move |c| {
+            Ok(c.prepare_cached("SELECT outbox_bytes FROM changelog_partitions WHERE partition = ?1")?
+                .query_row([partition], |r| r.get(0))
+                .optional()?
+                .unwrap_or(0))
         })
         .await
     }
@@ -114,18 +133,18 @@ impl SqliteSysdb {
 
     pub async fn changelog_positions(&self) -> Result<Vec<ChangelogPosition>> {
         self.read(|c| {
-            let parts: Vec<(i32, i64, i64)> = c
+            let parts: Vec<(i32, i64, i64, i64)> = c
                 .prepare_cached(
-                    "SELECT partition, next_seq, published_seq FROM changelog_partitions ORDER BY partition",
+                    "SELECT partition, next_seq, published_seq, outbox_bytes FROM changelog_partitions ORDER BY partition",
                 )?
-                .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?
+                .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))?
                 .collect::<rusqlite::Result<_>>()?;
             let mut out = Vec::with_capacity(parts.len());
             let mut count = c.prepare_cached("SELECT count(*) FROM changelog_outbox WHERE partition = ?1")?;
             let mut oldest = c.prepare_cached(
                 "SELECT created_at_ms FROM changelog_outbox WHERE partition = ?1 AND seq > ?2 ORDER BY seq LIMIT 1",
             )?;
-            for (partition, next_seq, published_seq) in parts {
+            for (partition, next_seq, published_seq, unpublished_bytes) in parts {
                 let outbox_records: i64 = count.query_row([partition], |r| r.get(0))?;
                 let oldest_unpublished_ms: Option<i64> =
                     oldest.query_row(params![partition, published_seq], |r| r.get(0)).optional()?;
@@ -135,6 +154,7 @@ impl SqliteSysdb {
                     published_seq,
                     outbox_records,
                     oldest_unpublished_ms,
+                    unpublished_bytes,
                 });
             }
             Ok(out)
