@@ -6,7 +6,8 @@
 //! collection (the function's output included); every changelog sequence number of a
 //! partition appears once, without a hole (also after a replica frozen inside a relay
 //! transaction past the session timeout is fenced); every applied source offset of a data
-//! collection appears once; and each record's changes come in source-offset order.
+//! collection appears once; and each record's changes come in source-offset order. The
+//! Python consumer of `docs/examples/fold_changes.py` folds the topic to the same state.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
@@ -16,7 +17,9 @@ use sluice::cli::jsonl::record_to_json;
 use sluice::record::change::{decode_change, split_change_key};
 use sluice_integration_tests::both_backends;
 use sluice_integration_tests::faults::{attach, expect_abort_at, wait_status, workload};
-use sluice_integration_tests::{consume_all, free_port, http_get, jsonl_lines, ConsumedMsg, Env, Replica};
+use sluice_integration_tests::{
+    brokers, consume_all, free_port, http_get, jsonl_lines, repo_root, venv_python, ConsumedMsg, Env, Replica,
+};
 
 const WAIT: Duration = Duration::from_secs(240);
 const PARTITIONS: i32 = 4;
@@ -54,6 +57,23 @@ fn fold(msgs: &[ConsumedMsg]) -> BTreeMap<String, BTreeMap<String, Value>> {
         }
     }
     state.retain(|_, v| !v.is_empty());
+    state
+}
+
+/// A folded state in a form both folds print alike: embeddings as f32 values, no offsets
+/// (`sluice records` does not print them).
+fn comparable(mut state: Value) -> Value {
+    for records in state.as_object_mut().expect("collections").values_mut() {
+        for r in records.as_object_mut().expect("records").values_mut() {
+            let r = r.as_object_mut().expect("record");
+            r.remove("offset");
+            if let Some(Value::Array(e)) = r.get_mut("embedding") {
+                for x in e.iter_mut() {
+                    *x = serde_json::json!(x.as_f64().expect("a float") as f32 as f64);
+                }
+            }
+        }
+    }
     state
 }
 
@@ -182,6 +202,16 @@ fn exactly_once(env: Env) {
         assert!(Instant::now() < deadline, "offsets show never reached an empty outbox: {rows:?}");
         std::thread::sleep(Duration::from_millis(500));
     }
+    // The consumer example of docs/changes.md folds the same topic to the same state.
+    let out = std::process::Command::new(venv_python())
+        .arg(repo_root().join("docs/examples/fold_changes.py"))
+        .args([brokers().as_str(), &format!("{}.changes", env.prefix)])
+        .output()
+        .expect("run docs/examples/fold_changes.py");
+    assert!(out.status.success(), "fold_changes.py: {}", String::from_utf8_lossy(&out.stderr));
+    let python: Value = serde_json::from_slice(&out.stdout).expect("fold_changes.py prints JSON");
+    let rust = serde_json::to_value(fold(&msgs)).expect("fold as JSON");
+    assert_eq!(comparable(python), comparable(rust), "the Python example's fold differs");
     let mut b = b;
     a.terminate(Duration::from_secs(30));
     b.terminate(Duration::from_secs(30));
