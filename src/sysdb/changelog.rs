@@ -35,17 +35,28 @@ pub(crate) fn delete(collection: &str, id: &str, offset: i64) -> OutboxChange {
     }
 }
 
-/// Keep rows (in sequence order) until `max_bytes` of changes are taken (at least one
-/// row): the relay's transaction bound.
-pub(crate) fn within_bytes(rows: Vec<ChangelogEntry>, max_bytes: usize) -> Vec<ChangelogEntry> {
-    let mut bytes = 0usize;
-    let mut out = Vec::with_capacity(rows.len());
-    for r in rows {
-        if !out.is_empty() && bytes + r.change.bytes() > max_bytes {
-            break;
-        }
-        bytes += r.change.bytes();
-        out.push(r);
+/// Rows taken in sequence order while they fit in `max_bytes` of changes (at least one
+/// row): the relay's transaction bound. Backends read rows one by one into it and stop
+/// at the first it refuses, so no more than the bound and one row are ever held.
+pub(crate) struct WithinBytes {
+    max_bytes: usize,
+    bytes: usize,
+    pub rows: Vec<ChangelogEntry>,
+}
+
+impl WithinBytes {
+    pub(crate) fn new(max_bytes: usize) -> Self {
+        WithinBytes { max_bytes, bytes: 0, rows: Vec::new() }
     }
-    out
+
+    /// Take `row` if it fits; `false`: it does not, stop reading.
+    pub(crate) fn take(&mut self, row: ChangelogEntry) -> bool {
+        let b = row.change.bytes();
+        if !self.rows.is_empty() && self.bytes.saturating_add(b) > self.max_bytes {
+            return false;
+        }
+        self.bytes += b;
+        self.rows.push(row);
+        true
+    }
 }

@@ -7,7 +7,7 @@ use deadpool_postgres::Transaction;
 use tokio_postgres::types::ToSql;
 
 use super::{invalid, PostgresSysdb, TxError};
-use crate::sysdb::changelog::within_bytes;
+use crate::sysdb::changelog::WithinBytes;
 use crate::sysdb::error::Result;
 use crate::sysdb::types::{now_ms, ChangeOp, ChangelogEntry, ChangelogPosition, OutboxChange};
 
@@ -112,13 +112,18 @@ impl PostgresSysdb {
                  FROM changelog_outbox WHERE partition = $1 AND seq > $2 ORDER BY seq LIMIT $3",
             )
             .await?;
-        let mut out = Vec::new();
-        for r in client.query(&stmt, &[&partition, &after_seq, &limit]).await? {
+        let mut out = WithinBytes::new(max_bytes);
+        // Streamed: no more than the byte bound and one row are held.
+        let params: [&(dyn ToSql + Sync); 3] = [&partition, &after_seq, &limit];
+        let stream = client.query_raw(&stmt, params).await?;
+        futures_util::pin_mut!(stream);
+        while let Some(r) = futures_util::StreamExt::next(&mut stream).await {
+            let r = r?;
             let (partition, seq): (i32, i64) = (r.get(0), r.get(1));
             let op: String = r.get(4);
             let op = ChangeOp::parse(&op)
                 .ok_or_else(|| invalid(format!("changelog row {partition}/{seq}: operation {op:?}")))?;
-            out.push(ChangelogEntry {
+            let row = ChangelogEntry {
                 partition,
                 seq,
                 change: OutboxChange {
@@ -129,9 +134,12 @@ impl PostgresSysdb {
                     value: r.get(6),
                 },
                 created_at_ms: r.get(7),
-            });
+            };
+            if !out.take(row) {
+                break;
+            }
         }
-        Ok(within_bytes(out, max_bytes))
+        Ok(out.rows)
     }
 
     pub async fn changelog_mark_published(&self, partition: i32, seq: i64) -> Result<()> {

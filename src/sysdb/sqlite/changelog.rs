@@ -4,7 +4,7 @@
 use rusqlite::{params, Connection, OptionalExtension};
 
 use super::store::{invalid, SqliteSysdb};
-use crate::sysdb::changelog::within_bytes;
+use crate::sysdb::changelog::WithinBytes;
 use crate::sysdb::error::Result;
 use crate::sysdb::types::{now_ms, ChangeOp, ChangelogEntry, ChangelogPosition, OutboxChange};
 
@@ -60,30 +60,29 @@ impl SqliteSysdb {
         max_bytes: usize,
     ) -> Result<Vec<ChangelogEntry>> {
         let limit = i64::try_from(max_records).unwrap_or(i64::MAX);
-        let rows = self
-            .read(move |c| {
-                let rows = c
-                    .prepare_cached(
-                        "SELECT partition, seq, collection_id, record_id, operation, source_offset, value, created_at_ms
-                         FROM changelog_outbox WHERE partition = ?1 AND seq > ?2 ORDER BY seq LIMIT ?3",
-                    )?
-                    .query_map(params![partition, after_seq, limit], entry)?
-                    .collect::<rusqlite::Result<Vec<_>>>()?;
-                Ok(rows)
-            })
-            .await?;
-        let mut out = Vec::with_capacity(rows.len());
-        for (partition, seq, collection_id, record_id, op, source_offset, value, created_at_ms) in rows {
-            let op = ChangeOp::parse(&op)
-                .ok_or_else(|| invalid(format!("changelog row {partition}/{seq}: operation {op:?}")))?;
-            out.push(ChangelogEntry {
-                partition,
-                seq,
-                change: OutboxChange { collection_id, record_id, op, source_offset, value },
-                created_at_ms,
-            });
-        }
-        Ok(within_bytes(out, max_bytes))
+        self.read(move |c| {
+            let mut stmt = c.prepare_cached(
+                "SELECT partition, seq, collection_id, record_id, operation, source_offset, value, created_at_ms
+                 FROM changelog_outbox WHERE partition = ?1 AND seq > ?2 ORDER BY seq LIMIT ?3",
+            )?;
+            let mut out = WithinBytes::new(max_bytes);
+            for row in stmt.query_map(params![partition, after_seq, limit], entry)? {
+                let (partition, seq, collection_id, record_id, op, source_offset, value, created_at_ms) = row?;
+                let op = ChangeOp::parse(&op)
+                    .ok_or_else(|| invalid(format!("changelog row {partition}/{seq}: operation {op:?}")))?;
+                let row = ChangelogEntry {
+                    partition,
+                    seq,
+                    change: OutboxChange { collection_id, record_id, op, source_offset, value },
+                    created_at_ms,
+                };
+                if !out.take(row) {
+                    break;
+                }
+            }
+            Ok(out.rows)
+        })
+        .await
     }
 
     pub async fn changelog_mark_published(&self, partition: i32, seq: i64) -> Result<()> {
