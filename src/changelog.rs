@@ -60,6 +60,8 @@ pub struct Relay {
 pub enum RelayError {
     #[error("changelog.transaction_timeout_ms = {wanted} exceeds the broker's transaction.max.timeout.ms = {max}: lower it (or raise the broker's)")]
     TransactionTimeout { wanted: u64, max: u64 },
+    #[error("{topic} has {found:?} partitions, the log {log}: run `sluice init` with [changelog] enabled (it creates the changes topics, as many partitions as the log)")]
+    Topic { topic: String, found: Option<i32>, log: i32 },
     #[error(transparent)]
     Kafka(#[from] crate::kafka::KafkaError),
     #[error("schema registry: {0}")]
@@ -67,11 +69,25 @@ pub enum RelayError {
 }
 
 impl Relay {
-    /// Check the configuration against the broker (`transaction.timeout.ms` against
+    /// Check the configuration against the broker (the changes topics exist with the
+    /// log's partition count; `transaction.timeout.ms` against
     /// `transaction.max.timeout.ms`), register the change record schema when a registry
     /// is configured, and return what the partitions' relays share.
-    pub async fn prepare(config: &Config, sysdb: Arc<Sysdb>) -> Result<Arc<Relay>, RelayError> {
+    pub async fn prepare(config: &Config, sysdb: Arc<Sysdb>, log_partitions: i32) -> Result<Arc<Relay>, RelayError> {
         let settings = config.client_settings();
+        // The changes of log partition p go to partition p of both topics.
+        let (s, topics) = (settings.clone(), [config.changes_topic(), config.changes_progress_topic()]);
+        let found = tokio::task::spawn_blocking(move || {
+            let md = crate::kafka::cluster::MetadataClient::new(&s, None)?;
+            topics.map(|t| md.topic_partitions(&t).map(|n| (t, n))).into_iter().collect::<Result<Vec<_>, _>>()
+        })
+        .await
+        .map_err(|e| RelayError::Registry(format!("topic check task failed: {e}")))??;
+        for (topic, n) in found {
+            if n != Some(log_partitions) {
+                return Err(RelayError::Topic { topic, found: n, log: log_partitions });
+            }
+        }
         let wanted = config.changelog.transaction_timeout_ms;
         if let Some(max) = crate::kafka::changelog::broker_max_transaction_timeout_ms(&settings).await? {
             if wanted > max {

@@ -241,8 +241,11 @@ async fn detach_function(
 ) -> Result<Json<Value>, HttpError> {
     let Path(id) = path?;
     let Query(q) = query?;
-    let before =
-        admin.sysdb.detach_function(&id, q.drop_output).await?.ok_or_else(|| HttpError::unknown_function(&id))?;
+    let before = admin
+        .sysdb
+        .detach_function_feeding(&id, q.drop_output, admin.config.changelog.enabled)
+        .await?
+        .ok_or_else(|| HttpError::unknown_function(&id))?;
     Ok(Json(json!({"detached": function_json(&before), "output_dropped": q.drop_output})))
 }
 

@@ -194,7 +194,7 @@ pub async fn run(
     // transaction timeout the broker refuses would fail every partition's producer).
     let relay = if config.changelog.enabled {
         Some(
-            crate::changelog::Relay::prepare(&config, sysdb.clone())
+            crate::changelog::Relay::prepare(&config, sysdb.clone(), topic_partitions)
                 .await
                 .map_err(|e| ProcessorError::Fatal(e.to_string()))?,
         )

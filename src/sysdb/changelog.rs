@@ -35,6 +35,12 @@ pub(crate) fn delete(collection: &str, id: &str, offset: i64) -> OutboxChange {
     }
 }
 
+/// The changes of an output collection dropped by a detach: a delete of each of its
+/// records, at source offset -1 (an operator's action, no log record).
+pub(crate) fn dropped(collection: &str, ids: impl IntoIterator<Item = String>) -> Vec<OutboxChange> {
+    ids.into_iter().map(|id| delete(collection, &id, -1)).collect()
+}
+
 /// Rows taken in sequence order while they fit in `max_bytes` of changes (at least one
 /// row): the relay's transaction bound. Backends read rows one by one into it and stop
 /// at the first it refuses, so no more than the bound and one row are ever held.

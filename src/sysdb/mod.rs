@@ -261,7 +261,19 @@ impl Sysdb {
     /// non-detached function writes that output (re-attached since), then only this
     /// function's counters go. Returns the row as it was before, `None` if unknown.
     pub async fn detach_function(&self, id: &str, drop_output: bool) -> Result<Option<FunctionRow>> {
-        dispatch!(self, s => s.detach_function(id, drop_output).await)
+        dispatch!(self, s => s.detach_function(id, drop_output, false).await)
+    }
+
+    /// [`Sysdb::detach_function`] with the change feed on (`changelog`): a dropped
+    /// output's records get a delete change each (source offset -1: no log record made
+    /// them) in the detach's transaction, so that a fold of the feed loses them too.
+    pub async fn detach_function_feeding(
+        &self,
+        id: &str,
+        drop_output: bool,
+        changelog: bool,
+    ) -> Result<Option<FunctionRow>> {
+        dispatch!(self, s => s.detach_function(id, drop_output, changelog).await)
     }
 
     /// Outbox rows not marked sent, oldest first.

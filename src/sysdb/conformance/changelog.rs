@@ -226,6 +226,14 @@ pub async fn function_outputs_join_the_feed_and_the_feed_rebuilds_the_records(db
     assert_eq!(folded, want, "the feed folded in sequence order is the records, outputs included");
     let outputs = rows.iter().filter(|r| r.change.collection_id == counter.output_collection).count();
     assert!(outputs > 0, "the counter's output changes are in the feed");
+    // An output dropped by a detach leaves the feed too: a delete of each of its records.
+    db.detach_function_feeding(&map.id, true, true).await.expect("detach").expect("known");
+    let rest =
+        db.changelog_pending(p, rows.last().map_or(-1, |r| r.seq), usize::MAX, usize::MAX).await.expect("pending");
+    assert!(!rest.is_empty() && rest.iter().all(|r| r.change.value.is_none() && r.change.source_offset == -1));
+    fold(&rest, &mut folded);
+    let want = records_of(db, &[&log.collection, &counter.output_collection, &map.output_collection]).await;
+    assert_eq!(folded, want, "after the detach, the folded feed is the records without the dropped output");
     // The input collection's changes: one per applied record, in offset order per record.
     let mut last: BTreeMap<&str, i64> = BTreeMap::new();
     for r in rows.iter().filter(|r| r.change.collection_id == log.collection) {

@@ -625,7 +625,7 @@ impl PostgresSysdb {
         client.query_opt(&stmt, &[&id]).await?.map(|r| raw_function(&r).decode(BACKEND)).transpose()
     }
 
-    pub async fn detach_function(&self, id: &str, drop_output: bool) -> Result<Option<FunctionRow>> {
+    pub async fn detach_function(&self, id: &str, drop_output: bool, feed: bool) -> Result<Option<FunctionRow>> {
         let mut client = self.client().await?;
         let tx = client.transaction().await?;
         let Some(r) =
@@ -650,6 +650,22 @@ impl PostgresSysdb {
                 .await?
                 .get(0);
             if live == 0 {
+                if feed {
+                    let partition: Option<i32> = tx
+                        .query_opt("SELECT partition FROM collections WHERE id = $1", &[out])
+                        .await?
+                        .map(|r| r.get(0));
+                    if let Some(partition) = partition {
+                        let ids: Vec<String> = tx
+                            .query("SELECT id FROM records WHERE collection_id = $1 ORDER BY id", &[out])
+                            .await?
+                            .iter()
+                            .map(|r| r.get(0))
+                            .collect();
+                        let changes = changelog::dropped(out, ids);
+                        super::changelog::append(&tx, partition, changes.iter()).await?;
+                    }
+                }
                 tx.execute("DELETE FROM records WHERE collection_id = $1", &[out]).await?;
                 tx.execute("DELETE FROM tombstones WHERE collection_id = $1", &[out]).await?;
                 tx.execute("DELETE FROM collections WHERE id = $1", &[out]).await?;

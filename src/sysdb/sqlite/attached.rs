@@ -490,7 +490,7 @@ impl SqliteSysdb {
         self.read(move |c| read_function(c, &id)).await
     }
 
-    pub async fn detach_function(&self, id: &str, drop_output: bool) -> Result<Option<FunctionRow>> {
+    pub async fn detach_function(&self, id: &str, drop_output: bool, feed: bool) -> Result<Option<FunctionRow>> {
         let id = id.to_string();
         self.write(move |c, w| {
             let tx = c.transaction_with_behavior(TransactionBehavior::Immediate)?;
@@ -509,6 +509,20 @@ impl SqliteSysdb {
                 if live == 0 {
                     let mut acct = Account::default();
                     w.merge(&tx, true, &mut acct)?;
+                    if feed {
+                        let partition: Option<i32> = tx
+                            .prepare_cached("SELECT partition FROM collections WHERE id = ?1")?
+                            .query_row([out], |r| r.get(0))
+                            .optional()?;
+                        if let Some(partition) = partition {
+                            let ids = tx
+                                .prepare_cached("SELECT id FROM records WHERE collection_id = ?1 ORDER BY id")?
+                                .query_map([out], |r| r.get::<_, String>(0))?
+                                .collect::<rusqlite::Result<Vec<_>>>()?;
+                            let changes = changelog::dropped(out, ids);
+                            super::changelog::append(&tx, partition, &changes, now_ms())?;
+                        }
+                    }
                     values::delete_collection(&tx, out, &mut acct)?;
                     w.flush_and_compact(&tx, &mut acct)?;
                     tx.execute("DELETE FROM tombstones WHERE collection_id = ?1", [out])?;
