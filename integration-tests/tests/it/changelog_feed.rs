@@ -302,3 +302,68 @@ fn back_pressure(env: Env) {
     assert!(r.log_text().contains("changelog outbox full"), "the pause is in the log");
     r.terminate(Duration::from_secs(30));
 }
+
+// With a schema registry: change values carry the Confluent framing with the id the
+// registry gave `schemas/change_record.avsc` under `<changes topic>-value`, and both
+// folds (this test's and the Python example's with `--confluent`) read them.
+#[test]
+fn changes_through_a_schema_registry() {
+    if !sluice_integration_tests::require_kafka() || !sluice_integration_tests::require_schema_registry() {
+        return;
+    }
+    let url = sluice_integration_tests::schema_registry_url();
+    let env = Env::sqlite("changes-registry")
+        .with_kafka("framing = \"confluent\"\n")
+        .with_sections(&format!("[schema_registry]\nurl = \"{url}\"\n[changelog]\nenabled = true\n"));
+    env.run(&["init", "--partitions", &PARTITIONS.to_string()]);
+    env.produce(&jsonl_lines(&workload(600, 61, &env.prefix, 4, 40)));
+    let mut r = env.spawn_replica("r", &[]);
+    env.wait_caught_up(WAIT);
+    let topic = format!("{}.changes", env.prefix);
+    let (port, path) = sluice_integration_tests::registry_port_and_path(&url);
+    let latest = http_get(port, &format!("{path}/subjects/{topic}-value/versions/latest"))
+        .unwrap_or_else(|| panic!("the registry does not answer for {topic}-value"));
+    assert_eq!(latest.0, 200, "the change record schema is registered under {topic}-value: {latest:?}");
+    let id = serde_json::from_str::<Value>(&latest.2).expect("registry JSON")["id"].as_u64().expect("schema id");
+    let deadline = Instant::now() + WAIT;
+    let msgs = loop {
+        let msgs = consume_all(&topic, PARTITIONS, Duration::from_secs(120));
+        let framed: Vec<ConsumedMsg> = msgs
+            .iter()
+            .map(|m| {
+                let mut m = m.clone();
+                if !m.payload.is_empty() {
+                    assert_eq!(m.payload[0], 0, "the Confluent magic byte");
+                    assert_eq!(
+                        u64::from(u32::from_be_bytes(m.payload[1..5].try_into().unwrap())),
+                        id,
+                        "the registry's id"
+                    );
+                    m.payload.drain(..5);
+                }
+                m
+            })
+            .collect();
+        let mut want: BTreeMap<String, BTreeMap<String, Value>> = BTreeMap::new();
+        for c in collections(&env) {
+            let recs = records(&env, &c);
+            if !recs.is_empty() {
+                want.insert(c, recs);
+            }
+        }
+        if fold(&framed) == want {
+            break framed;
+        }
+        assert!(Instant::now() < deadline, "the folded feed never equalled the records");
+        std::thread::sleep(Duration::from_secs(1));
+    };
+    let out = std::process::Command::new(venv_python())
+        .arg(repo_root().join("docs/examples/fold_changes.py"))
+        .args([brokers().as_str(), &topic, "--confluent"])
+        .output()
+        .expect("run docs/examples/fold_changes.py");
+    assert!(out.status.success(), "fold_changes.py --confluent: {}", String::from_utf8_lossy(&out.stderr));
+    let python: Value = serde_json::from_slice(&out.stdout).expect("fold_changes.py prints JSON");
+    assert_eq!(comparable(python), comparable(serde_json::to_value(fold(&msgs)).unwrap()));
+    r.terminate(Duration::from_secs(30));
+}
