@@ -66,6 +66,8 @@ pub enum RelayError {
     Kafka(#[from] crate::kafka::KafkaError),
     #[error("schema registry: {0}")]
     Registry(String),
+    #[error("the topic check failed: {0}")]
+    Task(#[from] tokio::task::JoinError),
 }
 
 impl Relay {
@@ -81,8 +83,7 @@ impl Relay {
             let md = crate::kafka::cluster::MetadataClient::new(&s, None)?;
             topics.map(|t| md.topic_partitions(&t).map(|n| (t, n))).into_iter().collect::<Result<Vec<_>, _>>()
         })
-        .await
-        .map_err(|e| RelayError::Registry(format!("topic check task failed: {e}")))??;
+        .await??;
         for (topic, n) in found {
             if n != Some(log_partitions) {
                 return Err(RelayError::Topic { topic, found: n, log: log_partitions });
