@@ -37,6 +37,7 @@ mod refused_records;
 mod schema_registry;
 mod smoke;
 mod soak;
+mod sql_views;
 mod sqlite_bounds;
 mod sysdb_outage;
 mod sysdb_postgres;
