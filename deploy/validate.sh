@@ -16,7 +16,8 @@
 #   hadolint           Dockerfile
 #   sluice config show the ConfigMap's sluice.toml + the Secret's SLUICE_SYSDB, and the
 #                      compose replicas' environment: every key is accepted by the binary
-#   python             the Grafana dashboard and provisioning, and cross-file consistency:
+#   python             the Grafana dashboards (the Prometheus one and the sysdb's SQL one)
+#                      and provisioning, and cross-file consistency:
 #                      metric names vs src/metrics.rs, alerts vs docs/metrics.md runbooks and
 #                      unit tests, Prometheus targets vs compose services, probes vs ports
 #
@@ -389,6 +390,69 @@ for path in prov_paths:
 ds_urls = [d.get("url", "") for d in ds.get("datasources", [])]
 if not any(u.startswith("http://prometheus:9090") for u in ds_urls):
     err(f"grafana datasource url {ds_urls} does not point at the compose prometheus service")
+
+# ---------------------------------------------------------------- sysdb dashboard (SQL)
+# Panels fed by SQL over the sluice_* views (docs/reading.md, "Reading with SQL") through
+# the provisioned PostgreSQL data source; integration-tests/tests/it/sql_views.rs runs each
+# panel's SQL against a real sysdb and checks the numbers.
+sql_path = "deploy/grafana/dashboards/sluice-sysdb.json"
+sql_dash = json.load(open(sql_path))
+PG_TYPE = "grafana-postgresql-datasource"
+pg = load_yaml("deploy/grafana/provisioning/datasources/postgres.yaml")
+pg_sources = [d for d in pg.get("datasources", []) if d.get("type") == PG_TYPE]
+if len(pg_sources) != 1:
+    err(f"deploy/grafana/provisioning/datasources/postgres.yaml: want one {PG_TYPE} data source, found {pg_sources}")
+pg_source = pg_sources[0] if pg_sources else {}
+if sql_dash.get("schemaVersion", 0) < 36:
+    err(f"{sql_path}: schemaVersion {sql_dash.get('schemaVersion')} is older than Grafana 9/10 dashboards")
+if sql_dash.get("uid") == dash.get("uid"):
+    err(f"{sql_path}: uid {sql_dash.get('uid')} is the Prometheus dashboard's")
+sql_vars = {v["name"]: v for v in sql_dash.get("templating", {}).get("list", [])}
+sysdb_var = sql_vars.get("sysdb")
+if not sysdb_var or sysdb_var.get("type") != "datasource" or sysdb_var.get("query") != PG_TYPE:
+    err(f"{sql_path}: needs a `sysdb` variable of type datasource (query {PG_TYPE})")
+elif sysdb_var.get("current", {}).get("value") != pg_source.get("uid"):
+    err(f"{sql_path}: default sysdb {sysdb_var.get('current')} is not the provisioned one ({pg_source.get('uid')})")
+documented_views = set(re.findall(r"^### `(sluice_\w+)`$", open("docs/reading.md").read(), re.M))
+if len(documented_views) < 5:
+    err(f"docs/reading.md documents the views {sorted(documented_views)}: has the section changed shape?")
+sql_ids, sql_titles = set(), set()
+pg_ds = {"type": PG_TYPE, "uid": "${sysdb}"}
+for p in sql_dash.get("panels", []):
+    where = f"{sql_path}: panel {p.get('title')!r}"
+    if p.get("id") in sql_ids or p.get("title") in sql_titles:
+        err(f"{where}: duplicate id or title")
+    sql_ids.add(p.get("id"))
+    sql_titles.add(p.get("title"))
+    g = p.get("gridPos", {})
+    if not all(k in g for k in ("h", "w", "x", "y")) or g["x"] + g["w"] > 24:
+        err(f"{where} has a bad gridPos {g}")
+    if not p.get("description"):
+        err(f"{where} has no description")
+    if p.get("datasource") != pg_ds:
+        err(f"{where} must use the ${{sysdb}} variable ({pg_ds})")
+    targets = p.get("targets", [])
+    if not targets:
+        err(f"{where} has no targets")
+    for t in targets:
+        if t.get("datasource") != pg_ds or not t.get("refId"):
+            err(f"{where}: every target needs a refId and the ${{sysdb}} data source")
+        if t.get("format") != "table" or t.get("rawQuery") is not True or not t.get("rawSql"):
+            err(f"{where}: every target is raw SQL (rawSql, rawQuery true) in table format")
+        # The stable interface only: every relation read is a documented view.
+        for rel in re.findall(r"\b(?:FROM|JOIN)\s+([A-Za-z_][\w.]*)", t.get("rawSql", ""), re.I):
+            if rel not in documented_views:
+                err(f"{where}: reads {rel}, not one of the views of docs/reading.md ({sorted(documented_views)})")
+if not sql_dash.get("panels"):
+    err(f"{sql_path}: no panels")
+pg_env = services.get("postgres", {}).get("environment", {})
+if pg_source.get("url") != "postgres:5432":
+    err(f"postgres.yaml: url {pg_source.get('url')!r} is not the compose postgres service (postgres:5432)")
+if (pg_source.get("jsonData", {}).get("database"), pg_source.get("user"), pg_source.get("secureJsonData", {}).get("password")) \
+        != (pg_env.get("POSTGRES_DB"), pg_env.get("POSTGRES_USER"), pg_env.get("POSTGRES_PASSWORD")):
+    err("postgres.yaml: database, user and password must be the compose postgres service's")
+if "postgres" not in services.get("grafana", {}).get("depends_on", []):
+    err("deploy/compose.yaml: grafana must depend on postgres (the sysdb data source)")
 
 # ---------------------------------------------------------------- kubernetes
 kdir = "deploy/kubernetes"

@@ -9,7 +9,9 @@
 //! - `sluice_collections`, `sluice_positions` and `sluice_functions` equal `collections
 //!   list`, `offsets show` and `functions list`; `sluice_views_version` answers 1;
 //! - every view has the columns, column order and types of docs/reading.md's tables (on
-//!   SQLite, the storage class of every value).
+//!   SQLite, the storage class of every value);
+//! - the SQL of every panel of the Grafana dashboard over the views
+//!   (deploy/grafana/dashboards/sluice-sysdb.json) answers what Sluice's own reads say.
 //!
 //! On SQLite the views are read, in one read transaction on a read-only connection, while
 //! the records delta holds unmerged rows (some keys changed twice there), after merges and
@@ -319,6 +321,32 @@ fn odd_records(prefix: &str) -> Vec<LogRecord> {
     vec![bare, document, embedding, metadata, twice, again, gone, back]
 }
 
+/// A cell as JSON, a boolean column (`halted`) as a boolean on both backends.
+fn cell_json(column: &str, cell: &Cell) -> Value {
+    match cell {
+        _ if column == "halted" => json!(cell.flag()),
+        Cell::Null => Value::Null,
+        Cell::Int(i) => json!(i),
+        Cell::Bool(b) => json!(b),
+        Cell::Text(t) => json!(t),
+        Cell::Bytes(b) => panic!("{column}: {} bytes where a panel shows a value", b.len()),
+    }
+}
+
+/// `(title, SQL)` of every panel of the Grafana dashboard over the views.
+fn dashboard_sql() -> Vec<(String, String)> {
+    let path = sluice_integration_tests::repo_root().join("deploy/grafana/dashboards/sluice-sysdb.json");
+    let dashboard: Value = serde_json::from_str(&std::fs::read_to_string(&path).expect("the dashboard")).unwrap();
+    let mut panels = Vec::new();
+    for p in dashboard["panels"].as_array().expect("panels") {
+        for t in p["targets"].as_array().expect("targets") {
+            let title = p["title"].as_str().expect("title").to_string();
+            panels.push((title, t["rawSql"].as_str().expect("rawSql").to_string()));
+        }
+    }
+    panels
+}
+
 fn produce(env: &Env, records: &[LogRecord]) {
     let producer = LogProducer::new(env, PARTITIONS, 1 << 20);
     for r in records {
@@ -414,6 +442,7 @@ fn views_equal_what_sluice_reads(env: Env) {
     let version = db.query("SELECT * FROM sluice_views_version");
     let everything: BTreeMap<String, Rows> =
         documented_views().keys().map(|v| (v.clone(), db.query(&format!("SELECT * FROM {v}")))).collect();
+    let panels: Vec<(String, Rows)> = dashboard_sql().into_iter().map(|(title, sql)| (title, db.query(&sql))).collect();
     if db.is_sqlite() {
         let delta = db.query("SELECT count(*) FROM record_delta").rows[0][0].int().unwrap();
         let merges = db.query("SELECT delta_merges FROM value_log").rows[0][0].int().unwrap();
@@ -443,7 +472,7 @@ fn views_equal_what_sluice_reads(env: Env) {
     }
 
     // sluice_collections: `collections list`, and each count is its rows in sluice_records.
-    let listed = json_rows(&env.run(&["collections", "list", "--format", "json"]));
+    let listed_collections = json_rows(&env.run(&["collections", "list", "--format", "json"]));
     let from_view: Vec<Value> = collections
         .maps()
         .iter()
@@ -461,11 +490,14 @@ fn views_equal_what_sluice_reads(env: Env) {
             })
         })
         .collect();
-    assert_eq!(from_view, listed, "sluice_collections against `sluice collections list`");
-    assert!(listed.len() >= 5, "three workload collections, the odd one and function outputs: {listed:?}");
+    assert_eq!(from_view, listed_collections, "sluice_collections against `sluice collections list`");
+    assert!(
+        listed_collections.len() >= 5,
+        "three workload collections, the odd one and function outputs: {listed_collections:?}"
+    );
 
     // sluice_records of every collection, outputs included: what `sluice records` prints.
-    for c in &listed {
+    for c in &listed_collections {
         let c = c["id"].as_str().unwrap();
         let printed: Vec<Value> = env
             .run(&["records", c, "--format", "jsonl"])
@@ -505,7 +537,7 @@ fn views_equal_what_sluice_reads(env: Env) {
     assert_eq!(from_view.len(), PARTITIONS as usize);
 
     // sluice_functions: `functions list`, detached ones included.
-    let listed = json_rows(&env.run(&["functions", "list", "--format", "json"]));
+    let listed_functions = json_rows(&env.run(&["functions", "list", "--format", "json"]));
     let from_view: Vec<Value> = functions
         .maps()
         .iter()
@@ -521,14 +553,68 @@ fn views_equal_what_sluice_reads(env: Env) {
             })
         })
         .collect();
-    assert_eq!(from_view, listed, "sluice_functions against `sluice functions list`");
-    let status: BTreeMap<String, String> =
-        listed.iter().map(|f| (f["id"].as_str().unwrap().into(), f["status"].as_str().unwrap().into())).collect();
+    assert_eq!(from_view, listed_functions, "sluice_functions against `sluice functions list`");
+    let status: BTreeMap<String, String> = listed_functions
+        .iter()
+        .map(|f| (f["id"].as_str().unwrap().into(), f["status"].as_str().unwrap().into()))
+        .collect();
     assert_eq!(status[&counter], "ready");
     assert_eq!(status[&stats], "ready");
     assert_eq!(status[&normalized], "detached");
 
     assert_eq!(version.rows, vec![vec![Cell::Int(1)]], "sluice_views_version");
+
+    // The Grafana dashboard's panels: their SQL, read from the dashboard, gives Sluice's
+    // own answers.
+    let mut largest: Vec<&Value> = listed_collections.iter().collect();
+    largest.sort_by_key(|c| (-c["records"].as_i64().unwrap(), c["id"].as_str().unwrap().to_string()));
+    assert!(!panels.is_empty(), "the dashboard has panels");
+    for (title, rows) in &panels {
+        let (columns, expected): (&[&str], Vec<Vec<Value>>) = match title.as_str() {
+            "Collections and records" => (
+                &["collections", "records"],
+                vec![vec![
+                    json!(listed_collections.len()),
+                    json!(listed_collections.iter().map(|c| c["records"].as_i64().unwrap()).sum::<i64>()),
+                ]],
+            ),
+            "Partitions" => (
+                &["partition", "next_offset", "halted", "halted_reason", "updated_at_ms"],
+                positions
+                    .maps()
+                    .iter()
+                    .map(|p| {
+                        ["partition", "next_offset", "halted", "halted_reason", "updated_at_ms"]
+                            .iter()
+                            .map(|c| cell_json(c, &p[*c]))
+                            .collect()
+                    })
+                    .collect(),
+            ),
+            "Records per collection" => (
+                &["collection", "records"],
+                largest.iter().take(20).map(|c| vec![c["id"].clone(), c["records"].clone()]).collect(),
+            ),
+            "Attached functions" => (
+                &["function", "collection", "output_collection", "status", "backfill_done", "backfill_total"],
+                listed_functions
+                    .iter()
+                    .filter(|f| f["status"] != "detached")
+                    .map(|f| {
+                        ["function", "collection", "output", "status", "backfill_done", "backfill_total"]
+                            .iter()
+                            .map(|k| f[*k].clone())
+                            .collect()
+                    })
+                    .collect(),
+            ),
+            other => panic!("panel {other:?} of the dashboard: this test does not know what it must show"),
+        };
+        assert_eq!(rows.columns, columns, "the columns of panel {title:?}");
+        let actual: Vec<Vec<Value>> =
+            rows.rows.iter().map(|r| r.iter().zip(columns).map(|(cell, c)| cell_json(c, cell)).collect()).collect();
+        assert_eq!(actual, expected, "panel {title:?} of the dashboard");
+    }
 
     // Columns, their order and their types: docs/reading.md's tables.
     for (view, documented) in documented_views() {
