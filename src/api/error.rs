@@ -1,4 +1,4 @@
-//! The admin API's error responses: `{"error": CODE, "message": TEXT}` (plus `items` for
+//! The API's error responses: `{"error": CODE, "message": TEXT}` (plus `items` for
 //! per-record problems), with a status code that fits. `CODE` is stable and documented in
 //! `docs/openapi.yaml` (clients branch on it); `TEXT` is for humans and may change.
 
@@ -26,8 +26,11 @@ pub(crate) enum ErrorCode {
     BadJson,
     /// 400: one or more records of a `POST .../records` are invalid (see `items`).
     InvalidRecord,
-    /// 401: a mutating request without the right bearer token.
+    /// 401: a request without a bearer token its route's role accepts (none, or a wrong one).
     Unauthorized,
+    /// 403: a token that may not do this (the read token on a change), or a change on a
+    /// replica without an admin token.
+    Forbidden,
     /// 400: well-formed JSON or query with wrong fields or values.
     BadRequest,
     /// 404: no such endpoint.
@@ -57,6 +60,7 @@ impl ErrorCode {
             ErrorCode::BadJson => "bad_json",
             ErrorCode::InvalidRecord => "invalid_record",
             ErrorCode::Unauthorized => "unauthorized",
+            ErrorCode::Forbidden => "forbidden",
             ErrorCode::BadRequest => "bad_request",
             ErrorCode::NotFound => "not_found",
             ErrorCode::MethodNotAllowed => "method_not_allowed",
@@ -78,6 +82,7 @@ impl ErrorCode {
             ErrorCode::TokenNotReached => StatusCode::GATEWAY_TIMEOUT,
             ErrorCode::PartitionHalted => StatusCode::SERVICE_UNAVAILABLE,
             ErrorCode::Unauthorized => StatusCode::UNAUTHORIZED,
+            ErrorCode::Forbidden => StatusCode::FORBIDDEN,
             ErrorCode::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             ErrorCode::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             ErrorCode::Unavailable => StatusCode::SERVICE_UNAVAILABLE,

@@ -24,6 +24,7 @@ mod dlq_redrive;
 mod fault_points;
 mod functions_backfill;
 mod hostile_input;
+mod http_roles;
 mod metrics_http;
 mod operator_offsets;
 mod partitioner_interop;
