@@ -17,7 +17,7 @@
 //! * `collections(id, partition, dimension, log_position, record_count, created_at_ms)`.
 //! * `records(collection_id, id, embedding, metadata, document, last_offset)` — the
 //!   materialized records; `embedding` is little-endian packed f32, `metadata` JSON text
-//!   (see `codec.rs`). On SQLite, step 6 moves `embedding` and `document` into a value
+//!   (see `stored_fields.rs`). On SQLite, step 6 moves `embedding` and `document` into a value
 //!   log (below).
 //! * `gaps(...)` — data-loss gaps skipped under `on_data_loss = "skip"`.
 //! * `offset_resets(...)` — the audit trail of operator overrides.

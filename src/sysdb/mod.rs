@@ -22,7 +22,6 @@
 //! transaction.
 
 pub mod attach_rules;
-mod codec;
 #[cfg(any(test, feature = "testkit"))]
 pub mod conformance;
 mod error;
@@ -30,6 +29,7 @@ mod migrations;
 mod outputs;
 pub mod postgres;
 pub mod sqlite;
+mod stored_fields;
 mod types;
 
 use std::collections::HashMap;

@@ -36,9 +36,9 @@ use super::{invalid, PostgresSysdb, TxError, BACKEND};
 use crate::functions::{Function, FunctionStatus, Reads};
 use crate::record::Record;
 use crate::sysdb::attach_rules::{self, AttachFacts, AttachOutcome, Decision};
-use crate::sysdb::codec::{encode_embedding, encode_metadata, encode_params};
 use crate::sysdb::error::{Result, SysdbError};
 use crate::sysdb::outputs::{self, FunctionState, MapWrite, OutputPlan, RawFunction, FUNCTION_COLUMNS};
+use crate::sysdb::stored_fields::{encode_embedding, encode_metadata, encode_params};
 use crate::sysdb::types::{
     now_ms, BatchCommit, ChunkLimit, CommitReport, FunctionRow, NewFunction, OutboxRow, StepResult,
 };

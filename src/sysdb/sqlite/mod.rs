@@ -27,7 +27,7 @@ mod audit;
 mod checkpoint;
 mod commit;
 mod positions;
-mod reads;
+mod readers;
 mod records;
 mod rows;
 mod stats;

@@ -254,7 +254,7 @@ fn the_value_log_keeps_every_record_exact_and_stays_bounded_in_bytes() {
                 let mut read = Vec::new();
                 let mut after: Option<String> = None;
                 loop {
-                    let page: Vec<Record> = reads::list_page(&conn, c, after.as_deref(), 37)
+                    let page: Vec<Record> = readers::list_page(&conn, c, after.as_deref(), 37)
                         .unwrap()
                         .into_iter()
                         .map(|raw| decode_raw(raw).unwrap())
