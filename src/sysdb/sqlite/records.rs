@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use rusqlite::{params, OptionalExtension};
 
-use super::reads;
+use super::readers;
 use super::rows::{decode_raw, raw_record};
 use super::store::{invalid, SqliteSysdb};
 use super::values::{RECORDS_WITH_VALUES, RECORD_COLUMNS};

@@ -9,7 +9,7 @@ use rusqlite::{params, Connection};
 use super::checkpoint::CHECKPOINTER_CACHE_KIB;
 use super::commit::{commit_all_or_none, commit_group};
 use super::positions::{read_next_offset, write_next_offset};
-use super::reads;
+use super::readers;
 use super::rows::decode_raw;
 use super::stats::SqliteStats;
 use super::store::{
