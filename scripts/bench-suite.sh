@@ -615,7 +615,7 @@ EOF
 # would take a minute per sysdb). sha256 of: aggregates over every record (count, sum of
 # last_offset, embeddings, byte lengths), every collections row, and every record the log
 # touched (last_offset >= 0) in full -- the stored bytes, which both backends write
-# identically (src/sysdb/codec.rs) -- ordered by (collection_id, id) in byte order.
+# identically (src/sysdb/stored_fields.rs) -- ordered by (collection_id, id) in byte order.
 sysdb_digest() {
     local url="$1"
     local agg="SELECT count(*), coalesce(sum(last_offset), 0), count(embedding), coalesce(sum(length(embedding)), 0),

@@ -23,7 +23,6 @@
 
 pub mod attach_rules;
 mod changelog;
-mod codec;
 #[cfg(any(test, feature = "testkit"))]
 pub mod conformance;
 mod error;
@@ -31,6 +30,7 @@ mod migrations;
 mod outputs;
 pub mod postgres;
 pub mod sqlite;
+mod stored_fields;
 mod types;
 
 use std::collections::HashMap;

@@ -1,5 +1,5 @@
 //! The admin API (`/api/v1`, `docs/openapi.yaml`) of a real `sluice process` replica
-//! against the real broker: the bearer token (missing, wrong, right), bad JSON, unknown
+//! against the real broker: the admin token (missing, wrong, right), bad JSON, unknown
 //! collections, records posted over HTTP and then materialized, paging through them, an
 //! invalid batch producing nothing, offsets, and functions attached and detached over HTTP.
 
@@ -42,8 +42,9 @@ impl Api {
     fn call(&self, method: &str, path: &str, token: Option<&str>, body: Option<&str>) -> (u16, Value) {
         request(self.port, method, path, token, body).unwrap_or_else(|| panic!("{method} {path}: no answer"))
     }
+    /// A read: with only the admin token configured, reads need it too.
     fn get(&self, path: &str) -> (u16, Value) {
-        self.call("GET", path, None, None)
+        self.call("GET", path, Some(TOKEN), None)
     }
     /// A mutating request with the right token.
     fn send(&self, method: &str, path: &str, body: Option<&str>) -> (u16, Value) {
@@ -102,7 +103,9 @@ fn records_posted_over_http_are_materialized_and_paged_behind_the_token() {
     let path = format!("/api/v1/collections/{c}/records");
     let batch = Value::Array((0..25).map(record).collect()).to_string();
 
-    // Auth: missing and wrong tokens are refused before anything else; reads are open.
+    // Auth: missing and wrong tokens are refused before anything else, reads included
+    // (every route and token: http_roles.rs).
+    assert_error(&api.call("GET", &path, None, None), 401, "unauthorized");
     assert_error(&api.call("POST", &path, None, Some(&batch)), 401, "unauthorized");
     assert_error(&api.call("POST", &path, Some("it-admin-token-0123456788"), Some(&batch)), 401, "unauthorized");
     assert_error(&api.call("POST", &path, Some("wrong"), Some("{")), 401, "unauthorized");

@@ -37,9 +37,9 @@ use crate::functions::{Function, FunctionStatus, Reads};
 use crate::record::Record;
 use crate::sysdb::attach_rules::{self, AttachFacts, AttachOutcome, Decision};
 use crate::sysdb::changelog;
-use crate::sysdb::codec::{encode_embedding, encode_metadata, encode_params};
 use crate::sysdb::error::{Result, SysdbError};
 use crate::sysdb::outputs::{self, FunctionState, MapWrite, OutputPlan, RawFunction, FUNCTION_COLUMNS};
+use crate::sysdb::stored_fields::{encode_embedding, encode_metadata, encode_params};
 use crate::sysdb::types::{
     now_ms, BatchCommit, ChunkLimit, CommitReport, FunctionRow, NewFunction, OutboxChange, OutboxRow, StepResult,
 };

@@ -10,9 +10,9 @@ use super::positions::SELECT_FOR_UPDATE;
 use super::{attached, changelog, describe, invalid, is_retry_once, PostgresSysdb, TxError};
 use crate::positions::IncompatibleDelta;
 use crate::record::Record;
-use crate::sysdb::codec::{encode_embedding, encode_metadata};
 use crate::sysdb::error::Result;
 use crate::sysdb::error::SysdbError;
+use crate::sysdb::stored_fields::{encode_embedding, encode_metadata};
 use crate::sysdb::types::{now_ms, BatchCommit, CommitReport};
 
 /// An `INSERT … UNNEST` statement carries records until their values reach this many

@@ -8,8 +8,8 @@ use rusqlite::{params, Connection, TransactionBehavior};
 use super::positions::{read_next_offset, write_next_offset};
 use super::store::{join_error, PendingCommit, SqliteSysdb, Writing, BACKEND};
 use super::{attached, changelog, values};
-use crate::sysdb::codec::{encode_embedding, encode_metadata};
 use crate::sysdb::error::{Result, SysdbError};
+use crate::sysdb::stored_fields::{encode_embedding, encode_metadata};
 use crate::sysdb::types::{now_ms, BatchCommit, CommitReport};
 
 /// Commit every waiting batch in ONE transaction (group commit; see

@@ -28,7 +28,7 @@ mod changelog;
 mod checkpoint;
 mod commit;
 mod positions;
-mod reads;
+mod readers;
 mod records;
 mod rows;
 mod stats;
