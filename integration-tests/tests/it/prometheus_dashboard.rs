@@ -351,7 +351,9 @@ fn every_dashboard_and_alert_expression_works_against_two_real_replicas() {
     promtool(&["test", "rules", RULE_TESTS]);
 
     // ------------------------------------------------------------------ the scenario
-    let env = Env::sqlite("prom-dash").with_sections("[backfill]\nscan_interval_ms = 500\n");
+    // The change feed on, so that its panels and alert have series.
+    let env =
+        Env::sqlite("prom-dash").with_sections("[backfill]\nscan_interval_ms = 500\n[changelog]\nenabled = true\n");
     env.run(&["init", "--partitions", &PARTITIONS.to_string()]);
     let topic = env.log_topic();
     let initial = workload(1_500, 7, &env);
