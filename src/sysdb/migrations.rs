@@ -108,6 +108,26 @@
 
 use super::error::SysdbError;
 
+/// The views whose SQL is the same on both backends (step 11: the read interface, whose
+/// columns are a contract; `sluice_records` differs, since SQLite's records may sit in the
+/// delta and the value log).
+macro_rules! common_views {
+    () => {
+        r#"CREATE VIEW sluice_collections AS
+SELECT id, partition, dimension, record_count, log_position, created_at_ms FROM collections;
+
+CREATE VIEW sluice_positions AS
+SELECT topic, partition, next_offset, halted_reason IS NOT NULL AS halted, halted_reason, halted_at_ms, updated_at_ms
+FROM partitions;
+
+CREATE VIEW sluice_functions AS
+SELECT id, collection_id AS collection, function, output_collection, params, status, marker_offset,
+       backfill_done, backfill_total, created_at_ms, updated_at_ms
+FROM functions;
+"#
+    };
+}
+
 /// One migration step.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Migration {
@@ -411,7 +431,8 @@ UPDATE value_log SET
         // 0.20 s against 0.73 s; reading every value costs more, 0.88 s against 0.70 s
         // (three lookups of each value instead of one). `length(embedding) / 4` is the
         // dimension (4 bytes per f32; SQLite takes a blob's length from its header).
-        sql: r#"
+        sql: concat!(
+            r#"
 CREATE VIEW sluice_views_version AS SELECT 1 AS version;
 
 CREATE VIEW sluice_records AS
@@ -435,18 +456,9 @@ SELECT c.collection_id AS collection, c.id AS id,
        c.last_offset AS last_offset
 FROM current c;
 
-CREATE VIEW sluice_collections AS
-SELECT id, partition, dimension, record_count, log_position, created_at_ms FROM collections;
-
-CREATE VIEW sluice_positions AS
-SELECT topic, partition, next_offset, halted_reason IS NOT NULL AS halted, halted_reason, halted_at_ms, updated_at_ms
-FROM partitions;
-
-CREATE VIEW sluice_functions AS
-SELECT id, collection_id AS collection, function, output_collection, params, status, marker_offset,
-       backfill_done, backfill_total, created_at_ms, updated_at_ms
-FROM functions;
 "#,
+            common_views!()
+        ),
     },
     Migration {
         version: 12,
@@ -677,7 +689,8 @@ CREATE TABLE dlq_replays (
         // The records keep their values in the row: the views rename and derive, nothing
         // more. A statement reads one snapshot. Casts fix each column's type, so that
         // `CREATE OR REPLACE VIEW` in a later step keeps them.
-        sql: r#"
+        sql: concat!(
+            r#"
 CREATE VIEW sluice_views_version AS SELECT 1::integer AS version;
 
 CREATE VIEW sluice_records AS
@@ -685,18 +698,9 @@ SELECT collection_id AS collection, id, embedding, (octet_length(embedding) / 4)
        metadata, document, last_offset
 FROM records;
 
-CREATE VIEW sluice_collections AS
-SELECT id, partition, dimension, record_count, log_position, created_at_ms FROM collections;
-
-CREATE VIEW sluice_positions AS
-SELECT topic, partition, next_offset, halted_reason IS NOT NULL AS halted, halted_reason, halted_at_ms, updated_at_ms
-FROM partitions;
-
-CREATE VIEW sluice_functions AS
-SELECT id, collection_id AS collection, function, output_collection, params, status, marker_offset,
-       backfill_done, backfill_total, created_at_ms, updated_at_ms
-FROM functions;
 "#,
+            common_views!()
+        ),
     },
     Migration {
         version: 12,
