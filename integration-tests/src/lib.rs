@@ -847,21 +847,56 @@ impl Drop for TopicGuard {
 /// One HTTP/1.1 request to a replica's server on 127.0.0.1:`port` (`Connection: close`):
 /// `(status, JSON body or Null)`, or `None` while nothing listens or the answer is cut.
 pub fn try_http(port: u16, method: &str, path: &str, body: Option<&str>) -> Option<(u16, serde_json::Value)> {
+    http_request(port, method, path, None, body).map(|a| (a.status, a.body))
+}
+
+/// An HTTP answer: its status, its head (status line and headers) and its JSON body
+/// (`Null` when the body is not JSON).
+pub struct HttpAnswer {
+    pub status: u16,
+    pub head: String,
+    pub body: serde_json::Value,
+}
+
+impl HttpAnswer {
+    /// The value of a header (case-insensitive name).
+    pub fn header(&self, name: &str) -> Option<String> {
+        self.head.lines().find_map(|l| {
+            l.split_once(':').filter(|(k, _)| k.eq_ignore_ascii_case(name)).map(|(_, v)| v.trim().to_string())
+        })
+    }
+}
+
+/// One HTTP/1.1 request over a fresh connection to 127.0.0.1:`port`, with a bearer token
+/// when given; `None` while nothing listens (or the answer does not come within 120 s).
+pub fn http_request(
+    port: u16,
+    method: &str,
+    path: &str,
+    token: Option<&str>,
+    body: Option<&str>,
+) -> Option<HttpAnswer> {
     use std::io::{Read, Write};
     let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
     s.set_read_timeout(Some(Duration::from_secs(120))).ok()?;
     let body = body.unwrap_or("");
-    let head = format!(
-        "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
-        body.len()
-    );
+    let mut head = format!("{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n");
+    if let Some(t) = token {
+        head.push_str(&format!("Authorization: Bearer {t}\r\n"));
+    }
+    head.push_str(&format!("Content-Type: application/json\r\nContent-Length: {}\r\n\r\n", body.len()));
     s.write_all(head.as_bytes()).ok()?;
     s.write_all(body.as_bytes()).ok()?;
     let mut raw = Vec::new();
     s.read_to_end(&mut raw).ok()?;
     let text = String::from_utf8(raw).ok()?;
     let (head, body) = text.split_once("\r\n\r\n")?;
-    Some((head.split(' ').nth(1)?.parse().ok()?, serde_json::from_str(body).unwrap_or(serde_json::Value::Null)))
+    let status = head.split(' ').nth(1)?.parse().ok()?;
+    Some(HttpAnswer {
+        status,
+        head: head.to_string(),
+        body: serde_json::from_str(body).unwrap_or(serde_json::Value::Null),
+    })
 }
 
 /// [`try_http`] to a server that must answer.

@@ -8,8 +8,6 @@
 //!   token refuses to start, with exit code 2 and a message naming `http.listen`, the
 //!   address and the fixes; with `http.allow_unauthenticated` or a token it starts.
 
-use std::io::{Read, Write};
-use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
@@ -29,24 +27,8 @@ struct Answer {
 
 /// One HTTP/1.1 request to 127.0.0.1:`port`, `None` while nothing listens.
 fn request(port: u16, method: &str, path: &str, token: Option<&str>, body: &str) -> Option<Answer> {
-    let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(60))).ok()?;
-    let mut head = format!("{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n");
-    if let Some(t) = token {
-        head.push_str(&format!("Authorization: Bearer {t}\r\n"));
-    }
-    head.push_str(&format!("Content-Type: application/json\r\nContent-Length: {}\r\n\r\n", body.len()));
-    s.write_all(head.as_bytes()).ok()?;
-    s.write_all(body.as_bytes()).ok()?;
-    let mut raw = Vec::new();
-    s.read_to_end(&mut raw).ok()?;
-    let text = String::from_utf8(raw).expect("utf-8 response");
-    let (head, body) = text.split_once("\r\n\r\n").expect("HTTP head");
-    let status = head.split(' ').nth(1).expect("status").parse().expect("numeric status");
-    let challenge = head.lines().find_map(|l| {
-        l.split_once(':').filter(|(k, _)| k.eq_ignore_ascii_case("www-authenticate")).map(|(_, v)| v.trim().to_string())
-    });
-    Some(Answer { status, challenge, body: serde_json::from_str(body).unwrap_or(Value::Null) })
+    let a = sluice_integration_tests::http_request(port, method, path, token, Some(body))?;
+    Some(Answer { status: a.status, challenge: a.header("www-authenticate"), body: a.body })
 }
 
 /// `(METHOD, path, role)` of every operation of `docs/openapi.yaml`.
