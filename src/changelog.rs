@@ -20,6 +20,13 @@
 //! So a change is in Kafka's committed log at most once (a transaction either holds a run
 //! and its progress, or nothing), and at least once (progress only moves past a run in
 //! the transaction that holds it).
+//!
+//! While a snapshot of the partition's records is pending (the feed was first enabled
+//! for a partition that held records, or `sluice changes snapshot` asked for one), the
+//! loop also takes snapshot steps (`Sysdb::changelog_snapshot_step`): each appends the
+//! next chunk of records, as they are now, to the outbox, which the loop then publishes
+//! like any change. A step is taken only while less than one transaction's worth of
+//! changes waits, so the snapshot neither fills the outbox nor starves live changes.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -30,9 +37,10 @@ use tracing::{debug, info, warn};
 use crate::config::Config;
 use crate::kafka::changelog::{read_progress, ChangeMessage, TxnError, TxnProducer};
 use crate::kafka::ClientSettings;
+use crate::metrics::Metrics;
 use crate::record::change::change_key;
 use crate::record::framing::{frame, Framing};
-use crate::sysdb::{ChangelogEntry, Sysdb};
+use crate::sysdb::{ChangelogEntry, SnapshotStep, Sysdb};
 
 /// The subject the change record schema is registered under: `<changes topic>-value`.
 pub fn change_subject(config: &Config) -> String {
@@ -43,6 +51,7 @@ pub fn change_subject(config: &Config) -> String {
 pub struct Relay {
     config: Config,
     sysdb: Arc<Sysdb>,
+    metrics: Arc<Metrics>,
     settings: ClientSettings,
     topic: String,
     progress_topic: String,
@@ -75,7 +84,12 @@ impl Relay {
     /// log's partition count; `transaction.timeout.ms` against
     /// `transaction.max.timeout.ms`), register the change record schema when a registry
     /// is configured, and return what the partitions' relays share.
-    pub async fn prepare(config: &Config, sysdb: Arc<Sysdb>, log_partitions: i32) -> Result<Arc<Relay>, RelayError> {
+    pub async fn prepare(
+        config: &Config,
+        sysdb: Arc<Sysdb>,
+        metrics: Arc<Metrics>,
+        log_partitions: i32,
+    ) -> Result<Arc<Relay>, RelayError> {
         let settings = config.client_settings();
         // The changes of log partition p go to partition p of both topics.
         let (s, topics) = (settings.clone(), [config.changes_topic(), config.changes_progress_topic()]);
@@ -112,6 +126,7 @@ impl Relay {
         Ok(Arc::new(Relay {
             config: config.clone(),
             sysdb,
+            metrics,
             settings,
             topic: config.changes_topic(),
             progress_topic: config.changes_progress_topic(),
@@ -212,10 +227,12 @@ impl Relay {
         let mut trimmed_through = -1i64;
         let poll = Duration::from_millis(cfg.poll_interval_ms.max(1));
         let mut refreshed = std::time::Instant::now();
+        let mut snapshot = SnapshotState::default();
         loop {
             if stop.is_cancelled() {
                 return Ok(());
             }
+            self.drive_snapshot(partition, &mut snapshot).await;
             let rows = match self
                 .sysdb
                 .changelog_pending(partition, last, cfg.max_records_per_transaction, cfg.max_bytes_per_transaction)
@@ -298,6 +315,48 @@ impl Relay {
         }
     }
 
+    /// While a snapshot of `partition` is pending, take its next step when less than one
+    /// transaction's worth of changes waits (the loop publishes what it appended). Whether
+    /// one is pending is read at start and then every second, so a snapshot that
+    /// `sluice changes snapshot` asks for starts within a second.
+    async fn drive_snapshot(&self, partition: i32, s: &mut SnapshotState) {
+        if s.checked.is_none_or(|t| t.elapsed() >= Duration::from_secs(1)) {
+            s.checked = Some(std::time::Instant::now());
+            match self.sysdb.changelog_snapshot_pending(partition).await {
+                Ok(true) if s.started.is_none() => {
+                    info!(
+                        partition,
+                        "changelog snapshot started: the partition's records are published as they are now"
+                    );
+                    s.started = Some(std::time::Instant::now());
+                }
+                Ok(_) => {}
+                Err(e) => debug!(partition, error = %e, "changelog relay: cannot read whether a snapshot is pending"),
+            }
+        }
+        let cfg = &self.config.changelog;
+        if s.started.is_none() || self.backlog_bytes(partition) >= cfg.max_bytes_per_transaction as i64 {
+            return;
+        }
+        match self
+            .sysdb
+            .changelog_snapshot_step(partition, cfg.max_records_per_transaction, cfg.max_bytes_per_transaction)
+            .await
+        {
+            Ok(SnapshotStep::Idle) => s.started = None,
+            Ok(SnapshotStep::Appended { records, bytes, cursor, finished, total }) => {
+                self.add_backlog(partition, bytes);
+                self.metrics.changelog_snapshot_records(partition, records as u64);
+                debug!(partition, records, cursor = ?cursor, "changelog snapshot step appended");
+                if finished {
+                    let elapsed_ms = s.started.take().map_or(0, |t| t.elapsed().as_millis() as u64);
+                    info!(partition, records = total, elapsed_ms, "changelog snapshot finished");
+                }
+            }
+            Err(e) => warn!(partition, error = %e, "changelog snapshot step failed; taking it again"),
+        }
+    }
+
     /// Delete published rows through `seq`, one bounded step per call; returns how far
     /// the outbox is known trimmed.
     async fn trim(&self, partition: i32, seq: i64) -> i64 {
@@ -336,6 +395,15 @@ impl Relay {
             })
             .collect()
     }
+}
+
+/// A relay's view of its partition's snapshot.
+#[derive(Default)]
+struct SnapshotState {
+    /// When the relay last read whether a snapshot is pending.
+    checked: Option<std::time::Instant>,
+    /// Since when this relay drives a pending snapshot (`None`: none pending).
+    started: Option<std::time::Instant>,
 }
 
 /// A change message that owns its bytes (it crosses to the blocking pool).

@@ -93,6 +93,7 @@ fn main() -> std::process::ExitCode {
             Cmd::Collections { command } => sluice::cli::collections_cmd::run(&config, command).await,
             Cmd::Offsets { command } => sluice::cli::offsets_cmd::run(&config, command).await,
             Cmd::Dlq { command } => sluice::cli::dlq_cmd::run(&config, command).await,
+            Cmd::Changes { command } => sluice::cli::changes_cmd::run(&config, command).await,
             Cmd::Config { command: ConfigCmd::Show { format } } => sluice::cli::config_cmd::show(&config, format),
             Cmd::Config { command: ConfigCmd::Docs } => sluice::cli::config_cmd::docs(),
             Cmd::Workload { records, collections, dim, ids_per_collection, seed, collection_prefix } => {

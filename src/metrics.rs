@@ -544,6 +544,9 @@ pub struct Metrics {
     end_to_end_latency: Histogram,
     backfill_tasks: Family<StatusLabel, Counter>,
     records_backfilled: Counter,
+    /// Per partition, removed on revoke like the partition gauges (so no series without the
+    /// feed).
+    changelog_snapshot_records: Family<PartitionLabel, Counter>,
     backfill_duration: Histogram,
     markers_published: Family<ResultLabel, Counter>,
     /// `sluice_collection_records_processed_total{collection}`: only filled when
@@ -660,6 +663,7 @@ impl Metrics {
             end_to_end_latency: Histogram::new(END_TO_END_BUCKETS),
             backfill_tasks: Family::default(),
             records_backfilled: Counter::default(),
+            changelog_snapshot_records: Family::default(),
             backfill_duration: Histogram::new(BACKFILL_BUCKETS),
             markers_published: Family::default(),
             per_collection: per_collection.then(Family::default),
@@ -683,6 +687,11 @@ impl Metrics {
             "records_backfilled",
             "Records of collections as of their marker that backfills have applied to functions",
             m.records_backfilled.clone(),
+        );
+        r.register(
+            "changelog_snapshot_records",
+            "With the change feed on: records that snapshots appended to the changelog outbox with their current state (docs/changes.md section 2)",
+            m.changelog_snapshot_records.clone(),
         );
         r.register_with_unit(
             "backfill_duration",
@@ -855,6 +864,11 @@ impl Metrics {
         self.records_backfilled.inc_by(n);
     }
 
+    /// A snapshot step appended `n` records to `partition`'s changelog outbox.
+    pub fn changelog_snapshot_records(&self, partition: i32, n: u64) {
+        self.changelog_snapshot_records.get_or_create(&PartitionLabel { partition }).inc_by(n);
+    }
+
     pub fn observe_backfill_duration(&self, d: Duration) {
         self.backfill_duration.observe(d.as_secs_f64());
     }
@@ -958,6 +972,7 @@ impl Metrics {
         for f in self.partitions.families() {
             f.remove(&l);
         }
+        self.changelog_snapshot_records.remove(&l);
     }
 
     /// The sysdb position of a partition moved (a batch commit, a gap skip, a re-read).

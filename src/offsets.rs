@@ -53,6 +53,12 @@ pub struct ChangelogColumns {
     pub changelog_unpublished: i64,
     /// When the oldest of them was committed (ms since the Unix epoch); null when none.
     pub changelog_oldest_unpublished_ms: Option<i64>,
+    /// Whether a snapshot of the partition's records is pending (`docs/changes.md`
+    /// section 2).
+    pub changelog_snapshot_pending: bool,
+    /// Records the pending snapshot appended so far, or the last snapshot in all (0: none
+    /// ran).
+    pub changelog_snapshot_records: i64,
 }
 
 /// The `status` column of a partition: `running` or `halted: <reason>`.
@@ -104,11 +110,15 @@ pub async fn offset_rows(config: &Config, sysdb: &Sysdb) -> Result<Vec<OffsetRow
                         changelog_published_seq: c.published_seq,
                         changelog_unpublished: (c.next_seq - 1 - c.published_seq).max(0),
                         changelog_oldest_unpublished_ms: c.oldest_unpublished_ms,
+                        changelog_snapshot_pending: c.snapshot.pending(),
+                        changelog_snapshot_records: c.snapshot.records,
                     },
                     None => ChangelogColumns {
                         changelog_published_seq: -1,
                         changelog_unpublished: 0,
                         changelog_oldest_unpublished_ms: None,
+                        changelog_snapshot_pending: false,
+                        changelog_snapshot_records: 0,
                     },
                 }),
             }
@@ -182,6 +192,33 @@ pub struct ResetReport {
     /// (the sysdb positions moved in any case; the group offset only lags).
     pub group_committed: Option<bool>,
     pub group_error: Option<String>,
+    /// What the reset means beyond the positions: with the change feed on, the partitions
+    /// it moves backwards publish their re-applied changes again ([`changelog_notes`]).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub notes: Vec<String>,
+}
+
+/// With the change feed on (`docs/changes.md` section 2): for each partition that the
+/// reset moves back, the records from the target to the sysdb position are applied again,
+/// and each change they make is published again with a new sequence number.
+pub fn changelog_notes(config: &Config, rows: &[ResetPlanRow]) -> Vec<String> {
+    if !config.changelog.enabled {
+        return Vec::new();
+    }
+    rows.iter()
+        .filter_map(|r| {
+            let next = r.sysdb_next_offset.filter(|n| r.target < *n)?;
+            Some(format!(
+                "partition {}: the change feed is on: the records at offsets {} to {} are applied again, and each \
+                 change they make is published to {} again, with a new sequence number (a fold of the topic still \
+                 ends at the sysdb's state; the feed then shows those source offsets twice: docs/changes.md section 2)",
+                r.partition,
+                r.target,
+                next - 1,
+                config.changes_topic()
+            ))
+        })
+        .collect()
 }
 
 /// Why a reset request is refused before anything is written.
@@ -333,7 +370,9 @@ pub async fn reset(config: &Config, sysdb: &Sysdb, req: &ResetRequest) -> Result
         rows,
         group_committed: None,
         group_error: None,
+        notes: Vec::new(),
     };
+    report.notes = changelog_notes(config, &report.rows);
     let Some((actor, reason)) = &req.execute else {
         return Ok(report);
     };
@@ -590,6 +629,34 @@ mod tests {
         ] {
             assert!(parse_rfc3339_ms(bad).is_err(), "{bad} accepted");
         }
+    }
+
+    #[test]
+    fn a_reset_back_with_the_feed_on_says_its_changes_are_published_again() {
+        let row = |partition, sysdb: Option<i64>, target| ResetPlanRow {
+            partition,
+            sysdb_next_offset: sysdb,
+            group_offset: None,
+            requested: target,
+            target,
+            clamped: false,
+            log_start: 0,
+            high_watermark: 100,
+        };
+        let rows = [row(0, Some(50), 10), row(1, Some(50), 60), row(2, None, 0), row(3, Some(5), 5)];
+        let mut config = Config::default();
+        assert!(changelog_notes(&config, &rows).is_empty(), "no feed, no note");
+        config.changelog.enabled = true;
+        let notes = changelog_notes(&config, &rows);
+        assert_eq!(notes.len(), 1, "only a partition moved back re-applies records: {notes:?}");
+        assert!(
+            notes[0].starts_with("partition 0: the change feed is on: the records at offsets 10 to 49"),
+            "{}",
+            notes[0]
+        );
+        assert!(
+            notes[0].contains(&format!("published to {} again, with a new sequence number", config.changes_topic()))
+        );
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! Helpers of the fault tests (`tests/it/fault_points.rs`, `tests/it/unclean_faults.rs`): log
 //! waits, functions and their outputs against the reference model, the group-offset
-//! invariant, and the three-broker cluster with a guard that stops it.
+//! invariant, the three-broker cluster with a guard that stops it, and a test's own
+//! single broker that it may stop (`PrivateKafka`).
 
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -219,4 +220,85 @@ fn cluster3(cmd: &str) {
         .output()
         .expect("kafka.sh");
     assert!(out.status.success(), "kafka.sh {cmd} --brokers 3: {}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// Client port of a test's own single broker ([`PrivateKafka`]); its controller port is
+/// the next one. Below the kernel's ephemeral range, like the three-broker cluster's.
+pub const PRIVATE_KAFKA_PORT: u16 = 29392;
+
+/// A single broker of the test's own (`deploy/local/kafka.sh --brokers 1` with a state
+/// folder in the test's directory and ports of its own), for tests that stop Kafka: the
+/// shared broker on 127.0.0.1:9092 serves other tests and is never stopped. It uses the
+/// jars of the shared cache (`kafka.sh fetch`). Stopped when dropped, also when the test
+/// panics. One test at a time may run one (a lock file, as the three-broker cluster's).
+pub struct PrivateKafka {
+    home: std::path::PathBuf,
+    lock: std::path::PathBuf,
+}
+
+impl PrivateKafka {
+    /// Start a broker whose state lives under `dir`; waits until it answers.
+    pub fn start(dir: &std::path::Path) -> PrivateKafka {
+        let lock = std::env::temp_dir().join("sluice-it-private-kafka.lock");
+        let deadline = Instant::now() + Duration::from_secs(900);
+        while std::fs::OpenOptions::new().write(true).create_new(true).open(&lock).is_err() {
+            assert!(Instant::now() < deadline, "{} held for 15 minutes: remove it if no test runs", lock.display());
+            std::thread::sleep(Duration::from_millis(500));
+        }
+        let fetched =
+            Command::new(repo_root().join("deploy/local/kafka.sh")).arg("fetch").output().expect("kafka.sh fetch");
+        assert!(fetched.status.success(), "kafka.sh fetch: {}", String::from_utf8_lossy(&fetched.stderr));
+        let libs = String::from_utf8_lossy(&fetched.stdout).lines().last().unwrap_or_default().trim().to_string();
+        let version = std::path::Path::new(&libs).parent().expect("the jars' version folder").to_path_buf();
+        let home = dir.join("kafka-home");
+        std::fs::create_dir_all(&home).expect("kafka home");
+        let link = home.join(version.file_name().expect("version"));
+        if !link.exists() {
+            std::os::unix::fs::symlink(&version, &link).expect("link the jars");
+        }
+        let k = PrivateKafka { home, lock };
+        k.run("start");
+        k
+    }
+
+    pub fn bootstrap(&self) -> String {
+        format!("127.0.0.1:{PRIVATE_KAFKA_PORT}")
+    }
+
+    /// `kafka.sh stop` (SIGTERM, a controlled shutdown; SIGKILL after its timeout).
+    pub fn stop(&self) {
+        self.run("stop");
+    }
+
+    /// `kafka.sh start` again (the same data): waits until it answers.
+    pub fn restart(&self) {
+        self.run("start");
+    }
+
+    fn command(&self, cmd: &str) -> Command {
+        let mut c = Command::new(repo_root().join("deploy/local/kafka.sh"));
+        c.args([cmd, "--brokers", "1"])
+            .env("SLUICE_KAFKA_HOME", &self.home)
+            .env("SLUICE_KAFKA_PORT", PRIVATE_KAFKA_PORT.to_string())
+            .env("SLUICE_KAFKA_CONTROLLER_PORT", (PRIVATE_KAFKA_PORT + 1).to_string())
+            .env("SLUICE_KAFKA_HEAP", "512m");
+        c
+    }
+
+    fn run(&self, cmd: &str) {
+        let out = self.command(cmd).output().expect("kafka.sh");
+        assert!(
+            out.status.success(),
+            "kafka.sh {cmd} (private broker): {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+impl Drop for PrivateKafka {
+    fn drop(&mut self) {
+        let _ = self.command("stop").output();
+        let _ = std::fs::remove_file(&self.lock);
+    }
 }

@@ -516,7 +516,7 @@ pub fn free_port() -> u16 {
     use std::sync::Mutex;
     static GIVEN: Mutex<Vec<u16>> = Mutex::new(Vec::new());
     // Ports of local services that may be down for a moment (a broker being restarted).
-    const SERVICES: [u16; 7] = [29092, 29093, 29094, 29192, 29193, 19090, 19092];
+    const SERVICES: [u16; 9] = [29092, 29093, 29094, 29192, 29193, 29392, 29393, 19090, 19092];
     let mut given = GIVEN.lock().unwrap_or_else(|e| e.into_inner());
     for _ in 0..10_000 {
         let port = 20_000 + (uuid::Uuid::new_v4().as_u128() % 12_000) as u16;

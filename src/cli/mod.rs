@@ -1,6 +1,7 @@
 //! The `sluice` command line. The shapes of these commands and of their JSON output are
 //! a contract other tools and the tests depend on (see [`output`] for `--format`).
 
+pub mod changes_cmd;
 pub mod collections_cmd;
 pub mod config_cmd;
 mod context;
@@ -135,6 +136,11 @@ pub enum Cmd {
         #[command(subcommand)]
         command: OffsetsCmd,
     },
+    /// The change feed (`[changelog] enabled`): ask for a snapshot of the records.
+    Changes {
+        #[command(subcommand)]
+        command: ChangesCmd,
+    },
     /// The dead-letter topic: list its entries, replay them into the log.
     Dlq {
         #[command(subcommand)]
@@ -183,6 +189,21 @@ pub enum Cmd {
         /// Collection ids are this prefix followed by a number.
         #[arg(long, default_value = "collection-")]
         collection_prefix: String,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ChangesCmd {
+    /// Publish every record of the partitions again, as it is now (operation `snapshot`),
+    /// after the changes already in the feed: for consumers that start from an empty
+    /// topic, or after the feed was off for a while. Each partition's relay walks its
+    /// records in chunks while live changes go on (`docs/changes.md` section 2).
+    Snapshot {
+        /// A partition to snapshot (repeatable); all partitions when none is given.
+        #[arg(long)]
+        partition: Vec<i32>,
+        #[command(flatten)]
+        format: FormatArg,
     },
 }
 
@@ -473,6 +494,7 @@ mod tests {
             &["functions", "attach"],
             &["functions", "list"],
             &["functions", "detach"],
+            &["changes", "snapshot"],
         ] {
             let mut c = &cmd;
             for p in path {

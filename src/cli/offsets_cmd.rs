@@ -188,6 +188,9 @@ pub fn reset_text(r: &ResetReport) -> String {
             row.high_watermark
         );
     }
+    for note in &r.notes {
+        let _ = writeln!(s, "note: {note}");
+    }
     if !r.executed {
         let _ = writeln!(s, "nothing changed; run again with --execute --reason TEXT to apply");
         return s;

@@ -194,7 +194,7 @@ pub async fn run(
     // transaction timeout the broker refuses would fail every partition's producer).
     let relay = if config.changelog.enabled {
         Some(
-            crate::changelog::Relay::prepare(&config, sysdb.clone(), topic_partitions)
+            crate::changelog::Relay::prepare(&config, sysdb.clone(), metrics.clone(), topic_partitions)
                 .await
                 .map_err(|e| ProcessorError::Fatal(e.to_string()))?,
         )
@@ -438,6 +438,17 @@ async fn assign(
 ) -> Result<Vec<StartDecision>, crate::sysdb::SysdbError> {
     let cfg = &shared.config;
     let positions = retry_sysdb(&shared.metrics, || shared.sysdb.positions(&shared.topic)).await?;
+    if shared.relay.is_some() {
+        // The change feed starts for these partitions before their first batch: one that
+        // never had it and holds records gets a snapshot (`docs/changes.md` section 2).
+        let ps: Vec<i32> = partitions.iter().map(|i| i.partition).collect();
+        for p in retry_sysdb(&shared.metrics, || shared.sysdb.changelog_begin(&ps)).await? {
+            info!(
+                partition = p,
+                "the change feed starts on a partition that holds records: a changelog snapshot is requested"
+            );
+        }
+    }
     let mut decisions = Vec::new();
     for info in partitions {
         let mut s: Start = resolve_start(

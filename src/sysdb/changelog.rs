@@ -8,8 +8,16 @@
 //! the commit, so two transactions that write changes of one partition (a batch and a
 //! backfill chunk) commit in sequence order, and the relay, reading in sequence order,
 //! never passes a sequence number that a later commit fills in.
+//!
+//! The snapshot (`docs/changes.md` section 2): a partition's records, walked in
+//! (collection, id) order in chunks, each chunk one write transaction that appends the
+//! records' current state (operation `snapshot`) and advances the partition's cursor. A
+//! chunk reads the records after it holds what orders the partition's changes (SQLite's
+//! one writer; on PostgreSQL the `changelog_partitions` row lock, taken first), so a batch
+//! either committed before the chunk (which then reads its writes) or appends its changes
+//! after the chunk's: the last message of every record is its current state.
 
-use super::types::{ChangeOp, ChangelogEntry, OutboxChange};
+use super::types::{ChangeOp, ChangelogEntry, OutboxChange, SnapshotStep};
 use crate::record::change::encode_change;
 use crate::record::Record;
 
@@ -64,5 +72,113 @@ impl WithinBytes {
         self.bytes += b;
         self.rows.push(row);
         true
+    }
+}
+
+/// The snapshot message of a record as it is now: operation `snapshot`, source offset
+/// the record's own (the log offset of its last change).
+pub(crate) fn snapshot(collection: &str, record: &Record) -> OutboxChange {
+    OutboxChange {
+        collection_id: collection.to_string(),
+        record_id: record.id.clone(),
+        op: ChangeOp::Snapshot,
+        source_offset: record.offset,
+        value: Some(encode_change(collection, record)),
+    }
+}
+
+/// One snapshot chunk being filled: at most `max_records` records, and it closes after the
+/// record that reaches `max_bytes` (at least one record), like a relay transaction, so a
+/// chunk is published by one transaction.
+pub(crate) struct SnapshotChunk {
+    max_records: usize,
+    max_bytes: usize,
+    bytes: usize,
+    pub changes: Vec<OutboxChange>,
+}
+
+impl SnapshotChunk {
+    pub(crate) fn new(max_records: usize, max_bytes: usize) -> Self {
+        SnapshotChunk { max_records: max_records.max(1), max_bytes: max_bytes.max(1), bytes: 0, changes: Vec::new() }
+    }
+
+    /// Records still wanted.
+    pub(crate) fn room(&self) -> usize {
+        if self.full() {
+            0
+        } else {
+            self.max_records - self.changes.len()
+        }
+    }
+
+    pub(crate) fn full(&self) -> bool {
+        self.changes.len() >= self.max_records || self.bytes >= self.max_bytes
+    }
+
+    /// Add `record` of `collection` (the caller stops once [`SnapshotChunk::full`]).
+    pub(crate) fn take(&mut self, collection: &str, record: &Record) {
+        let change = snapshot(collection, record);
+        self.bytes += change.bytes();
+        self.changes.push(change);
+    }
+
+    /// The chunk's cursor: its last record.
+    pub(crate) fn cursor(&self) -> Option<(String, String)> {
+        self.changes.last().map(|c| (c.collection_id.clone(), c.record_id.clone()))
+    }
+
+    /// What the step did, the walk complete when it ran out of records before it was full.
+    pub(crate) fn step(&self, total_before: i64) -> SnapshotStep {
+        let records = self.changes.len();
+        SnapshotStep::Appended {
+            records,
+            bytes: self.changes.iter().map(|c| c.bytes() as i64).sum(),
+            cursor: self.cursor(),
+            finished: !self.full(),
+            total: total_before + records as i64,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::record::Metadata;
+
+    fn rec(id: &str, doc_bytes: usize) -> Record {
+        Record {
+            id: id.into(),
+            embedding: None,
+            metadata: Metadata::new(),
+            document: Some("x".repeat(doc_bytes)),
+            offset: 7,
+        }
+    }
+
+    #[test]
+    fn a_snapshot_chunk_closes_at_its_records_or_after_the_record_reaching_its_bytes() {
+        let mut c = SnapshotChunk::new(3, usize::MAX);
+        assert_eq!(c.room(), 3);
+        for id in ["a", "b", "c"] {
+            c.take("col", &rec(id, 1));
+        }
+        assert!(c.full());
+        assert_eq!(c.room(), 0);
+        let SnapshotStep::Appended { records, finished, cursor, total, .. } = c.step(10) else { panic!("appended") };
+        assert_eq!((records, finished, total), (3, false, 13), "a full chunk does not finish the walk");
+        assert_eq!(cursor, Some(("col".into(), "c".into())));
+        assert_eq!(c.changes[0].op, ChangeOp::Snapshot);
+        assert_eq!(c.changes[0].source_offset, 7, "the record's own offset");
+
+        let mut big = SnapshotChunk::new(100, 500);
+        big.take("col", &rec("a", 1000));
+        assert!(big.full(), "one record past the bytes closes the chunk");
+        let mut short = SnapshotChunk::new(100, 10_000);
+        short.take("col", &rec("a", 10));
+        assert!(matches!(short.step(0), SnapshotStep::Appended { finished: true, records: 1, .. }));
+        assert!(matches!(
+            SnapshotChunk::new(5, 5).step(4),
+            SnapshotStep::Appended { finished: true, records: 0, total: 4, .. }
+        ));
     }
 }

@@ -105,6 +105,14 @@
 //! collection_id, record_id, operation, source_offset, value, created_at_ms)` — the
 //! changes not yet deleted, written in the transaction that made them (`value` a
 //! `ChangeRecord` datum, NULL for a delete).
+//!
+//! Step 13, the change feed's snapshot (`docs/changes.md` section 2):
+//! `changelog_partitions.snapshot_requested_at_ms` (NULL: no snapshot pending),
+//! `snapshot_collection` and `snapshot_id` (the cursor: the last record the pending
+//! snapshot appended, NULL before the first), `snapshot_records` (records appended by the
+//! pending snapshot, or by the last one) and `snapshot_finished_at_ms`; the outbox's
+//! `operation` also takes `snapshot` (SQLite cannot change a CHECK constraint, so its
+//! outbox is copied into a new table: it holds only the changes not yet deleted).
 
 use super::error::SysdbError;
 
@@ -485,6 +493,33 @@ CREATE TABLE changelog_outbox (
 );
 "#,
     },
+    Migration {
+        version: 13,
+        description: "changelog: the snapshot of a partition's records and its cursor",
+        sql: r#"
+ALTER TABLE changelog_partitions ADD COLUMN snapshot_requested_at_ms INTEGER NULL;
+ALTER TABLE changelog_partitions ADD COLUMN snapshot_collection TEXT NULL;
+ALTER TABLE changelog_partitions ADD COLUMN snapshot_id TEXT NULL;
+ALTER TABLE changelog_partitions ADD COLUMN snapshot_records INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE changelog_partitions ADD COLUMN snapshot_finished_at_ms INTEGER NULL;
+
+CREATE TABLE changelog_outbox_13 (
+    partition     INTEGER NOT NULL,
+    seq           INTEGER NOT NULL,
+    collection_id TEXT    NOT NULL,
+    record_id     TEXT    NOT NULL,
+    operation     TEXT    NOT NULL CHECK (operation IN ('insert', 'update', 'delete', 'snapshot')),
+    source_offset INTEGER NOT NULL,
+    value         BLOB    NULL,
+    created_at_ms INTEGER NOT NULL,
+    PRIMARY KEY (partition, seq)
+);
+INSERT INTO changelog_outbox_13 (partition, seq, collection_id, record_id, operation, source_offset, value, created_at_ms)
+SELECT partition, seq, collection_id, record_id, operation, source_offset, value, created_at_ms FROM changelog_outbox;
+DROP TABLE changelog_outbox;
+ALTER TABLE changelog_outbox_13 RENAME TO changelog_outbox;
+"#,
+    },
 ];
 
 /// PostgreSQL steps.
@@ -726,6 +761,22 @@ CREATE TABLE changelog_outbox (
     PRIMARY KEY (partition, seq)
 );
 ALTER TABLE changelog_outbox ALTER COLUMN value SET STORAGE EXTERNAL;
+"#,
+    },
+    Migration {
+        version: 13,
+        description: "changelog: the snapshot of a partition's records and its cursor",
+        sql: r#"
+ALTER TABLE changelog_partitions
+    ADD COLUMN snapshot_requested_at_ms BIGINT NULL,
+    ADD COLUMN snapshot_collection      TEXT COLLATE "C" NULL,
+    ADD COLUMN snapshot_id              TEXT COLLATE "C" NULL,
+    ADD COLUMN snapshot_records         BIGINT NOT NULL DEFAULT 0,
+    ADD COLUMN snapshot_finished_at_ms  BIGINT NULL;
+ALTER TABLE changelog_outbox
+    DROP CONSTRAINT changelog_outbox_operation_check,
+    ADD CONSTRAINT changelog_outbox_operation_check
+        CHECK (operation IN ('insert', 'update', 'delete', 'snapshot'));
 "#,
     },
 ];

@@ -362,6 +362,48 @@ impl Sysdb {
         dispatch!(self, s => s.changelog_trim(partition, through_seq, limit.max(1)).await)
     }
 
+    /// The change feed starts for `partitions` (the processor, before their first batch
+    /// with the feed on): each that has no `changelog_partitions` row gets one, with a
+    /// snapshot pending if it already holds records (`docs/changes.md` section 2). Returns
+    /// the partitions whose snapshot this requested. Idempotent: a partition that has a
+    /// row (the feed started for it before) is left as it is.
+    pub async fn changelog_begin(&self, partitions: &[i32]) -> Result<Vec<i32>> {
+        if partitions.is_empty() {
+            return Ok(Vec::new());
+        }
+        dispatch!(self, s => s.changelog_begin(partitions.to_vec()).await)
+    }
+
+    /// Ask for a snapshot of each of `partitions` (`sluice changes snapshot`): pending from
+    /// the first record again, also when one was under way.
+    pub async fn changelog_request_snapshot(&self, partitions: &[i32]) -> Result<()> {
+        if let Some(p) = partitions.iter().find(|p| **p < 0) {
+            return Err(self.invalid(format!("partition {p} is negative")));
+        }
+        dispatch!(self, s => s.changelog_request_snapshot(partitions.to_vec()).await)
+    }
+
+    /// Whether a snapshot of `partition` is pending.
+    pub async fn changelog_snapshot_pending(&self, partition: i32) -> Result<bool> {
+        dispatch!(self, s => s.changelog_snapshot_pending(partition).await)
+    }
+
+    /// One step of `partition`'s pending snapshot, in one write transaction ordered with
+    /// the partition's batch commits (`docs/changes.md` section 2): the next records
+    /// after its cursor in (collection, id) order, at most `max_records` and closing after
+    /// the record that reaches `max_bytes`, appended to the outbox with operation
+    /// `snapshot` and their current state; the cursor advanced, and the snapshot no longer
+    /// pending once the walk ran out of records. [`SnapshotStep::Idle`] when none is
+    /// pending.
+    pub async fn changelog_snapshot_step(
+        &self,
+        partition: i32,
+        max_records: usize,
+        max_bytes: usize,
+    ) -> Result<SnapshotStep> {
+        dispatch!(self, s => s.changelog_snapshot_step(partition, max_records.max(1), max_bytes.max(1)).await)
+    }
+
     /// Every partition's changelog state, by partition.
     pub async fn changelog_positions(&self) -> Result<Vec<ChangelogPosition>> {
         dispatch!(self, s => s.changelog_positions().await)

@@ -58,6 +58,9 @@ pub enum ChangeOp {
     Update,
     /// The record existed and is gone.
     Delete,
+    /// The record's current state, published by a snapshot of the partition's records
+    /// (`docs/changes.md` section 2), not by a change.
+    Snapshot,
 }
 
 impl ChangeOp {
@@ -67,6 +70,7 @@ impl ChangeOp {
             ChangeOp::Insert => "insert",
             ChangeOp::Update => "update",
             ChangeOp::Delete => "delete",
+            ChangeOp::Snapshot => "snapshot",
         }
     }
 
@@ -75,6 +79,7 @@ impl ChangeOp {
             "insert" => Some(ChangeOp::Insert),
             "update" => Some(ChangeOp::Update),
             "delete" => Some(ChangeOp::Delete),
+            "snapshot" => Some(ChangeOp::Snapshot),
             _ => None,
         }
     }
@@ -127,6 +132,40 @@ pub struct ChangelogPosition {
     /// Bytes (keys and values, [`OutboxChange::bytes`]) of the changes after
     /// `published_seq`: what `changelog.outbox_max_bytes` bounds.
     pub unpublished_bytes: i64,
+    /// The partition's snapshot ([`ChangelogSnapshot`]).
+    pub snapshot: ChangelogSnapshot,
+}
+
+/// A partition's snapshot of its records (`docs/changes.md` section 2): requested when the
+/// feed is first enabled for a partition that holds records, or by `sluice changes
+/// snapshot`; walked by the relay in chunks ([`SnapshotStep`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ChangelogSnapshot {
+    /// When the pending snapshot was requested (ms since the Unix epoch); `None`: none
+    /// pending.
+    pub requested_at_ms: Option<i64>,
+    /// Records the pending snapshot appended so far, or the last one in all.
+    pub records: i64,
+    /// When the last snapshot finished, if one did.
+    pub finished_at_ms: Option<i64>,
+}
+
+impl ChangelogSnapshot {
+    pub fn pending(&self) -> bool {
+        self.requested_at_ms.is_some()
+    }
+}
+
+/// What one snapshot step did ([`crate::sysdb::Sysdb::changelog_snapshot_step`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SnapshotStep {
+    /// No snapshot is pending for the partition.
+    Idle,
+    /// A chunk was appended to the outbox: `records` records of `bytes` bytes (keys and
+    /// values); `cursor` is the last record's (collection, id); `finished` when the walk
+    /// is complete (the snapshot is no longer pending); `total`: records of this snapshot
+    /// so far.
+    Appended { records: usize, bytes: i64, cursor: Option<(String, String)>, finished: bool, total: i64 },
 }
 
 /// What one batch brings to one attached function. The sysdb decides **inside the batch

@@ -11,13 +11,15 @@ use crate::positions::PositionDelta;
 use crate::record::change::{decode_change, encode_change};
 use crate::record::{MetaValue, Metadata, Record};
 use crate::sysdb::{
-    BatchCommit, ChangeOp, ChangelogEntry, CollectionUpdate, OutboxChange, StepResult, Sysdb, SysdbError,
+    BatchCommit, ChangeOp, ChangelogEntry, CollectionUpdate, OutboxChange, SnapshotStep, StepResult, Sysdb, SysdbError,
 };
 
 /// Every check below, in sequence.
 pub async fn run_all(db: &Sysdb) {
     changes_commit_with_their_batch_in_sequence(db).await;
     function_outputs_join_the_feed_and_the_feed_rebuilds_the_records(db).await;
+    a_snapshot_publishes_the_records_that_predate_the_feed(db).await;
+    a_snapshot_step_and_batches_racing_keep_the_last_message_current(db).await;
 }
 
 /// A partition no other run uses: the outbox is keyed by partition alone (one log topic
@@ -244,4 +246,152 @@ pub async fn function_outputs_join_the_feed_and_the_feed_rebuilds_the_records(db
             r.change.record_id
         );
     }
+}
+
+/// Fold changes and snapshot messages in sequence order; a delete of a record the feed
+/// never showed is fine here (it predates the feed and the snapshot had not reached it).
+fn fold_lenient(rows: &[ChangelogEntry], into: &mut BTreeMap<(String, String), Record>) {
+    for r in rows {
+        let key = (r.change.collection_id.clone(), r.change.record_id.clone());
+        match &r.change.value {
+            Some(v) => {
+                let (c, record) = decode_change(v).expect("a change value decodes");
+                assert_eq!((&c, &record.id), (&key.0, &key.1), "value and key name the same record");
+                into.insert(key, record);
+            }
+            None => {
+                into.remove(&key);
+            }
+        }
+    }
+}
+
+async fn snapshot_to_the_end(db: &Sysdb, p: i32, max_records: usize) -> Vec<SnapshotStep> {
+    let mut steps = Vec::new();
+    loop {
+        let step = db.changelog_snapshot_step(p, max_records, usize::MAX).await.expect("snapshot step");
+        let done = matches!(step, SnapshotStep::Appended { finished: true, .. } | SnapshotStep::Idle);
+        steps.push(step);
+        if done {
+            return steps;
+        }
+        assert!(steps.len() < 1_000, "a snapshot never ends: {steps:?}");
+    }
+}
+
+/// Records written while the feed was off get a snapshot once the feed starts for their
+/// partition: walked in (collection, id) chunks, each message the record's state as the
+/// step read it (operation `snapshot`, source offset the record's own), with live changes
+/// between chunks; the last message of every record is its current state. A partition
+/// without records gets none; `changelog_request_snapshot` asks again.
+pub async fn a_snapshot_publishes_the_records_that_predate_the_feed(db: &Sysdb) {
+    let p = fresh_partition();
+    let mut a = Log::new(db, p).await;
+    let mut b = Log::new(db, p).await;
+    a.commit(db, &[put("a1", "red"), put("a2", "blue"), put("a3", "red"), put("a4", "green")], &[]).await;
+    b.commit(db, &[put("b1", "red"), put("b2", "blue"), put("b3", "blue")], &[]).await;
+    assert!(pending(db, p).await.is_empty(), "the feed was off: nothing in the outbox");
+    assert_eq!(db.changelog_snapshot_step(p, 10, usize::MAX).await.expect("step"), SnapshotStep::Idle, "none asked");
+
+    let empty = fresh_partition();
+    assert_eq!(db.changelog_begin(&[p, empty]).await.expect("begin"), [p], "only a partition with records");
+    assert_eq!(db.changelog_begin(&[p, empty]).await.expect("begin"), Vec::<i32>::new(), "once per partition");
+    assert!(db.changelog_snapshot_pending(p).await.expect("pending"));
+    assert!(!db.changelog_snapshot_pending(empty).await.expect("pending"));
+
+    // The first chunk, then live changes: one the snapshot passed, one ahead of its cursor.
+    let first = db.changelog_snapshot_step(p, 3, usize::MAX).await.expect("step");
+    let (lo, hi) = if a.collection < b.collection {
+        (a.collection.clone(), b.collection.clone())
+    } else {
+        (b.collection.clone(), a.collection.clone())
+    };
+    let SnapshotStep::Appended { records: 3, finished: false, total: 3, cursor: Some((c, _)), .. } = &first else {
+        panic!("a first chunk of 3 records: {first:?}")
+    };
+    assert_eq!(c, &lo, "the walk starts at the lowest collection id");
+    a.changelog = true;
+    b.changelog = true;
+    let (passed, ahead) = (if lo == a.collection { "a1" } else { "b1" }, "zz");
+    if lo == a.collection {
+        a.commit(db, &[put(passed, "black"), put(ahead, "white")], &[]).await;
+        b.commit(db, &[del("b3")], &[]).await;
+    } else {
+        b.commit(db, &[put(passed, "black"), put(ahead, "white")], &[]).await;
+        a.commit(db, &[del("a4")], &[]).await;
+    }
+    let steps = snapshot_to_the_end(db, p, 2).await;
+    assert!(!db.changelog_snapshot_pending(p).await.expect("pending"), "finished: {steps:?}");
+    let rows = pending(db, p).await;
+    assert_eq!(rows.iter().map(|r| r.seq).collect::<Vec<_>>(), (0..rows.len() as i64).collect::<Vec<_>>());
+    for r in rows.iter().filter(|r| r.change.op == ChangeOp::Snapshot) {
+        let (_, record) = decode_change(r.change.value.as_ref().expect("a snapshot has a value")).expect("decodes");
+        assert_eq!(r.change.source_offset, record.offset, "a snapshot message's source offset is the record's own");
+    }
+    let snapshotted: Vec<(String, String)> = rows
+        .iter()
+        .filter(|r| r.change.op == ChangeOp::Snapshot)
+        .map(|r| (r.change.collection_id.clone(), r.change.record_id.clone()))
+        .collect();
+    let mut sorted = snapshotted.clone();
+    sorted.sort();
+    assert_eq!(snapshotted, sorted, "the walk goes in (collection, id) order");
+    assert!(snapshotted.contains(&(lo.clone(), ahead.to_string())), "a record inserted ahead of the cursor");
+    assert_eq!(snapshotted.len(), 4 + 3 + 1 - 1, "every record once (one deleted ahead of the walk, one inserted)");
+    let mut folded = BTreeMap::new();
+    fold_lenient(&rows, &mut folded);
+    assert_eq!(folded, records_of(db, &[&lo, &hi]).await, "the last message is the state");
+    let pos = db.changelog_positions().await.expect("positions").into_iter().find(|x| x.partition == p).expect("row");
+    assert!(!pos.snapshot.pending() && pos.snapshot.finished_at_ms.is_some(), "{pos:?}");
+    assert_eq!(pos.snapshot.records, snapshotted.len() as i64);
+    assert_eq!(db.changelog_snapshot_step(p, 10, usize::MAX).await.expect("step"), SnapshotStep::Idle);
+
+    // Asked again: every record once more, after everything before.
+    let before = rows.len() as i64;
+    db.changelog_request_snapshot(&[p]).await.expect("request");
+    let pos = db.changelog_positions().await.expect("positions").into_iter().find(|x| x.partition == p).expect("row");
+    assert!(pos.snapshot.pending() && pos.snapshot.records == 0, "{pos:?}");
+    snapshot_to_the_end(db, p, 1_000).await;
+    let again = db.changelog_pending(p, before - 1, usize::MAX, usize::MAX).await.expect("pending");
+    assert!(again.iter().all(|r| r.change.op == ChangeOp::Snapshot));
+    let mut refolded = BTreeMap::new();
+    fold_lenient(&again, &mut refolded);
+    assert_eq!(refolded, records_of(db, &[&lo, &hi]).await, "a snapshot alone is the state");
+    // A bound in bytes below one record still moves: one record per step.
+    db.changelog_request_snapshot(&[p]).await.expect("request");
+    let one = db.changelog_snapshot_step(p, 100, 1).await.expect("step");
+    assert!(matches!(one, SnapshotStep::Appended { records: 1, finished: false, .. }), "{one:?}");
+    snapshot_to_the_end(db, p, 1_000).await;
+}
+
+/// Batches that update records while snapshot steps of their partition run at the same
+/// time (on PostgreSQL really concurrently, on separate connections): whatever the
+/// interleaving, the last message of each record is its current state.
+pub async fn a_snapshot_step_and_batches_racing_keep_the_last_message_current(db: &Sysdb) {
+    let p = fresh_partition();
+    let mut log = Log::new(db, p).await;
+    let ids: Vec<String> = (0..40).map(|i| format!("r{i:02}")).collect();
+    let ops: Vec<_> = ids.iter().map(|id| put(id, "red")).collect();
+    log.commit(db, &ops, &[]).await;
+    assert_eq!(db.changelog_begin(&[p]).await.expect("begin"), [p]);
+    log.changelog = true;
+    let colors = ["blue", "green", "black"];
+    let mut finished = false;
+    for round in 0.. {
+        let ops =
+            [put(&ids[(round * 7) % 40], colors[round % 3]), put(&ids[(round * 3 + 1) % 40], colors[(round + 1) % 3])];
+        let (_, step) = tokio::join!(log.commit(db, &ops, &[]), db.changelog_snapshot_step(p, 2, usize::MAX));
+        if matches!(step.expect("snapshot step"), SnapshotStep::Appended { finished: true, .. }) {
+            finished = true;
+        }
+        if finished && round >= 20 {
+            break;
+        }
+        assert!(round < 200, "the snapshot never finished");
+    }
+    let rows = pending(db, p).await;
+    assert_eq!(rows.iter().map(|r| r.seq).collect::<Vec<_>>(), (0..rows.len() as i64).collect::<Vec<_>>());
+    let mut folded = BTreeMap::new();
+    fold_lenient(&rows, &mut folded);
+    assert_eq!(folded, records_of(db, &[&log.collection]).await, "the last message of every record is its state");
 }

@@ -464,6 +464,7 @@ async fn backfill_once(
         let mut changes = limit.changelog.then(Vec::new);
         apply_plan(&tx, function_id, &row.output_collection, partition, &plan, changes.as_mut()).await?;
         if let Some(changes) = &changes {
+            super::changelog::begin_in(&tx, partition).await?;
             super::changelog::append(&tx, partition, changes.iter()).await?;
         }
     }
@@ -663,6 +664,7 @@ impl PostgresSysdb {
                             .map(|r| r.get(0))
                             .collect();
                         let changes = changelog::dropped(out, ids);
+                        super::changelog::begin_in(&tx, partition).await?;
                         super::changelog::append(&tx, partition, changes.iter()).await?;
                     }
                 }

@@ -396,6 +396,7 @@ fn backfill_step_sync(
         let mut changes = limit.changelog.then(Vec::new);
         apply_plan(&tx, function_id, &row.output_collection, partition, &plan, &mut acct, changes.as_mut())?;
         if let Some(changes) = changes {
+            super::changelog::begin_in(&tx, partition)?;
             super::changelog::append(&tx, partition, &changes, now)?;
         }
     }
@@ -520,6 +521,7 @@ impl SqliteSysdb {
                                 .query_map([out], |r| r.get::<_, String>(0))?
                                 .collect::<rusqlite::Result<Vec<_>>>()?;
                             let changes = changelog::dropped(out, ids);
+                            super::changelog::begin_in(&tx, partition)?;
                             super::changelog::append(&tx, partition, &changes, now_ms())?;
                         }
                     }

@@ -19,6 +19,17 @@ use crate::sysdb::error::Result;
 /// rows, spilling to a temporary file past its cache).
 pub(super) fn list_page(c: &Connection, collection: &str, after: Option<&str>, limit: usize) -> Result<Vec<RawRecord>> {
     let snapshot = c.unchecked_transaction()?;
+    page_in(&snapshot, collection, after, limit)
+}
+
+/// [`list_page`] inside a transaction the caller holds (the change feed's snapshot reads
+/// its chunk in its own write transaction: `sqlite/changelog.rs`).
+pub(super) fn page_in(
+    snapshot: &Connection,
+    collection: &str,
+    after: Option<&str>,
+    limit: usize,
+) -> Result<Vec<RawRecord>> {
     let after_clause = if after.is_some() { "AND id > ?2" } else { "AND ?2 IS NULL" };
     let mut delta_stmt = snapshot.prepare_cached(&format!(
         "SELECT id, metadata, last_offset, value FROM record_delta WHERE collection_id = ?1 {after_clause} ORDER BY id, seq"
@@ -70,7 +81,7 @@ pub(super) fn list_page(c: &Connection, collection: &str, after: Option<&str>, l
             }
             if let Some(offset) = last_offset {
                 let (embedding, document) = match value {
-                    Some(seq) => values::read_value(&snapshot, seq)?,
+                    Some(seq) => values::read_value(snapshot, seq)?,
                     None => (None, None),
                 };
                 page.push((id, embedding, metadata, document, offset));
