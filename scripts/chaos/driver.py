@@ -766,7 +766,30 @@ class Run:
                 log(f"not settled after {self.args.settle_seconds}s: {state}")
                 return False, time.monotonic() - started, state
 
+    def reporting(self, target):
+        """`target`, with an exception it dies of reported as a harness error."""
+        def run():
+            try:
+                target()
+            except Exception as e:  # noqa: BLE001 - reported, and the run fails on it
+                self.errors.append(f"{target.__name__} died: {type(e).__name__}: {e}")
+                log(f"{target.__name__} died: {e!r}")
+        return run
+
+    def kill_all(self):
+        """Leaves no replica behind when the driver itself fails."""
+        for p in self.replicas:
+            if p is not None and p.poll() is None:
+                os.kill(p.pid, signal.SIGKILL)
+                p.wait()
+
     def run(self):
+        try:
+            self.run_inner()
+        finally:
+            self.kill_all()
+
+    def run_inner(self):
         a = self.args
         t0 = time.monotonic()
         out = self.sluice("init", "--partitions", str(a.partitions))
@@ -779,11 +802,11 @@ class Run:
             raise SystemExit("seeding failed: " + "; ".join(self.errors))
         for i in range(a.replicas):
             self.start_replica(i)
-        threads = [threading.Thread(target=t, name=t.__name__, daemon=True)
+        threads = [threading.Thread(target=self.reporting(t), name=t.__name__, daemon=True)
                    for t in (self.plain_producer, self.idempotent_producer, self.transactional_producer)]
         for t in threads:
             t.start()
-        reader = threading.Thread(target=self.reader, name="reader", daemon=True)
+        reader = threading.Thread(target=self.reporting(self.reader), name="reader", daemon=True)
         reader.start()
         bound = f"{a.cycles} cycles (at most {a.seconds:.0f} s)" if a.cycles else f"{a.seconds}s"
         log(f"chaos for {bound} on {a.replicas} replicas, {a.partitions} partitions, prefix {a.prefix}")
