@@ -10,13 +10,16 @@
 # read_committed read of the log, no partition may have halted and no replica may have
 # exited by itself (one that fails to start included).
 #
-#   scripts/chaos.sh [--cycles N | --minutes N] [--backend sqlite|postgres|both] [--seed S]
+#   scripts/chaos.sh [--cycles N | --minutes N] [--backend sqlite|postgres|both]
+#                    [--one-at-a-time] [--seed S]
 #
 # Backends: postgres = 3 replicas on a fresh PostgreSQL database; sqlite = 2 replicas
-# sharing one SQLite file. With both (the default) the runs go one after the other and
-# N is split between them (the PostgreSQL run gets the odd cycle or minute).
-# Default: --cycles 1000 --backend both, so 500 cycles on each backend: about an hour on
-# a 2-core machine (not for CI, which runs 45 s on PostgreSQL and 30 s on SQLite).
+# sharing one SQLite file. With both (the default) N is split between them (the
+# PostgreSQL run gets the odd cycle or minute) and the two runs go at the same time, in
+# one test process; --one-at-a-time runs them one after the other instead.
+# Default: --cycles 1000 --backend both, so 500 cycles on each backend: about 40 minutes
+# on a 2-core machine, an hour and more one at a time (not for CI, which runs 45 s on
+# PostgreSQL and 30 s on SQLite).
 #
 # It is the integration tests `chaos::chaos_on_postgres` and `chaos::chaos_on_sqlite`
 # (integration-tests/tests/it/chaos.rs) run for longer; the workload is
@@ -32,13 +35,15 @@ cd "$(dirname "$0")/.."
 cycles=""
 minutes=""
 backend=both
+together=1
 seed=1
-usage="usage: $0 [--cycles N | --minutes N] [--backend sqlite|postgres|both] [--seed S]"
+usage="usage: $0 [--cycles N | --minutes N] [--backend sqlite|postgres|both] [--one-at-a-time] [--seed S]"
 while [ $# -gt 0 ]; do
   case "$1" in
     --cycles) cycles="$2"; shift 2 ;;
     --minutes) minutes="$2"; shift 2 ;;
     --backend) backend="$2"; shift 2 ;;
+    --one-at-a-time) together=0; shift ;;
     --seed) seed="$2"; shift 2 ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "unknown argument $1 ($usage)" >&2; exit 2 ;;
@@ -63,28 +68,43 @@ deploy/local/python-env.sh >/dev/null
 cargo build --locked --bin sluice -p sluice
 cargo test --locked -p sluice-integration-tests --test it --no-run
 n=${#backends[@]}
+# The share of N of the i-th backend: the first takes the remainder.
+share() {
+  if [ -n "$cycles" ]; then echo $(( cycles / n + ($1 == 0 ? cycles % n : 0) ))
+  else echo $(( minutes / n + ($1 == 0 ? minutes % n : 0) )); fi
+}
+unit() { if [ -n "$cycles" ]; then echo cycles; else echo min; fi; }
+# SLUICE_CHAOS_CYCLES / SLUICE_CHAOS_SECONDS for the i-th backend.
+vars() {
+  if [ -n "$cycles" ]; then echo "SLUICE_CHAOS_CYCLES=$(share "$1")"
+  else echo "SLUICE_CHAOS_SECONDS=$(( $(share "$1") * 60 ))"; fi
+}
 rc=0
 summary=()
-for i in "${!backends[@]}"; do
-  b=${backends[$i]}
-  # Split N: the first backend takes the remainder.
-  if [ -n "$cycles" ]; then
-    share=$(( cycles / n + (i == 0 ? cycles % n : 0) ))
-    what="$share cycles"
-    vars=(SLUICE_CHAOS_CYCLES="$share")
-  else
-    share=$(( minutes / n + (i == 0 ? minutes % n : 0) ))
-    what="$share min"
-    vars=(SLUICE_CHAOS_SECONDS=$((share * 60)))
-  fi
+if [ "$together" = 1 ] && [ "$n" = 2 ]; then
+  # One test process, one test thread per backend. The PostgreSQL and SQLite tests read
+  # their own variables (SLUICE_CHAOS_CYCLES_POSTGRES, ..._SQLITE) before the shared ones.
   started=$(date +%s)
   set +e
-  env "${vars[@]}" SLUICE_CHAOS_SEED="$seed" SLUICE_CHAOS_STALL_SECONDS=30 \
-    cargo test --locked -p sluice-integration-tests --test it -- "chaos::chaos_on_$b" --exact --nocapture
-  r=$?
+  env "$(vars 0 | sed 's/=/_POSTGRES=/')" "$(vars 1 | sed 's/=/_SQLITE=/')" \
+    SLUICE_CHAOS_SEED="$seed" SLUICE_CHAOS_STALL_SECONDS=30 \
+    cargo test --locked -p sluice-integration-tests --test it -- \
+    chaos::chaos_on_postgres chaos::chaos_on_sqlite --exact --nocapture --test-threads 2
+  rc=$?
   set -e
-  [ "$r" = 0 ] || rc=$r
-  summary+=("chaos.sh: $b: $what of chaos, $(( $(date +%s) - started )) s in all, exit status $r")
-done
+  summary+=("chaos.sh: postgres $(share 0) $(unit) and sqlite $(share 1) $(unit) of chaos at the same time, $(( $(date +%s) - started )) s in all, exit status $rc")
+else
+  for i in "${!backends[@]}"; do
+    b=${backends[$i]}
+    started=$(date +%s)
+    set +e
+    env "$(vars "$i")" SLUICE_CHAOS_SEED="$seed" SLUICE_CHAOS_STALL_SECONDS=30 \
+      cargo test --locked -p sluice-integration-tests --test it -- "chaos::chaos_on_$b" --exact --nocapture
+    r=$?
+    set -e
+    [ "$r" = 0 ] || rc=$r
+    summary+=("chaos.sh: $b: $(share "$i") $(unit) of chaos, $(( $(date +%s) - started )) s in all, exit status $r")
+  done
+fi
 printf '%s\n' "${summary[@]}" >&2
 exit $rc

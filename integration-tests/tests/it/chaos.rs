@@ -76,7 +76,7 @@ async fn chaos_on_postgres() {
         return;
     }
     let env = Env::postgres("chaos").await;
-    run_chaos(env, 3, 45.0).await;
+    run_chaos(env, "POSTGRES", 3, 45.0).await;
 }
 
 /// The CI-sized run on SQLite: two replicas sharing one sysdb file, `SLUICE_CHAOS_SECONDS`
@@ -87,10 +87,19 @@ async fn chaos_on_sqlite() {
         return;
     }
     let env = Env::sqlite("chaos");
-    run_chaos(env, 2, 30.0).await;
+    run_chaos(env, "SQLITE", 2, 30.0).await;
 }
 
-async fn run_chaos(env: Env, replicas: usize, default_seconds: f64) {
+/// `NAME_BACKEND` (e.g. `SLUICE_CHAOS_CYCLES_SQLITE`: both tests run in one process at
+/// once), else `NAME`, else `default`.
+fn backend_var<T: std::str::FromStr>(name: &str, backend: &str, default: T) -> T {
+    std::env::var(format!("{name}_{backend}"))
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| env_or(name, default))
+}
+
+async fn run_chaos(env: Env, backend: &str, replicas: usize, default_seconds: f64) {
     let env = env.with_sections(&format!("[librdkafka]\n\"message.max.bytes\" = \"{MAX_MESSAGE}\"\n"));
     let partitions = 4;
     let settings = sluice::kafka::ClientSettings::new(brokers());
@@ -99,13 +108,10 @@ async fn run_chaos(env: Env, replicas: usize, default_seconds: f64) {
             .await
             .expect("create a topic for large messages");
     }
-    let cycles: u64 = env_or("SLUICE_CHAOS_CYCLES", 0);
-    // With a number of cycles, the time is only a bound (an action every 3 s on average).
-    let seconds: f64 = if cycles > 0 {
-        env_or("SLUICE_CHAOS_SECONDS", cycles as f64 * 15.0)
-    } else {
-        env_or("SLUICE_CHAOS_SECONDS", default_seconds)
-    };
+    let cycles: u64 = backend_var("SLUICE_CHAOS_CYCLES", backend, 0);
+    // With a number of cycles, the time is only a bound (an action every 3-4 s on average).
+    let seconds: f64 =
+        backend_var("SLUICE_CHAOS_SECONDS", backend, if cycles > 0 { cycles as f64 * 15.0 } else { default_seconds });
     let stall: f64 = env_or("SLUICE_CHAOS_STALL_SECONDS", 20.0);
     let ports: Vec<String> = (0..replicas).map(|_| free_port().to_string()).collect();
     let config = env.config_path();
@@ -389,7 +395,7 @@ fn check(manifest_path: &str) {
     }
 
     // The oracle: the committed log, classified and folded.
-    let (log, highs) = read_committed(&run.topic, run.partitions, Duration::from_secs(300));
+    let (log, highs) = read_committed(&run.topic, run.partitions, Duration::from_secs(1200));
     let limits = Limits::default();
     let mut good: Vec<(i64, LogRecord)> = Vec::new();
     let mut expected_dlq: BTreeMap<(i32, i64), &'static str> = BTreeMap::new();
