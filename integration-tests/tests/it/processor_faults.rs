@@ -460,12 +460,12 @@ fn silent_then_forwarding(silent: Duration) -> (u16, std::thread::JoinHandle<()>
             }
             held.clear();
             let Ok(up) = TcpStream::connect(&upstream) else { continue };
-            let (mut a, mut b) = (conn.try_clone().unwrap(), up.try_clone().unwrap());
+            let (mut a, b) = (conn.try_clone().unwrap(), up.try_clone().unwrap());
             std::thread::spawn(move || {
                 let _ = copy(&mut a, &mut b.try_clone().unwrap());
                 let _ = b.shutdown(std::net::Shutdown::Both);
             });
-            let (mut c, mut d) = (up, conn);
+            let (mut c, d) = (up, conn);
             std::thread::spawn(move || {
                 let _ = copy(&mut c, &mut d.try_clone().unwrap());
                 let _ = d.shutdown(std::net::Shutdown::Both);
@@ -493,6 +493,27 @@ fn a_replica_started_while_the_broker_does_not_answer_waits_for_it() {
     env.wait_caught_up(WAIT);
     assert!(started.elapsed() >= Duration::from_secs(14), "caught up before the broker answered");
     assert!(r.wait_exit(Duration::from_millis(100)).is_none(), "the replica exited:\n{}", r.log_text());
+    assert_records_match_model(&env, &data);
+    assert_eq!(r.terminate(Duration::from_secs(30)), Some(0), "{}", r.log_text());
+}
+
+/// The processor's first sysdb read fails as unavailable (a loaded PostgreSQL that hands
+/// out no connection within the timeout: the chaos run met it): the processor retries it
+/// instead of ending the replica, and then catches up.
+#[test]
+fn the_processor_retries_a_sysdb_unavailable_as_it_starts() {
+    if !require_kafka() {
+        return;
+    }
+    let env = Env::sqlite("start-sysdb");
+    env.run(&["init", "--partitions", "2"]);
+    let data = small_workload(200, 82, "start-sysdb", 4);
+    env.produce(&jsonl_lines(&data));
+    let mut r = env.spawn_replica("r1", &[("SLUICE_FAILPOINT", "fail_processor_start_sysdb:1")]);
+    r.wait_for_log("fail point fail_processor_start_sysdb reached", Duration::from_secs(30));
+    env.wait_caught_up(WAIT);
+    assert!(r.wait_exit(Duration::from_millis(100)).is_none(), "the replica exited:\n{}", r.log_text());
+    assert!(r.log_text().contains("sysdb unavailable; retrying"), "{}", r.log_text());
     assert_records_match_model(&env, &data);
     assert_eq!(r.terminate(Duration::from_secs(30)), Some(0), "{}", r.log_text());
 }
