@@ -281,6 +281,19 @@ class Run:
     def sluice(self, *argv, timeout=120):
         return subprocess.run([self.args.sluice, *argv], env=self.env, capture_output=True, text=True, timeout=timeout)
 
+    def sluice_write(self, what, *argv, wait=60):
+        """A command that writes the sysdb, repeated while SQLite answers that another
+        connection holds the write lock past the busy timeout (a replica frozen inside its
+        transaction holds it for up to 12 s): the documented answer is "unavailable,
+        nothing written, retry" (docs/sqlite.md). Counted, not an error."""
+        deadline = time.monotonic() + wait
+        while True:
+            out = self.sluice(*argv)
+            if out.returncode == 0 or "database is locked" not in out.stderr or time.monotonic() > deadline:
+                return out
+            self.fig.add(f"{what}_retried_locked")
+            time.sleep(1)
+
     def produce_lines(self, recs, tag):
         path = os.path.join(self.args.dir, f"produce-{tag}.jsonl")
         with open(path, "w") as f:
@@ -643,7 +656,7 @@ class Run:
         # The first attaches go through every function, so that even a short run has each.
         fn = FUNCTIONS[len(self.functions)] if len(self.functions) < len(FUNCTIONS) else rng.choice(FUNCTIONS)
         output = f"{self.args.prefix}-out{len(self.functions)}-{fn}"
-        out = self.sluice("functions", "attach", c, "--function", fn, "--output", output, "--format", "json")
+        out = self.sluice_write("attach", "functions", "attach", c, "--function", fn, "--output", output, "--format", "json")
         if out.returncode != 0:
             self.errors.append(f"functions attach {c} {fn} failed: {out.stderr.strip()[-400:]}")
             self.fig.add("attach_failures")
@@ -660,7 +673,7 @@ class Run:
             return
         f = live[-1] if newest else rng.choice(live)
         drop = rng.random() < 0.5
-        out = self.sluice("functions", "detach", f["function_id"], *(["--drop-output"] if drop else []))
+        out = self.sluice_write("detach", "functions", "detach", f["function_id"], *(["--drop-output"] if drop else []))
         if out.returncode != 0:
             self.errors.append(f"functions detach {f['function_id']} failed: {out.stderr.strip()[-400:]}")
             self.fig.add("detach_failures")

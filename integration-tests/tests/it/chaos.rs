@@ -328,8 +328,16 @@ fn check(manifest_path: &str) {
     for l in run.m["halted_or_panicked"].as_array().unwrap() {
         failures.push(format!("replica log: {}", l.as_str().unwrap()));
     }
+    let mut sigterm_before_start = 0;
     for x in run.m["exits"].as_array().unwrap() {
         let how = x["how"].as_str().unwrap();
+        // SIGTERM sent as the process was spawned, before it had logged a line: the
+        // default action of the signal ended it (no program can catch a signal before its
+        // handler exists); a clean stop, counted.
+        if how == "SIGTERM" && x["code"] == -15 && x["log_tail"].as_array().is_some_and(Vec::is_empty) {
+            sigterm_before_start += 1;
+            continue;
+        }
         if how == "exited by itself" || (how == "SIGTERM" && x["code"] != 0) || how.starts_with("SIGTERM timed out") {
             let tail: Vec<&str> = x["log_tail"].as_array().into_iter().flatten().filter_map(Value::as_str).collect();
             failures.push(format!(
@@ -678,6 +686,9 @@ fn check(manifest_path: &str) {
 
     let figures = &run.m["figures"];
     eprintln!("chaos figures: {}", serde_json::to_string_pretty(figures).unwrap());
+    eprintln!(
+        "chaos exits: {sigterm_before_start} replicas sent SIGTERM before they had logged a line, ended by the signal"
+    );
     // SQLite: how many times the records delta was merged into `records` over the run (the
     // file's own counter; large records force merges by bytes).
     if let Some(path) = run.m["sysdb"].as_str().and_then(|u| u.strip_prefix("sqlite://")) {
