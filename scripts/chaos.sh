@@ -17,9 +17,9 @@
 # sharing one SQLite file. With both (the default) N is split between them (the
 # PostgreSQL run gets the odd cycle or minute) and the two runs go at the same time, in
 # one test process; --one-at-a-time runs them one after the other instead.
-# Default: --cycles 1000 --backend both, so 500 cycles on each backend: about 40 minutes
-# on a 2-core machine, an hour and more one at a time (not for CI, which runs 45 s on
-# PostgreSQL and 30 s on SQLite).
+# Default: --cycles 1000 --backend both, so 500 cycles on each backend: about an hour on a
+# 2-core machine (SQLite, with two replicas often both down, is the slower), an hour and
+# a half one at a time (not for CI, which runs 45 s on PostgreSQL and 30 s on SQLite).
 #
 # It is the integration tests `chaos::chaos_on_postgres` and `chaos::chaos_on_sqlite`
 # (integration-tests/tests/it/chaos.rs) run for longer; the workload is
