@@ -43,8 +43,10 @@ USER 10001:10001
 # The default SQLite sysdb (sqlite://sluice.db) lands here; replicas on several machines
 # use PostgreSQL (SLUICE_SYSDB).
 WORKDIR /var/lib/sluice
-# /metrics, /healthz, /readyz. The binary's default listen address is 127.0.0.1:9464,
-# unreachable from outside a container, hence 0.0.0.0 here.
+# /metrics, /healthz, /readyz and the API. The binary's default listen address is
+# 127.0.0.1:9464, unreachable from outside a container, hence 0.0.0.0 here: `sluice process`
+# then refuses to start (exit code 2) without SLUICE_READ_TOKEN / SLUICE_ADMIN_TOKEN, or
+# SLUICE_HTTP__ALLOW_UNAUTHENTICATED=true (docs/operations.md, "Roles and tokens").
 ENV SLUICE_HTTP=0.0.0.0:9464
 EXPOSE 9464
 ENTRYPOINT ["sluice"]

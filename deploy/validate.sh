@@ -16,7 +16,8 @@
 #   hadolint           Dockerfile
 #   sluice config show the ConfigMap's sluice.toml + the Secret's SLUICE_SYSDB, and the
 #                      compose replicas' environment: every key is accepted by the binary
-#   python             the Grafana dashboard and provisioning, and cross-file consistency:
+#   python             the Grafana dashboards (the Prometheus one and the sysdb's SQL one)
+#                      and provisioning, and cross-file consistency:
 #                      metric names vs src/metrics.rs, alerts vs docs/metrics.md runbooks and
 #                      unit tests, Prometheus targets vs compose services, probes vs ports
 #
@@ -158,7 +159,7 @@ fi
 
 step "structure and consistency (dashboard, provisioning, compose, kubernetes, helm, rules, docs)"
 "$PY" - "$TMP" "${HELM_VARIANTS[@]}" <<'PYEOF'
-import json, os, re, sys, tomllib
+import base64, json, os, re, sys, tomllib
 import yaml
 
 tmp = sys.argv[1]
@@ -363,10 +364,21 @@ for n in replicas + ["sluice-init"]:
         err(f"deploy/compose.yaml: {n} sets unknown variables {unknown} (known: {sorted(known_env)})")
     if n in replicas and env.get("SLUICE_HTTP") != "0.0.0.0:9464":
         err(f"deploy/compose.yaml: {n} must listen on 0.0.0.0:9464 (SLUICE_HTTP)")
+    if n in replicas:
+        # The API's tokens come from the environment of `docker compose`, with no default.
+        for var in ("SLUICE_READ_TOKEN", "SLUICE_ADMIN_TOKEN"):
+            if not re.fullmatch(r"\$\{" + var + r":\?[^$}]+\}", str(env.get(var, ""))):
+                err(f"deploy/compose.yaml: {n} must set {var}: ${{{var}:?message}} (from the environment, no default), got {env.get(var)!r}")
+        # The admin port is published on the host's loopback interface only.
+        for port in s.get("ports", []):
+            if not str(port).startswith("127.0.0.1:"):
+                err(f"deploy/compose.yaml: {n} publishes {port!r} on every host interface; bind 127.0.0.1:HOSTPORT:9464")
     if s.get("build", {}).get("dockerfile") != "Dockerfile" or not os.path.exists(os.path.join("deploy", s.get("build", {}).get("context", "?"), "Dockerfile")):
         err(f"deploy/compose.yaml: {n} must build ../Dockerfile")
 with open(os.path.join(tmp, "compose.env"), "w") as f:
     for k, v in sorted(services[replicas[0]]["environment"].items()):
+        # `${VAR:?message}`: what `docker compose` takes from its environment.
+        v = re.sub(r"\$\{(\w+):\?[^}]*\}", lambda m: "from-environment-" + m.group(1), str(v))
         f.write(f"{k}={v}\n")
 def mounts(svc):
     out = {}
@@ -389,6 +401,69 @@ for path in prov_paths:
 ds_urls = [d.get("url", "") for d in ds.get("datasources", [])]
 if not any(u.startswith("http://prometheus:9090") for u in ds_urls):
     err(f"grafana datasource url {ds_urls} does not point at the compose prometheus service")
+
+# ---------------------------------------------------------------- sysdb dashboard (SQL)
+# Panels fed by SQL over the sluice_* views (docs/reading.md, "Reading with SQL") through
+# the provisioned PostgreSQL data source; integration-tests/tests/it/sql_views.rs runs each
+# panel's SQL against a real sysdb and checks the numbers.
+sql_path = "deploy/grafana/dashboards/sluice-sysdb.json"
+sql_dash = json.load(open(sql_path))
+PG_TYPE = "grafana-postgresql-datasource"
+pg = load_yaml("deploy/grafana/provisioning/datasources/postgres.yaml")
+pg_sources = [d for d in pg.get("datasources", []) if d.get("type") == PG_TYPE]
+if len(pg_sources) != 1:
+    err(f"deploy/grafana/provisioning/datasources/postgres.yaml: want one {PG_TYPE} data source, found {pg_sources}")
+pg_source = pg_sources[0] if pg_sources else {}
+if sql_dash.get("schemaVersion", 0) < 36:
+    err(f"{sql_path}: schemaVersion {sql_dash.get('schemaVersion')} is older than Grafana 9/10 dashboards")
+if sql_dash.get("uid") == dash.get("uid"):
+    err(f"{sql_path}: uid {sql_dash.get('uid')} is the Prometheus dashboard's")
+sql_vars = {v["name"]: v for v in sql_dash.get("templating", {}).get("list", [])}
+sysdb_var = sql_vars.get("sysdb")
+if not sysdb_var or sysdb_var.get("type") != "datasource" or sysdb_var.get("query") != PG_TYPE:
+    err(f"{sql_path}: needs a `sysdb` variable of type datasource (query {PG_TYPE})")
+elif sysdb_var.get("current", {}).get("value") != pg_source.get("uid"):
+    err(f"{sql_path}: default sysdb {sysdb_var.get('current')} is not the provisioned one ({pg_source.get('uid')})")
+documented_views = set(re.findall(r"^### `(sluice_\w+)`$", open("docs/reading.md").read(), re.M))
+if len(documented_views) < 5:
+    err(f"docs/reading.md documents the views {sorted(documented_views)}: has the section changed shape?")
+sql_ids, sql_titles = set(), set()
+pg_ds = {"type": PG_TYPE, "uid": "${sysdb}"}
+for p in sql_dash.get("panels", []):
+    where = f"{sql_path}: panel {p.get('title')!r}"
+    if p.get("id") in sql_ids or p.get("title") in sql_titles:
+        err(f"{where}: duplicate id or title")
+    sql_ids.add(p.get("id"))
+    sql_titles.add(p.get("title"))
+    g = p.get("gridPos", {})
+    if not all(k in g for k in ("h", "w", "x", "y")) or g["x"] + g["w"] > 24:
+        err(f"{where} has a bad gridPos {g}")
+    if not p.get("description"):
+        err(f"{where} has no description")
+    if p.get("datasource") != pg_ds:
+        err(f"{where} must use the ${{sysdb}} variable ({pg_ds})")
+    targets = p.get("targets", [])
+    if not targets:
+        err(f"{where} has no targets")
+    for t in targets:
+        if t.get("datasource") != pg_ds or not t.get("refId"):
+            err(f"{where}: every target needs a refId and the ${{sysdb}} data source")
+        if t.get("format") != "table" or t.get("rawQuery") is not True or not t.get("rawSql"):
+            err(f"{where}: every target is raw SQL (rawSql, rawQuery true) in table format")
+        # The stable interface only: every relation read is a documented view.
+        for rel in re.findall(r"\b(?:FROM|JOIN)\s+([A-Za-z_][\w.]*)", t.get("rawSql", ""), re.I):
+            if rel not in documented_views:
+                err(f"{where}: reads {rel}, not one of the views of docs/reading.md ({sorted(documented_views)})")
+if not sql_dash.get("panels"):
+    err(f"{sql_path}: no panels")
+pg_env = services.get("postgres", {}).get("environment", {})
+if pg_source.get("url") != "postgres:5432":
+    err(f"postgres.yaml: url {pg_source.get('url')!r} is not the compose postgres service (postgres:5432)")
+if (pg_source.get("jsonData", {}).get("database"), pg_source.get("user"), pg_source.get("secureJsonData", {}).get("password")) \
+        != (pg_env.get("POSTGRES_DB"), pg_env.get("POSTGRES_USER"), pg_env.get("POSTGRES_PASSWORD")):
+    err("postgres.yaml: database, user and password must be the compose postgres service's")
+if "postgres" not in services.get("grafana", {}).get("depends_on", []):
+    err("deploy/compose.yaml: grafana must depend on postgres (the sysdb data source)")
 
 # ---------------------------------------------------------------- kubernetes
 kdir = "deploy/kubernetes"
@@ -470,6 +545,18 @@ def check_processor(where, by_kind, workload_kind, env_out, external_secret=None
     ports = {p["name"]: p["containerPort"] for p in c.get("ports", [])}
     if ports.get("metrics") != listen_port:
         err(f"{where}: container port metrics {ports.get('metrics')} != [http] listen port {listen_port}")
+    # The replicas listen on all interfaces: the API's tokens must reach them from a Secret
+    # (a replica on such an address refuses to start without one).
+    listen_host = cfg.get("http", {}).get("listen", "").rsplit(":", 1)[0].strip("[]")
+    if listen_host not in ("127.0.0.1", "::1", "localhost"):
+        for var in ("SLUICE_READ_TOKEN", "SLUICE_ADMIN_TOKEN"):
+            ref = next((e.get("valueFrom", {}).get("secretKeyRef") for e in env_list if e["name"] == var), None)
+            if not ref:
+                err(f"{where}: [http] listen {cfg['http']['listen']!r} is reachable from other machines: {var} must come from a Secret (secretKeyRef)")
+            elif ref.get("name") in secrets:
+                data = secrets[ref["name"]]
+                if ref.get("key") not in {**data.get("data", {}), **data.get("stringData", {})}:
+                    err(f"{where}: {var} comes from Secret {ref['name']} key {ref.get('key')}, which it does not have")
     if c.get("readinessProbe", {}).get("httpGet", {}).get("path") != "/readyz":
         err(f"{where}: readinessProbe must GET /readyz")
     if c.get("livenessProbe", {}).get("httpGet", {}).get("path") != "/healthz":
@@ -513,7 +600,7 @@ def check_processor(where, by_kind, workload_kind, env_out, external_secret=None
         elif vf.get("fieldRef", {}).get("fieldPath") == "metadata.name":
             value = work["metadata"]["name"] + "-0"
         elif "secretKeyRef" in vf:
-            value = "secret-from-" + vf["secretKeyRef"]["name"]
+            value = "secret-from-" + vf["secretKeyRef"]["name"] + "-" + vf["secretKeyRef"]["key"]
         else:
             err(f"{where}: env {name}: unexpected source {vf}")
             continue
@@ -617,13 +704,44 @@ for variant in helm_variants:
             ann = d["metadata"].get("annotations", {})
             if not hooks <= set(ann.get("helm.sh/hook", "").split(",")) or int(ann.get("helm.sh/hook-weight", "0")) >= jweight:
                 err(f"{where}: {d['kind']} {d['metadata']['name']} is used by the init hook, so it must be a hook of the same events created before the Job")
+    def secret_keys(d):
+        return set(d.get("data") or {}) | set(d.get("stringData") or {})
     existing = vals.get("sysdb", {}).get("existingSecret")
     if existing:
-        if "Secret" in by_kind:
-            err(f"{where}: sysdb.existingSecret is set, yet a Secret is rendered")
+        if any("SLUICE_SYSDB" in secret_keys(d) for d in by_kind.get("Secret", [])):
+            err(f"{where}: sysdb.existingSecret is set, yet a Secret with SLUICE_SYSDB is rendered")
         refs = {e["valueFrom"]["secretKeyRef"]["name"] for e in c["env"] if e["name"] == "SLUICE_SYSDB"} | set(jsecret)
         if refs != {existing}:
             err(f"{where}: SLUICE_SYSDB must come from sysdb.existingSecret {existing}, got {refs}")
+    # The API's tokens: from auth.existingSecret, else from the chart's own Secret (not a
+    # hook: only the replicas use it), which holds two different non-empty tokens.
+    auth = {**chart_values["auth"], **vals.get("auth", {})}
+    token_refs = {e["name"]: (e["valueFrom"]["secretKeyRef"]["name"], e["valueFrom"]["secretKeyRef"]["key"])
+                  for e in c["env"] if e["name"] in ("SLUICE_READ_TOKEN", "SLUICE_ADMIN_TOKEN")
+                  and "secretKeyRef" in e.get("valueFrom", {})}
+    token_secrets = [d for d in by_kind.get("Secret", []) if {"SLUICE_READ_TOKEN", "SLUICE_ADMIN_TOKEN"} & secret_keys(d)]
+    if auth["existingSecret"]:
+        want_refs = {"SLUICE_READ_TOKEN": (auth["existingSecret"], auth["existingSecretReadKey"]),
+                     "SLUICE_ADMIN_TOKEN": (auth["existingSecret"], auth["existingSecretAdminKey"])}
+        if token_secrets:
+            err(f"{where}: auth.existingSecret is set, yet a token Secret is rendered")
+    elif len(token_secrets) != 1:
+        err(f"{where}: expected one Secret with the API's tokens, got {[d['metadata']['name'] for d in token_secrets]}")
+        want_refs = None
+    else:
+        ts = token_secrets[0]
+        tname = ts["metadata"]["name"]
+        want_refs = {k: (tname, k) for k in ("SLUICE_READ_TOKEN", "SLUICE_ADMIN_TOKEN")}
+        if "helm.sh/hook" in ts["metadata"].get("annotations", {}):
+            err(f"{where}: the token Secret {tname} must not be a hook (hooks are not kept by upgrades)")
+        tokens = [base64.b64decode((ts.get("data") or {}).get(k, "")).decode() for k in ("SLUICE_READ_TOKEN", "SLUICE_ADMIN_TOKEN")]
+        if not all(len(t) >= 32 for t in tokens) or tokens[0] == tokens[1]:
+            err(f"{where}: the token Secret {tname} must hold two different generated tokens of 32 characters or more")
+    if want_refs is not None and token_refs != want_refs:
+        err(f"{where}: the replicas' tokens must come from {want_refs}, got {token_refs}")
+    ann = pod["metadata"].get("annotations", {})
+    if "checksum/tokens" not in ann:
+        err(f"{where}: the pod template needs a checksum/tokens annotation (changed tokens roll the replicas)")
     # KEDA owns the replica count: the StatefulSet must not set one (each helm upgrade
     # would reset it), and the expected-replicas rule follows its minimum.
     if keda_on:
@@ -717,11 +835,18 @@ config_show() {
   env -i PATH="$PATH" "${vars[@]}" "$SLUICE_BIN" config show >"${2%.env}-config.out" \
     || die "sluice rejects $1 (see above)"
 }
+# $1: what, $2: the output of `sluice config show`: both tokens reached the configuration.
+tokens_reach() {
+  grep -q '^read_token = "\*\*\*"$' "$2" && grep -q '^admin_token = "\*\*\*"$' "$2" \
+    || die "$1: http.read_token and http.admin_token must both be set (the replicas listen on all interfaces): $(grep -E '_token' "$2" | tr '\n' ' ')"
+}
 step "sluice config show: the Kubernetes ConfigMap + Secret"
 config_show "deploy/kubernetes/configmap.yaml's sluice.toml with the Secret" "$TMP/k8s.env"
+tokens_reach "deploy/kubernetes" "$TMP/k8s-config.out"
 for v in "${HELM_VARIANTS[@]}"; do
   step "sluice config show: helm template ($v values): sluice.toml + the StatefulSet's environment"
   config_show "the sluice.toml and environment of the chart's StatefulSet ($v values)" "$TMP/helm-$v.env"
+  tokens_reach "helm template ($v values)" "$TMP/helm-$v-config.out"
   # The instance id reached the configuration: [kafka] instance_id = pod 0's name.
   iid="$(sed -n 's/^SLUICE_INSTANCE_ID=//p' "$TMP/helm-$v.env")"
   if [ -z "$iid" ] || ! grep -q "instance_id.*\"$iid\"" "$TMP/helm-$v-config.out"; then
@@ -731,7 +856,8 @@ done
 step "sluice config show: the compose replicas' environment"
 compose_env=()
 while IFS= read -r line; do compose_env+=("$line"); done <"$TMP/compose.env"
-env -i PATH="$PATH" "${compose_env[@]}" "$SLUICE_BIN" config show >"$TMP/compose-config.json" \
+env -i PATH="$PATH" "${compose_env[@]}" "$SLUICE_BIN" config show >"$TMP/compose-config.toml" \
   || die "sluice rejects the environment of the compose replicas (see above)"
+tokens_reach "deploy/compose.yaml" "$TMP/compose-config.toml"
 
 log "OK: deployment files are valid"

@@ -10,6 +10,13 @@
 # file for that side (SLUICE_CONFIG). AB_PREFIX reuses a log produced by an earlier run
 # (its prefix is printed), so that a series of A/Bs drains the same records (each run
 # with a consumer group of its own: a group with committed offsets would start at them).
+# In a config file, @RUN@ is replaced by the run's name (a1, b1, a2, ...): a side that
+# turns the change feed on gives each run a topic of its own with
+# `topic_suffix = "changes-@RUN@"` (a fresh sysdb must not meet an earlier run's progress
+# topic); each run's `sluice init` with its config creates that topic first.
+#
+# AB_BACKEND=postgres drains into a fresh PostgreSQL database per run (on the local
+# cluster, deploy/local/postgres.sh start; dropped after the run) instead of SQLite.
 #
 # Needs a broker (deploy/local/kafka.sh start). The consumer is pinned to CPU 1 when
 # taskset exists, like the suite's contenders.
@@ -34,18 +41,35 @@ else
     echo "bench-ab: draining the existing $prefix.log ($N records)"
 fi
 
+PG_ADMIN=""
+if [ "${AB_BACKEND:-sqlite}" = postgres ]; then
+    PG_ADMIN=$("$(dirname "$0")/../deploy/local/postgres.sh" url sluice)
+fi
 drain() { # BIN RUN CONFIG -> prints records/s, checks the checksum
     local bin=$1 run=$2 cfg=$3
-    local db="sqlite://$dir/$run.db"
+    local db="sqlite://$dir/$run.db" pgdb="ab_${dir##*-}_$run"
     local start end
+    if [ -n "$cfg" ]; then
+        sed "s/@RUN@/$run/g" "$cfg" >"$dir/$run.toml"
+        cfg="$dir/$run.toml"
+    fi
+    if [ -n "$PG_ADMIN" ]; then
+        pgdb=$(echo "$pgdb" | tr 'A-Z' 'a-z')
+        psql -q -X -v ON_ERROR_STOP=1 "$PG_ADMIN" -c "CREATE DATABASE \"$pgdb\"" >&2
+        db="${PG_ADMIN%/*}/$pgdb"
+    fi
+    env ${cfg:+SLUICE_CONFIG=$cfg} SLUICE_SYSDB=$db SLUICE_TOPIC_PREFIX=$prefix "$bin" init --partitions 8 >"$dir/$run.init.log" 2>&1 ||
+        { echo "bench-ab: init for $run failed; log $dir/$run.init.log" >&2; exit 1; }
     start=$(date +%s.%N)
     env ${cfg:+SLUICE_CONFIG=$cfg} SLUICE_SYSDB=$db SLUICE_TOPIC_PREFIX=$prefix SLUICE_GROUP="$prefix-$run-${dir##*-}" "${pin[@]}" "$bin" process >"$dir/$run.log" 2>&1 &
     local pid=$!
     while :; do
         sleep 0.5
         local lag
-        lag=$(SLUICE_SYSDB=$db SLUICE_TOPIC_PREFIX=$prefix SLUICE_GROUP="$prefix-$run-${dir##*-}" "$B" offsets show --format json 2>/dev/null |
-            python3 -c 'import json,sys; rows=json.load(sys.stdin); print(sum(r["lag"] for r in rows) if rows and all(r["sysdb_next_offset"] is not None for r in rows) else -1)' 2>/dev/null || echo -1)
+        # Caught up: lag 0 on every partition and, with the change feed on, nothing left
+        # unpublished in its outbox (the feed's cost is counted to its end).
+        lag=$(env ${cfg:+SLUICE_CONFIG=$cfg} SLUICE_SYSDB=$db SLUICE_TOPIC_PREFIX=$prefix SLUICE_GROUP="$prefix-$run-${dir##*-}" "$B" offsets show --format json 2>/dev/null |
+            python3 -c 'import json,sys; rows=json.load(sys.stdin); print(sum(r["lag"] + (r.get("changelog_unpublished") or 0) for r in rows) if rows and all(r["sysdb_next_offset"] is not None for r in rows) else -1)' 2>/dev/null || echo -1)
         [ "$lag" = 0 ] && break
         kill -0 $pid 2>/dev/null || { echo "bench-ab: $run exited; log $dir/$run.log" >&2; exit 1; }
     done
@@ -54,6 +78,7 @@ drain() { # BIN RUN CONFIG -> prints records/s, checks the checksum
     local sum
     sum=$(SLUICE_SYSDB=$db SLUICE_TOPIC_PREFIX=$prefix "$B" checksum)
     echo "$sum" >>"$dir/checksums"
+    [ -z "$PG_ADMIN" ] || psql -q -X "$PG_ADMIN" -c "DROP DATABASE IF EXISTS \"$pgdb\" WITH (FORCE)" >/dev/null 2>&1 || true
     python3 -c "print(f'{$N/($end-$start):.0f}')"
 }
 

@@ -63,6 +63,12 @@
 #             15 times, interleaved (the drop on the same records: the median, with its
 #             95% interval). With 2 CPUs or more each replica runs on CPU 1 and the
 #             broker and the script on CPU 0. Its rows join this run's JSON and goals.
+#   reads     after W1: scripts/bench-reads.sh --pin on this run's broker (its header): 300,000
+#             W1-shaped records (--quick: 30,000, one repeat) drained on SQLite alone and
+#             with 100 readers waiting on tokens (HTTP `at_least`), 3 times interleaved: the
+#             drain rate's drop against the spread of the drain alone; then the time from a
+#             write's acknowledgement (`POST .../records`) to its token read answering, p50
+#             / p99, at half the W1 SQLite rate of this run.
 #   recovery  Sluice (SQLite) caught up under the paced load at 50%, kill -9, restart at
 #             once: restart -> first "batch committed" log line (or, without it, the
 #             sysdb position moving, polled every 50 ms), with the default
@@ -103,7 +109,7 @@
 #   MB        key + value bytes (kcat %K %S), MB = 2^20 bytes.
 #
 # Usage: scripts/bench-suite.sh [--quick] [--workloads W1,W2,...] [--peer-workloads LIST]
-#            [--no-latency] [--no-recovery] [--no-backfill] [--peer-jvm-opts "OPTS"] [--keep]
+#            [--no-latency] [--no-reads] [--no-recovery] [--no-backfill] [--peer-jvm-opts "OPTS"] [--keep]
 #            [--phase-timeout SECONDS] [--no-page]
 #   --workloads       which of W1..W5 to run (default all; latency/recovery need W1)
 #   --peer-workloads  where the peer runs too (default W1,W2,W3; W4 is left out for time;
@@ -132,6 +138,7 @@ WORKLOADS="W1,W2,W3,W4,W5"
 PEER_WORKLOADS="W1,W2,W3"
 RAW_WORKLOADS="W1,W2,W3"
 DO_LATENCY=true
+DO_READS=true
 DO_RECOVERY=true
 DO_BACKFILL=true
 PEER_JVM_OPTS=""
@@ -150,6 +157,7 @@ while (($#)); do
     --workloads) WORKLOADS="${2:?}"; shift 2 ;;
     --peer-workloads) PEER_WORKLOADS="${2?}"; shift 2 ;;
     --no-latency) DO_LATENCY=false; shift ;;
+    --no-reads) DO_READS=false; shift ;;
     --no-recovery) DO_RECOVERY=false; shift ;;
     --no-backfill) DO_BACKFILL=false; shift ;;
     --peer-jvm-opts) PEER_JVM_OPTS="${2?}"; shift 2 ;;
@@ -163,7 +171,7 @@ done
 is_uint "$PHASE_TIMEOUT" || die "--phase-timeout must be a number of seconds"
 in_list() { [[ ",$2," == *",$1,"* ]]; }
 for w in ${WORKLOADS//,/ }; do [[ "$w" =~ ^W[1-5]$ ]] || die "--workloads: unknown workload '$w'"; done
-if ! in_list W1 "$WORKLOADS"; then DO_LATENCY=false; DO_RECOVERY=false; fi
+if ! in_list W1 "$WORKLOADS"; then DO_LATENCY=false; DO_READS=false; DO_RECOVERY=false; fi
 ! in_list W5 "$PEER_WORKLOADS" || die "--peer-workloads: the peer cannot run W5 (its seeded state exists only in the sysdbs)"
 # Why this run will not become BENCHMARKS.md's latest run ("" = it will, if its checksums match).
 PAGE_SKIP=""
@@ -171,7 +179,7 @@ $NO_PAGE && PAGE_SKIP="--no-page"
 $QUICK && PAGE_SKIP="--quick"
 for w in W1 W2 W3 W4 W5; do in_list "$w" "$WORKLOADS" || PAGE_SKIP="not every workload"; done
 for w in W1 W2 W3; do in_list "$w" "$PEER_WORKLOADS" || PAGE_SKIP="the peer not on W1-W3"; done
-$DO_LATENCY && $DO_RECOVERY && $DO_BACKFILL || PAGE_SKIP="not every phase"
+$DO_LATENCY && $DO_READS && $DO_RECOVERY && $DO_BACKFILL || PAGE_SKIP="not every phase"
 [[ -z "$PEER_JVM_OPTS" ]] || PAGE_SKIP="--peer-jvm-opts"
 
 # Sizes: records dim collections ids_per_collection seeded_rows_per_collection
@@ -607,7 +615,7 @@ EOF
 # would take a minute per sysdb). sha256 of: aggregates over every record (count, sum of
 # last_offset, embeddings, byte lengths), every collections row, and every record the log
 # touched (last_offset >= 0) in full -- the stored bytes, which both backends write
-# identically (src/sysdb/codec.rs) -- ordered by (collection_id, id) in byte order.
+# identically (src/sysdb/stored_fields.rs) -- ordered by (collection_id, id) in byte order.
 sysdb_digest() {
     local url="$1"
     local agg="SELECT count(*), coalesce(sum(last_offset), 0), count(embedding), coalesce(sum(length(embedding)), 0),
@@ -795,6 +803,19 @@ paced() {
     LOAD="$(awk -v w="$w" -v b="$(fsub "$b1" "$b0")" -v r="${r:-0}" -v c="$(fsub "$c1" "$c0")" \
         'BEGIN { printf "{\"wall_s\": %.2f, \"broker_cpu\": %.2f, \"producer_cpu\": %.2f, \"cpu0\": %.2f, \"contender_cpu\": %.2f}\n",
                  w, b / w, r / w, (b + r) / w, c / w }')"
+}
+
+# reads_phase RATE: the read benchmark on this run's broker; its row joins RESULTS
+reads_phase() {
+    local rate="$1" n=300000 repeats=3 out="$LOG_DIR/reads.log" json pin=()
+    $QUICK && n=30000 repeats=1
+    [[ -z "$CONTENDER_CPU" ]] || pin=(--pin)
+    "${UNPINNED[@]}" timeout "$PHASE_TIMEOUT" "$REPO/scripts/bench-reads.sh" --records "$n" --repeats "$repeats" --rate "$rate" "${pin[@]}" \
+        >"$out" 2>&1 || { tail -30 "$out" >&2; die "reads phase failed (log: $out)"; }
+    json="$(sed -n 's/^JSON: //p' "$out" | tail -1)"
+    [[ -s "$json" ]] || die "reads phase: no JSON named in $out"
+    jq -c '{kind: "reads"} + .' "$json" >>"$RESULTS"
+    grep -E 'drain alone|produce -> read at' "$out" >&2 || true
 }
 
 # latency_sluice RATE [append|create] [sqlite|postgres]: with "append", the topic stamps
@@ -1006,6 +1027,10 @@ for w in W1 W2 W3 W4 W5; do
                 phase "latency at 50% load: peer"
                 latency_peer "$((WL_RATE[W1_peer] / 2))"
             fi
+        fi
+        if $DO_READS; then
+            phase "reads: waiting readers' cost, produce -> token read at 50% load (SQLite)"
+            reads_phase "$((WL_RATE[W1_sqlite] / 2))"
         fi
         if $DO_RECOVERY; then
             # Half the W1 rate, but never faster than the W1 log lasts through the kill

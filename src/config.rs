@@ -3,7 +3,8 @@
 //! `SLUICE_PROCESSOR__BATCH_MAX_RECORDS=1000`; `[librdkafka]` keys with `_` for `.`:
 //! `SLUICE_LIBRDKAFKA__SASL_MECHANISMS`); the named variables `SLUICE_BROKERS`,
 //! `SLUICE_SYSDB`, `SLUICE_GROUP`, `SLUICE_INSTANCE_ID`, `SLUICE_TOPIC_PREFIX`,
-//! `SLUICE_HTTP`, `SLUICE_ADMIN_TOKEN`, `SLUICE_SASL_USERNAME`, `SLUICE_SASL_PASSWORD`,
+//! `SLUICE_HTTP`, `SLUICE_READ_TOKEN`, `SLUICE_ADMIN_TOKEN`, `SLUICE_SASL_USERNAME`,
+//! `SLUICE_SASL_PASSWORD`,
 //! `SLUICE_SCHEMA_REGISTRY_URL` (and `_USERNAME`, `_PASSWORD`, `_CA_FILE`) apply after those. Unknown keys are rejected.
 //! Every field's doc comment is the user's reference: `sluice config docs` renders them
 //! (docs/configuration.md), `sluice config show` prints the effective values, secrets as
@@ -44,6 +45,7 @@ pub struct Config {
     pub limits: Limits,
     pub http: HttpConfig,
     pub backfill: BackfillConfig,
+    pub changelog: ChangelogConfig,
     pub metrics: MetricsConfig,
     pub schema_registry: SchemaRegistryConfig,
     pub telemetry: TelemetryConfig,
@@ -435,30 +437,180 @@ impl Default for BackfillConfig {
     }
 }
 
+/// The change feed (`docs/changes.md`): every materialized change of a record published
+/// to `<topic_prefix>.<topic_suffix>`, exactly once for read_committed consumers, in the
+/// order the sysdb applied them per record.
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields, default)]
+pub struct ChangelogConfig {
+    /// Write every change to the sysdb's changelog outbox in its batch's transaction, and
+    /// publish it with a transactional producer per partition. Off by default. `sluice
+    /// init` creates the topics when on.
+    pub enabled: bool,
+    /// The changes topic is `<kafka.topic_prefix>.<topic_suffix>`; its progress topic
+    /// (the relay's last published outbox sequence per partition, compacted) is that
+    /// name followed by `.progress`.
+    pub topic_suffix: String,
+    /// `cleanup.policy` of the changes topic: `compact` keeps the latest change of each
+    /// record (deletes as tombstones), `delete` keeps every change for the retention
+    /// time, `compact,delete` both.
+    pub cleanup_policy: String,
+    /// A partition's relay uses `transactional.id = <transactional_id_prefix><partition>`:
+    /// the partition's next owner takes the same id, which fences the previous owner's
+    /// producer (its open transaction is aborted, its later commits refused). Empty:
+    /// `<kafka.group>.changes.`.
+    pub transactional_id_prefix: String,
+    /// `transaction.timeout.ms` of the relay's producers. Checked at start against the
+    /// broker's `transaction.max.timeout.ms` (a longer one is refused by the broker).
+    pub transaction_timeout_ms: u64,
+    /// A transaction carries at most this many changes...
+    pub max_records_per_transaction: usize,
+    /// ...or this many bytes of keys and values (at least one change).
+    pub max_bytes_per_transaction: usize,
+    /// How often a relay with nothing to publish looks at the outbox again.
+    pub poll_interval_ms: u64,
+    /// Published outbox rows are deleted at most this many per statement.
+    pub delete_step_rows: usize,
+    /// The outbox of one partition may hold this many bytes (keys and values) of
+    /// unpublished changes. At the bound (the broker refuses the relay's transactions or
+    /// is away) the partition pauses before its next batch, named in `/readyz`, until
+    /// the relay publishes again; nothing is dropped.
+    pub outbox_max_bytes: u64,
+}
+
+impl Default for ChangelogConfig {
+    fn default() -> Self {
+        ChangelogConfig {
+            enabled: false,
+            topic_suffix: "changes".into(),
+            cleanup_policy: "compact".into(),
+            transactional_id_prefix: String::new(),
+            transaction_timeout_ms: 60_000,
+            max_records_per_transaction: 5_000,
+            max_bytes_per_transaction: 4 << 20,
+            poll_interval_ms: 50,
+            delete_step_rows: 5_000,
+            outbox_max_bytes: 1 << 30,
+        }
+    }
+}
+
+impl Config {
+    /// `<topic_prefix>.<changelog.topic_suffix>`.
+    pub fn changes_topic(&self) -> String {
+        format!("{}.{}", self.kafka.topic_prefix, self.changelog.topic_suffix)
+    }
+
+    /// The changes topic's progress topic.
+    pub fn changes_progress_topic(&self) -> String {
+        format!("{}.progress", self.changes_topic())
+    }
+
+    /// The relay's `transactional.id` of `partition`.
+    pub fn changelog_transactional_id(&self, partition: i32) -> String {
+        let prefix = if self.changelog.transactional_id_prefix.is_empty() {
+            format!("{}.changes.", self.kafka.group)
+        } else {
+            self.changelog.transactional_id_prefix.clone()
+        };
+        format!("{prefix}{partition}")
+    }
+}
+
 #[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct HttpConfig {
-    /// Listen address of `/metrics`, `/healthz`, `/readyz` and the admin API.
-    /// Env: `SLUICE_HTTP`. Empty disables the server.
+    /// Listen address of `/metrics`, `/healthz`, `/readyz` and the API under `/api/v1`.
+    /// Env: `SLUICE_HTTP`. Empty disables the server. `sluice process` refuses to start
+    /// (exit code 2) when this address is reachable from other machines (anything but a
+    /// loopback address: `0.0.0.0`, `::`, a LAN address, a host name that resolves to
+    /// one) while neither `read_token` nor `admin_token` is set, unless
+    /// `allow_unauthenticated` is true.
     pub listen: String,
-    /// Bearer token the admin API's mutating endpoints (`POST`, `DELETE` under `/api/v1`)
-    /// require as `Authorization: Bearer <token>`; compared in constant time. Unset or
-    /// empty: no token is required (bind `listen` to a private address then). Reads
-    /// (`GET`) never need it. Env: `SLUICE_ADMIN_TOKEN` (preferred: keeps it out of
-    /// files). Never logged; `sluice config show` prints `***`.
+    /// Bearer token of the read role: `GET` requests under `/api/v1` (records,
+    /// collections, functions, offsets, DLQ entries) need `Authorization: Bearer
+    /// <token>` with this token or `admin_token` once either token is set. Compared in
+    /// constant time. `/metrics`, `/healthz` and `/readyz` never need a token. Unset or
+    /// empty: no read token. Env: `SLUICE_READ_TOKEN` (preferred: keeps it out of files).
+    /// Never logged; `sluice config show` prints `***`. The roles, and what each
+    /// combination of tokens allows: docs/operations.md, "Roles and tokens".
+    pub read_token: Option<Secret>,
+    /// Bearer token of the admin role: it changes state (`POST` and `DELETE` under
+    /// `/api/v1`: records in, attach, detach, offset resets, DLQ replays) and reads
+    /// everything the read token reads. Compared in constant time. With `read_token` set
+    /// and this one unset, every change is refused (403) whatever the request carries.
+    /// Must differ from `read_token`. Env: `SLUICE_ADMIN_TOKEN` (preferred: keeps it out
+    /// of files). Never logged; `sluice config show` prints `***`.
     pub admin_token: Option<Secret>,
+    /// Serve the API without any token on a non-loopback `listen` address, on purpose
+    /// (e.g. behind a proxy that authenticates, on a network only trusted clients reach).
+    /// Without it `sluice process` refuses that configuration. It changes nothing else:
+    /// with neither token set every request is served, on any address.
+    pub allow_unauthenticated: bool,
 }
 
 impl Default for HttpConfig {
     fn default() -> Self {
-        HttpConfig { listen: "127.0.0.1:9464".into(), admin_token: None }
+        HttpConfig {
+            listen: "127.0.0.1:9464".into(),
+            read_token: None,
+            admin_token: None,
+            allow_unauthenticated: false,
+        }
     }
 }
 
 impl HttpConfig {
+    /// The read token when one is set and non-empty.
+    pub fn read_token(&self) -> Option<&str> {
+        self.read_token.as_ref().map(Secret::expose).filter(|t| !t.is_empty())
+    }
+
     /// The admin token when one is set and non-empty.
     pub fn admin_token(&self) -> Option<&str> {
         self.admin_token.as_ref().map(Secret::expose).filter(|t| !t.is_empty())
+    }
+
+    /// The check `sluice process` makes before it starts anything: a server reachable
+    /// from other machines (`listen` not a loopback address, host names resolved) must
+    /// have a token, or say with `allow_unauthenticated` that it serves without one on
+    /// purpose.
+    pub fn check_exposure(&self) -> Result<(), ConfigError> {
+        self.check_exposure_with(|addr| std::net::ToSocketAddrs::to_socket_addrs(addr).map(Iterator::collect))
+    }
+
+    /// [`HttpConfig::check_exposure`] with the resolver given (tests).
+    fn check_exposure_with(
+        &self,
+        resolve: impl Fn(&str) -> std::io::Result<Vec<std::net::SocketAddr>>,
+    ) -> Result<(), ConfigError> {
+        let listen = self.listen.trim();
+        if listen.is_empty()
+            || self.read_token().is_some()
+            || self.admin_token().is_some()
+            || self.allow_unauthenticated
+        {
+            return Ok(());
+        }
+        let reached = match resolve(listen) {
+            Ok(addrs) if !addrs.is_empty() => {
+                let outside: Vec<String> =
+                    addrs.iter().filter(|a| !a.ip().to_canonical().is_loopback()).map(ToString::to_string).collect();
+                if outside.is_empty() {
+                    return Ok(());
+                }
+                format!("binds {}, which other machines can reach", outside.join(", "))
+            }
+            Ok(_) => "resolves to no address, so it cannot be shown to be a loopback address".to_string(),
+            Err(e) => format!("cannot be resolved ({e}), so it cannot be shown to be a loopback address"),
+        };
+        Err(ConfigError::Invalid(format!(
+            "http.listen = {listen:?} {reached}, and neither http.read_token nor http.admin_token is set: \
+             anyone who reaches it could read every record. Set http.read_token (SLUICE_READ_TOKEN) \
+             and http.admin_token (SLUICE_ADMIN_TOKEN), or set http.allow_unauthenticated = true \
+             (SLUICE_HTTP__ALLOW_UNAUTHENTICATED=true) to serve without a credential on purpose, \
+             or listen on a loopback address such as 127.0.0.1"
+        )))
     }
 }
 
@@ -537,6 +689,8 @@ pub struct Overrides {
     pub group: Option<String>,
     pub topic_prefix: Option<String>,
     pub http: Option<String>,
+    /// `SLUICE_READ_TOKEN` (environment only: a flag would show in `ps`).
+    pub read_token: Option<String>,
     /// `SLUICE_ADMIN_TOKEN` (environment only: a flag would show in `ps`).
     pub admin_token: Option<String>,
     /// `SLUICE_SASL_USERNAME` → `[librdkafka] sasl.username`.
@@ -556,7 +710,8 @@ pub struct Overrides {
 
 impl Overrides {
     /// Read `SLUICE_BROKERS`, `SLUICE_SYSDB`, `SLUICE_GROUP`, `SLUICE_INSTANCE_ID`, `SLUICE_TOPIC_PREFIX`,
-    /// `SLUICE_HTTP`, `SLUICE_ADMIN_TOKEN`, `SLUICE_SASL_USERNAME`, `SLUICE_SASL_PASSWORD`.
+    /// `SLUICE_HTTP`, `SLUICE_READ_TOKEN`, `SLUICE_ADMIN_TOKEN`, `SLUICE_SASL_USERNAME`,
+    /// `SLUICE_SASL_PASSWORD`.
     pub fn from_env() -> Overrides {
         let var = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
         Overrides {
@@ -567,6 +722,7 @@ impl Overrides {
             topic_prefix: var("SLUICE_TOPIC_PREFIX"),
             // Empty is meaningful here: it disables the HTTP server.
             http: std::env::var("SLUICE_HTTP").ok(),
+            read_token: var("SLUICE_READ_TOKEN"),
             admin_token: var("SLUICE_ADMIN_TOKEN"),
             sasl_username: var("SLUICE_SASL_USERNAME"),
             sasl_password: var("SLUICE_SASL_PASSWORD").map(Secret::new),
@@ -585,6 +741,7 @@ impl Overrides {
         self.instance_id = other.instance_id.or(self.instance_id);
         self.topic_prefix = other.topic_prefix.or(self.topic_prefix);
         self.http = other.http.or(self.http);
+        self.read_token = other.read_token.or(self.read_token);
         self.admin_token = other.admin_token.or(self.admin_token);
         self.sasl_username = other.sasl_username.or(self.sasl_username);
         self.sasl_password = other.sasl_password.or(self.sasl_password);
@@ -687,6 +844,9 @@ impl Config {
         if let Some(v) = o.http {
             self.http.listen = v;
         }
+        if let Some(v) = o.read_token {
+            self.http.read_token = Some(Secret::new(v));
+        }
         if let Some(v) = o.admin_token {
             self.http.admin_token = Some(Secret::new(v));
         }
@@ -734,6 +894,30 @@ impl Config {
                 self.backfill.live_share
             )));
         }
+        let c = &self.changelog;
+        if c.enabled {
+            if c.topic_suffix.is_empty() || c.topic_suffix.contains(['/', ' ']) {
+                return Err(ConfigError::Invalid(format!(
+                    "changelog.topic_suffix {:?} is not a topic name part",
+                    c.topic_suffix
+                )));
+            }
+            if !matches!(c.cleanup_policy.as_str(), "compact" | "delete" | "compact,delete" | "delete,compact") {
+                return Err(ConfigError::Invalid(format!(
+                    "changelog.cleanup_policy must be compact, delete or compact,delete, got {:?}",
+                    c.cleanup_policy
+                )));
+            }
+            if c.max_records_per_transaction == 0 || c.max_bytes_per_transaction == 0 || c.delete_step_rows == 0 {
+                return Err(ConfigError::Invalid(
+                    "changelog.max_records_per_transaction, max_bytes_per_transaction and delete_step_rows must be > 0"
+                        .into(),
+                ));
+            }
+            if c.transaction_timeout_ms < 1_000 {
+                return Err(ConfigError::Invalid("changelog.transaction_timeout_ms must be at least 1000".into()));
+            }
+        }
         let q = &self.sqlite;
         if q.delta_max_rows == 0 || q.delta_max_bytes == 0 || q.compaction_step_bytes < (1 << 20) {
             return Err(ConfigError::Invalid(
@@ -769,6 +953,13 @@ impl Config {
             return Err(ConfigError::Invalid(
                 "schema_registry.url is set but kafka.framing = \"plain\": records carry no schema id then; set kafka.framing = \"confluent\"".into(),
             ));
+        }
+        if let (Some(read), Some(admin)) = (self.http.read_token(), self.http.admin_token()) {
+            if read == admin {
+                return Err(ConfigError::Invalid(
+                    "http.read_token and http.admin_token are the same token: whoever may read could also change state; give them different values".into(),
+                ));
+            }
         }
         let t = &self.telemetry;
         if !(0.0..=1.0).contains(&t.sample_ratio) {
@@ -927,6 +1118,91 @@ mod tests {
     }
 
     #[test]
+    fn read_token_from_file_or_env_never_in_debug_output_and_never_the_admin_token() {
+        let mut c = Config::from_toml("[http]\nread_token = \"file-read\"\n", "t").unwrap();
+        assert_eq!(c.http.read_token(), Some("file-read"));
+        assert!(!format!("{c:?}").contains("file-read"), "the token leaks through Debug");
+        c.apply(Overrides { read_token: Some("env-read".into()), ..Default::default() });
+        assert_eq!(c.http.read_token(), Some("env-read"));
+        let shown = c.to_toml_redacted().unwrap();
+        assert!(shown.contains("read_token = \"***\"") && !shown.contains("env-read"), "{shown}");
+        assert_eq!(Config::from_toml("[http]\nread_token = \"\"\n", "t").unwrap().http.read_token(), None);
+        let same = Config::from_toml("[http]\nread_token = \"tok\"\nadmin_token = \"tok\"\n", "t").unwrap();
+        let err = same.validate().unwrap_err().to_string();
+        assert!(err.contains("http.read_token and http.admin_token are the same"), "{err}");
+        assert!(!err.contains("tok\""), "the token is not echoed: {err}");
+        let differ = Config::from_toml("[http]\nread_token = \"r\"\nadmin_token = \"a\"\n", "t").unwrap();
+        differ.validate().unwrap();
+    }
+
+    fn http(listen: &str, read: Option<&str>, admin: Option<&str>, allow: bool) -> HttpConfig {
+        HttpConfig {
+            listen: listen.into(),
+            read_token: read.map(Secret::new),
+            admin_token: admin.map(Secret::new),
+            allow_unauthenticated: allow,
+        }
+    }
+
+    /// Resolves `*.lan` to a LAN address and `*.local` to loopback; literals as usual.
+    fn fake_resolve(addr: &str) -> std::io::Result<Vec<std::net::SocketAddr>> {
+        let (host, port) = addr.rsplit_once(':').expect("host:port");
+        let port: u16 = port.parse().expect("port");
+        match host {
+            h if h.ends_with(".lan") => Ok(vec![([192, 168, 1, 20], port).into()]),
+            h if h.ends_with(".local") => {
+                Ok(vec![([127, 0, 0, 1], port).into(), (std::net::Ipv6Addr::LOCALHOST, port).into()])
+            }
+            h if h.ends_with(".mixed") => Ok(vec![([127, 0, 0, 1], port).into(), ([10, 0, 0, 7], port).into()]),
+            h if h.ends_with(".invalid") => Err(std::io::Error::other("no such host")),
+            _ => std::net::ToSocketAddrs::to_socket_addrs(addr).map(Iterator::collect),
+        }
+    }
+
+    #[test]
+    fn a_server_other_machines_reach_needs_a_token_or_says_it_does_not_on_purpose() {
+        // Loopback (and no server at all) needs nothing.
+        for listen in
+            ["127.0.0.1:9464", "127.0.0.2:9464", "[::1]:9464", "[::ffff:127.0.0.1]:9464", "sluice.local:9464", ""]
+        {
+            http(listen, None, None, false)
+                .check_exposure_with(fake_resolve)
+                .unwrap_or_else(|e| panic!("{listen}: {e}"));
+        }
+        // Every other address is refused without a token, with the address and both fixes.
+        for (listen, shown) in [
+            ("0.0.0.0:9464", "0.0.0.0:9464"),
+            ("[::]:9464", "[::]:9464"),
+            ("192.168.1.5:9464", "192.168.1.5:9464"),
+            ("sluice-0.lan:9464", "192.168.1.20:9464"),
+            ("both.mixed:9464", "10.0.0.7:9464"),
+            ("nowhere.invalid:9464", "cannot be resolved"),
+        ] {
+            let err = http(listen, None, None, false).check_exposure_with(fake_resolve).unwrap_err().to_string();
+            for needle in [
+                &format!("http.listen = {listen:?}"),
+                shown,
+                "http.read_token",
+                "http.admin_token",
+                "SLUICE_READ_TOKEN",
+                "http.allow_unauthenticated = true",
+            ] {
+                assert!(err.contains(needle), "{listen}: {needle:?} missing from: {err}");
+            }
+            // Either token, or the explicit choice, lets it start.
+            http(listen, Some("r"), None, false).check_exposure_with(fake_resolve).unwrap();
+            http(listen, None, Some("a"), false).check_exposure_with(fake_resolve).unwrap();
+            http(listen, None, None, true).check_exposure_with(fake_resolve).unwrap();
+            // An empty token is no token.
+            assert!(http(listen, Some(""), Some(""), false).check_exposure_with(fake_resolve).is_err());
+        }
+        // The real resolver: literals and localhost need no DNS server.
+        assert!(http("0.0.0.0:1", None, None, false).check_exposure().is_err());
+        http("127.0.0.1:1", None, None, false).check_exposure().unwrap();
+        http("localhost:1", None, None, false).check_exposure().unwrap();
+    }
+
+    #[test]
     fn schema_registry_from_file_or_env_needs_confluent_framing_and_hides_its_password() {
         let plain = Config::from_toml("[schema_registry]\nurl = \"http://r:1\"\n", "t").unwrap();
         let err = plain.validate().unwrap_err().to_string();
@@ -997,6 +1273,8 @@ mod tests {
                 ("SLUICE_LIMITS__MAX_EMBEDDING_DIM", "7"),
                 ("SLUICE_METRICS__PER_COLLECTION", "true"),
                 ("SLUICE_HTTP__ADMIN_TOKEN", "tok"),
+                ("SLUICE_HTTP__READ_TOKEN", "rtok"),
+                ("SLUICE_HTTP__ALLOW_UNAUTHENTICATED", "true"),
                 ("SLUICE_LIBRDKAFKA__CLIENT_ID", "me"),
                 ("SLUICE_BROKERS", "ignored-here"),
                 ("OTHER__X", "1"),
@@ -1010,6 +1288,8 @@ mod tests {
         assert_eq!(c.limits.max_embedding_dim, 7);
         assert!(c.metrics.per_collection);
         assert_eq!(c.http.admin_token(), Some("tok"));
+        assert_eq!(c.http.read_token(), Some("rtok"));
+        assert!(c.http.allow_unauthenticated);
         assert_eq!(c.librdkafka["client.id"], "me");
         // The named variables still apply, after (and over) the generic ones.
         let c = Config::load_with_env(
@@ -1030,7 +1310,7 @@ mod tests {
     #[test]
     fn config_show_lists_every_key_and_no_secret() {
         let mut c = Config::from_toml(
-            "[kafka]\ninstance_id = \"i-1\"\n[http]\nadmin_token = \"tok-secret\"\n\
+            "[kafka]\ninstance_id = \"i-1\"\n[http]\nadmin_token = \"tok-secret\"\nread_token = \"rtok-secret\"\n\
              [sysdb]\nurl = \"postgres://u:pw-secret@h/db?password=q-secret&sslmode=disable\"\n\
              [librdkafka]\n\"sasl.password\" = \"sasl-secret\"\n\"ssl.key.pem\" = \"pem-secret\"\n\"client.id\" = \"cid\"\n",
             "t",
@@ -1040,7 +1320,7 @@ mod tests {
         let toml_text = c.to_toml_redacted().unwrap();
         let json = serde_json::to_string(&c.redacted()).unwrap();
         for text in [&toml_text, &json] {
-            for secret in ["tok-secret", "pw-secret", "q-secret", "sasl-secret", "pem-secret"] {
+            for secret in ["tok-secret", "rtok-secret", "pw-secret", "q-secret", "sasl-secret", "pem-secret"] {
                 assert!(!text.contains(secret), "{secret} leaks: {text}");
             }
             for key in [
@@ -1053,6 +1333,8 @@ mod tests {
                 "max_id_bytes",
                 "max_embedding_dim",
                 "admin_token",
+                "read_token",
+                "allow_unauthenticated",
                 "cid",
                 "sslmode",
             ] {

@@ -6,7 +6,8 @@
 //! assigned partitions is halted. Later rebalances do not flip readiness (a cooperative
 //! revoke is not always followed by an assignment callback); a halted partition does, until
 //! it is revoked or resumed, and so does a partition whose batch waits for a writer schema
-//! the schema registry cannot serve (it is named with the registry's error).
+//! the schema registry cannot serve (it is named with the registry's error), and a
+//! partition paused because its changelog outbox is full (`docs/changes.md`).
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -22,6 +23,8 @@ struct State {
     sysdb_unavailable: Option<String>,
     /// Partitions whose next batch waits for writer schemas the registry cannot serve.
     waiting_for_schema: BTreeMap<i32, String>,
+    /// Partitions paused because their changelog outbox is full (`docs/changes.md`).
+    changelog_full: BTreeMap<i32, String>,
 }
 
 /// Shared between the processor (writer) and the HTTP server (reader).
@@ -93,12 +96,27 @@ impl Health {
         }
     }
 
+    /// A partition paused because its changelog outbox reached its bound (`Some`: how
+    /// full), or resumed (`None`).
+    pub fn set_changelog_full(&self, partition: i32, full: Option<String>) {
+        let mut s = self.lock();
+        match full {
+            Some(w) => {
+                s.changelog_full.insert(partition, w);
+            }
+            None => {
+                s.changelog_full.remove(&partition);
+            }
+        }
+    }
+
     /// Revoked partitions are no longer this replica's concern.
     pub fn partitions_revoked(&self, partitions: &[i32]) {
         let mut s = self.lock();
         for p in partitions {
             s.halted.remove(p);
             s.waiting_for_schema.remove(p);
+            s.changelog_full.remove(p);
         }
     }
 
@@ -127,6 +145,17 @@ impl Health {
                 .collect();
             return Err(format!(
                 "{} (the partition resumes by itself when the registry answers; check the registry's URL and health)",
+                each.join("; ")
+            ));
+        }
+        if !s.changelog_full.is_empty() {
+            let each: Vec<String> = s
+                .changelog_full
+                .iter()
+                .map(|(p, why)| format!("partition {p} paused: its changelog outbox {why}"))
+                .collect();
+            return Err(format!(
+                "{} (nothing is dropped; it resumes once the relay publishes to the changes topic again: check the broker)",
                 each.join("; ")
             ));
         }
@@ -169,6 +198,14 @@ mod tests {
         assert_eq!(h.readiness(), Ok(()));
         h.set_waiting_for_schema(4, Some("x".into()));
         h.partitions_revoked(&[4]);
+        assert_eq!(h.readiness(), Ok(()));
+        h.set_changelog_full(5, Some("holds 3000 bytes".into()));
+        let why = h.readiness().unwrap_err();
+        assert!(why.contains("partition 5 paused: its changelog outbox holds 3000 bytes"), "{why}");
+        h.set_changelog_full(5, None);
+        assert_eq!(h.readiness(), Ok(()));
+        h.set_changelog_full(6, Some("x".into()));
+        h.partitions_revoked(&[6]);
         assert_eq!(h.readiness(), Ok(()));
         h.stopping("shutdown requested");
         h.stopping("later reasons do not replace the first");

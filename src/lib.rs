@@ -5,6 +5,7 @@
 pub mod alloc;
 pub(crate) mod api;
 pub mod backfill;
+pub mod changelog;
 pub mod cli;
 pub mod config;
 pub(crate) mod dead_letters;

@@ -1,7 +1,8 @@
 //! The `sluice` binary: parses the command line, loads the configuration, sets up logs,
 //! and dispatches. Exit codes: 0 success (a closed stdout pipe included), 1 failure (the
 //! error is printed with its context chain), 2 usage (clap's own code for an invalid
-//! command line; also an invalid configuration or read token).
+//! command line; also an invalid configuration or read token, and `sluice process` serving
+//! HTTP on an address other machines reach without a token: `HttpConfig::check_exposure`).
 
 use std::io::Write;
 
@@ -30,6 +31,14 @@ fn main() -> std::process::ExitCode {
             return std::process::ExitCode::from(2);
         }
     };
+    // A replica's server reachable from other machines needs a token (or the explicit
+    // `http.allow_unauthenticated`): a configuration error, before anything starts.
+    if matches!(cli.command, Cmd::Process { .. }) {
+        if let Err(e) = config.http.check_exposure() {
+            eprintln!("sluice: {e}");
+            return std::process::ExitCode::from(2);
+        }
+    }
     // Traces are exported by `sluice process` only, and only with an endpoint.
     let otlp = match &cli.command {
         Cmd::Process { .. } => {
@@ -73,7 +82,7 @@ fn main() -> std::process::ExitCode {
             },
             Cmd::Schema { command } => sluice::cli::schema_cmd::run(&config, command).await,
             Cmd::Checksum { read, format } => sluice::cli::records_cmd::checksum(&config, &read, format.format).await,
-            Cmd::Token { command } => sluice::cli::token_cmd::run(command),
+            Cmd::Token { command } => sluice::cli::token_cmd::run(&config, command).await,
             Cmd::Functions { command } => sluice::cli::functions_cmd::run(&config, command).await,
             Cmd::Produce { input, dry_run, rejects, format } => {
                 sluice::cli::produce_cmd::produce(&config, &input, dry_run, rejects.as_deref(), format.format).await

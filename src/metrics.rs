@@ -98,6 +98,9 @@ struct PartitionState {
     /// Producer timestamp (ms) of the last record this replica applied on the partition;
     /// unknown until the first batch after the assignment commits.
     applied_ts_ms: Option<i64>,
+    /// With the change feed on: changes in the outbox not published yet, and when the
+    /// oldest of them was committed (ms since the Unix epoch; `None`: nothing waits).
+    changelog: Option<(i64, Option<i64>)>,
 }
 
 type GaugeFamily = Family<PartitionLabel, Gauge>;
@@ -115,6 +118,7 @@ struct PartitionGauges {
     lag_records: GaugeFamily,
     commit_debt_records: GaugeFamily,
     halted: GaugeFamily,
+    changelog_outbox_records: GaugeFamily,
 }
 
 fn lock_state(state: &Mutex<BTreeMap<i32, PartitionState>>) -> MutexGuard<'_, BTreeMap<i32, PartitionState>> {
@@ -143,8 +147,9 @@ impl PartitionGauges {
         lock_state(&self.state)
     }
 
-    fn families(&self) -> [&GaugeFamily; 6] {
+    fn families(&self) -> [&GaugeFamily; 7] {
         [
+            &self.changelog_outbox_records,
             &self.high_watermark,
             &self.sysdb_next_offset,
             &self.group_offset,
@@ -173,6 +178,7 @@ impl PartitionGauges {
         set(&self.lag_records, s.high.zip(s.sysdb).map(|(h, n)| h - n));
         set(&self.commit_debt_records, s.sysdb.zip(s.group).map(|(n, g)| n - g));
         set(&self.halted, Some(i64::from(s.halted)));
+        set(&self.changelog_outbox_records, s.changelog.map(|c| c.0));
     }
 
     fn update(&self, p: i32, f: impl FnOnce(&mut PartitionState)) {
@@ -316,6 +322,25 @@ impl Collector for LagSecondsCollector {
         )?;
         for (partition, v) in rows {
             ConstGauge::new(v).encode(m.encode_family(&PartitionLabel { partition })?)?;
+        }
+        // The change feed's delay: how long the oldest unpublished change has waited.
+        let rows: Vec<(i32, f64)> = lock_state(&self.state)
+            .iter()
+            .filter_map(|(p, s)| {
+                let (_, oldest) = s.changelog?;
+                Some((*p, oldest.map_or(0.0, |t| (now - t).max(0) as f64 / 1000.0)))
+            })
+            .collect();
+        if !rows.is_empty() {
+            let mut m = encoder.encode_descriptor(
+                "changelog_publish_lag_seconds",
+                "With the change feed on: how long the oldest change of the partition's outbox not yet published to the changes topic has waited since its commit; 0 when none waits",
+                None,
+                MetricType::Gauge,
+            )?;
+            for (partition, v) in rows {
+                ConstGauge::new(v).encode(m.encode_family(&PartitionLabel { partition })?)?;
+            }
         }
         Ok(())
     }
@@ -606,6 +631,11 @@ impl Metrics {
             "partition_commit_debt_records",
             "How far the group offset lags the sysdb: sysdb next offset - group offset",
             p.commit_debt_records.clone(),
+        );
+        r.register(
+            "changelog_outbox_records",
+            "With the change feed on: changes in the partition's changelog outbox not yet published to the changes topic (refreshed every 5 s)",
+            p.changelog_outbox_records.clone(),
         );
         r.register("partition_halted", "1 while an assigned partition is halted (data-loss gap, sysdb beyond the log, a batch the sysdb keeps refusing, a failed seek); the reason is in /readyz, `sluice offsets show` and the log", p.halted.clone());
 
@@ -907,7 +937,14 @@ impl Metrics {
 
     /// Start tracking an assigned partition with what the assignment knew.
     pub fn partition_assigned(&self, partition: i32, sysdb_next: i64, high: i64, group: Option<i64>, halted: bool) {
-        let s = PartitionState { high: Some(high), sysdb: Some(sysdb_next), group, halted, applied_ts_ms: None };
+        let s = PartitionState {
+            high: Some(high),
+            sysdb: Some(sysdb_next),
+            group,
+            halted,
+            applied_ts_ms: None,
+            changelog: None,
+        };
         let mut m = self.partitions.lock();
         m.insert(partition, s);
         self.partitions.publish(partition, &s);
@@ -939,6 +976,12 @@ impl Metrics {
         if produced_ms > 0 {
             self.partitions.update(partition, |s| s.applied_ts_ms = Some(produced_ms));
         }
+    }
+
+    /// The change feed's outbox of `partition`: `unpublished` changes, the oldest
+    /// committed at `oldest_ms` (`None`: nothing waits).
+    pub fn partition_changelog(&self, partition: i32, unpublished: i64, oldest_ms: Option<i64>) {
+        self.partitions.update(partition, |s| s.changelog = Some((unpublished, oldest_ms)));
     }
 
     pub fn partition_halted(&self, partition: i32, halted: bool) {
@@ -1202,6 +1245,23 @@ mod operator_series_tests {
     }
 
     #[test]
+    fn changelog_gauges_follow_the_outbox_and_leave_with_the_partition() {
+        let m = Metrics::new();
+        m.partition_assigned(3, 10, 12, None, false);
+        assert!(!m.encode().contains("sluice_changelog_"), "no feed, no series");
+        m.partition_changelog(3, 5, Some(now_ms() - 60_000));
+        let s = samples(&m.encode());
+        assert_eq!(s["sluice_changelog_outbox_records{partition=\"3\"}"], 5.0);
+        let lag = s["sluice_changelog_publish_lag_seconds{partition=\"3\"}"];
+        assert!((59.0..70.0).contains(&lag), "{lag}");
+        m.partition_changelog(3, 0, None);
+        let s = samples(&m.encode());
+        assert_eq!(s["sluice_changelog_publish_lag_seconds{partition=\"3\"}"], 0.0, "nothing waits: 0");
+        m.partition_revoked(3);
+        assert!(!m.encode().contains("sluice_changelog_"), "a revoked partition's series go");
+    }
+
+    #[test]
     fn lag_seconds_ages_the_last_applied_record_while_records_wait() {
         let now = 1_000_000_000;
         let s = |high, sysdb, ts| PartitionState {
@@ -1210,6 +1270,7 @@ mod operator_series_tests {
             group: None,
             halted: false,
             applied_ts_ms: ts,
+            changelog: None,
         };
         assert_eq!(lag_seconds(&s(10, 10, Some(now - 60_000)), now), Some(0.0), "caught up: 0, however old");
         assert_eq!(lag_seconds(&s(12, 10, Some(now - 60_000)), now), Some(60.0));

@@ -38,6 +38,21 @@ pub struct OffsetRow {
     pub status: String,
     /// When the current halt began (ms since the Unix epoch), if halted.
     pub halted_at_ms: Option<i64>,
+    /// With the change feed on (`docs/changes.md`): the partition's feed position.
+    #[serde(skip_serializing_if = "Option::is_none", flatten)]
+    pub changelog: Option<ChangelogColumns>,
+}
+
+/// A partition's change feed position in `offsets show`.
+#[derive(Debug, Clone, Copy, serde::Serialize)]
+pub struct ChangelogColumns {
+    /// The last outbox sequence number the relay committed to Kafka (`-1`: none yet), as
+    /// it told the sysdb after the commit.
+    pub changelog_published_seq: i64,
+    /// Changes in the outbox not published yet.
+    pub changelog_unpublished: i64,
+    /// When the oldest of them was committed (ms since the Unix epoch); null when none.
+    pub changelog_oldest_unpublished_ms: Option<i64>,
 }
 
 /// The `status` column of a partition: `running` or `halted: <reason>`.
@@ -65,6 +80,11 @@ pub async fn offset_rows(config: &Config, sysdb: &Sysdb) -> Result<Vec<OffsetRow
     })
     .await
     .map_err(|e| OffsetsError::Kafka(KafkaError::Config(format!("offset query task failed: {e}"))))??;
+    let changelog: std::collections::HashMap<i32, crate::sysdb::ChangelogPosition> = if config.changelog.enabled {
+        sysdb.changelog_positions().await?.into_iter().map(|c| (c.partition, c)).collect()
+    } else {
+        std::collections::HashMap::new()
+    };
     Ok((0..n)
         .map(|p| {
             let (low, high) = marks[p as usize];
@@ -79,6 +99,18 @@ pub async fn offset_rows(config: &Config, sysdb: &Sysdb) -> Result<Vec<OffsetRow
                 lag: high - s.unwrap_or(low).max(low.min(s.unwrap_or(low))),
                 status: partition_status(state.and_then(|st| st.halted_reason.as_deref())),
                 halted_at_ms: state.and_then(|st| st.halted_at_ms),
+                changelog: config.changelog.enabled.then(|| match changelog.get(&p) {
+                    Some(c) => ChangelogColumns {
+                        changelog_published_seq: c.published_seq,
+                        changelog_unpublished: (c.next_seq - 1 - c.published_seq).max(0),
+                        changelog_oldest_unpublished_ms: c.oldest_unpublished_ms,
+                    },
+                    None => ChangelogColumns {
+                        changelog_published_seq: -1,
+                        changelog_unpublished: 0,
+                        changelog_oldest_unpublished_ms: None,
+                    },
+                }),
             }
         })
         .collect())

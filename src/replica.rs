@@ -160,6 +160,14 @@ async fn start(config: &Config, stop: &CancellationToken) -> Result<Started> {
     let server = if config.http.listen.is_empty() {
         None
     } else {
+        let mut strict = config.http.clone();
+        strict.allow_unauthenticated = false;
+        if strict.check_exposure().is_err() {
+            warn!(
+                listen = %config.http.listen,
+                "serving every record without a credential to whoever reaches http.listen (http.allow_unauthenticated = true, no token set)"
+            );
+        }
         let admin =
             Arc::new(crate::api::Admin::new(config.clone(), sysdb.clone())?.with_reads(board.clone(), metrics.clone()));
         let state = crate::api::AppState { metrics: metrics.clone(), health: health.clone(), admin: Some(admin) };

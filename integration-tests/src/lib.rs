@@ -182,8 +182,10 @@ impl Drop for Cleanup {
                     }
                 }
                 let settings = sluice::kafka::ClientSettings::new(brokers());
-                let topics: Vec<String> =
-                    ["log", "backfill", "dlq", "changes"].iter().map(|t| format!("{prefix}.{t}")).collect();
+                let topics: Vec<String> = ["log", "backfill", "dlq", "changes", "changes.progress"]
+                    .iter()
+                    .map(|t| format!("{prefix}.{t}"))
+                    .collect();
                 let refs: Vec<&str> = topics.iter().map(String::as_str).collect();
                 let _ = sluice::kafka::cluster::delete_topics(&settings, &refs).await;
             });
@@ -566,7 +568,7 @@ pub fn jsonl_lines(records: &[sluice::record::LogRecord]) -> Vec<String> {
     records.iter().map(|r| sluice::cli::jsonl::log_record_to_json(r).to_string()).collect()
 }
 
-/// The sysdb holds exactly what the reference model of the real log says.
+/// The log as the reference model must see it, with the real Kafka offsets.
 ///
 /// `log` lists the records the test expects to be applied, in produce order. The log
 /// topic is read back (every partition, from its start) and each record of `log` is
@@ -576,12 +578,37 @@ pub fn jsonl_lines(records: &[sluice::record::LogRecord]) -> Vec<String> {
 /// as not applied; BACKFILL_FN markers always count. Records of `log` that are no longer
 /// in the topic are allowed only where retention moved the partition's start above 0;
 /// they are taken as preceding it.
-///
-/// Then, per collection: the records as `sluice records` prints them, the record count
-/// and `log_position` (the last applied offset) equal the model, and the sysdb holds
-/// exactly the model's collections plus the output collections of the attached functions.
-pub fn assert_records_match_model(env: &Env, log: &[sluice::record::LogRecord]) {
-    use sluice::cli::jsonl::record_to_json;
+pub struct ModelLog {
+    /// `(offset, record)` of every collection, in offset order within each: the input of
+    /// `sluice::materialize::model::reference`.
+    pub log: Vec<(i64, sluice::record::LogRecord)>,
+    /// Collections whose records all precede the start of their partition (retention):
+    /// their position is only known to be below this offset.
+    pub position_before: std::collections::BTreeMap<String, i64>,
+    /// Partitions of the log topic.
+    pub partitions: i32,
+}
+
+impl ModelLog {
+    /// The `log_position` the model expects per collection: the last offset of the
+    /// collection's records that were not refused (a marker counts).
+    pub fn expected_positions(
+        &self,
+        model: &sluice::materialize::model::ModelState,
+    ) -> std::collections::BTreeMap<String, i64> {
+        let mut positions = std::collections::BTreeMap::new();
+        for (o, r) in &self.log {
+            if !model.collections[&r.collection_id].rejected.contains(o) {
+                let p = positions.entry(r.collection_id.clone()).or_insert(-1);
+                *p = (*p).max(*o);
+            }
+        }
+        positions
+    }
+}
+
+/// [`ModelLog`] of `env`'s log topic for the records `log` the test produced.
+pub fn model_log(env: &Env, log: &[sluice::record::LogRecord]) -> ModelLog {
     use sluice::record::{partitioner::partition_for, LogRecord, Operation};
     use std::collections::{BTreeMap, BTreeSet};
 
@@ -658,14 +685,22 @@ pub fn assert_records_match_model(env: &Env, log: &[sluice::record::LogRecord]) 
         matched.reverse();
         model_log.extend(matched);
     }
-    let model = sluice::materialize::model::reference(&model_log);
-    let mut expected_positions: BTreeMap<&str, i64> = BTreeMap::new();
-    for (o, r) in &model_log {
-        if !model.collections[&r.collection_id].rejected.contains(o) {
-            let p = expected_positions.entry(r.collection_id.as_str()).or_insert(-1);
-            *p = (*p).max(*o);
-        }
-    }
+    ModelLog { log: model_log, position_before, partitions }
+}
+
+/// The sysdb holds exactly what the reference model of the real log says ([`model_log`]).
+///
+/// Per collection: the records as `sluice records` prints them, the record count
+/// and `log_position` (the last applied offset) equal the model, and the sysdb holds
+/// exactly the model's collections plus the output collections of the attached functions.
+pub fn assert_records_match_model(env: &Env, log: &[sluice::record::LogRecord]) {
+    use sluice::cli::jsonl::record_to_json;
+    use std::collections::{BTreeMap, BTreeSet};
+
+    let matched = model_log(env, log);
+    let model = sluice::materialize::model::reference(&matched.log);
+    let expected_positions = matched.expected_positions(&model);
+    let position_before = &matched.position_before;
 
     let listed: serde_json::Value =
         serde_json::from_str(&env.run(&["collections", "list", "--format", "json"])).expect("collections json");
@@ -704,7 +739,7 @@ pub fn assert_records_match_model(env: &Env, log: &[sluice::record::LogRecord]) 
             Some(start) => {
                 assert!(position < *start, "log_position of {cid}: {position}, its records all precede offset {start}")
             }
-            None => assert_eq!(position, expected_positions[cid.as_str()], "log_position of {cid}"),
+            None => assert_eq!(position, expected_positions[cid], "log_position of {cid}"),
         }
     }
 }
@@ -812,21 +847,56 @@ impl Drop for TopicGuard {
 /// One HTTP/1.1 request to a replica's server on 127.0.0.1:`port` (`Connection: close`):
 /// `(status, JSON body or Null)`, or `None` while nothing listens or the answer is cut.
 pub fn try_http(port: u16, method: &str, path: &str, body: Option<&str>) -> Option<(u16, serde_json::Value)> {
+    http_request(port, method, path, None, body).map(|a| (a.status, a.body))
+}
+
+/// An HTTP answer: its status, its head (status line and headers) and its JSON body
+/// (`Null` when the body is not JSON).
+pub struct HttpAnswer {
+    pub status: u16,
+    pub head: String,
+    pub body: serde_json::Value,
+}
+
+impl HttpAnswer {
+    /// The value of a header (case-insensitive name).
+    pub fn header(&self, name: &str) -> Option<String> {
+        self.head.lines().find_map(|l| {
+            l.split_once(':').filter(|(k, _)| k.eq_ignore_ascii_case(name)).map(|(_, v)| v.trim().to_string())
+        })
+    }
+}
+
+/// One HTTP/1.1 request over a fresh connection to 127.0.0.1:`port`, with a bearer token
+/// when given; `None` while nothing listens (or the answer does not come within 120 s).
+pub fn http_request(
+    port: u16,
+    method: &str,
+    path: &str,
+    token: Option<&str>,
+    body: Option<&str>,
+) -> Option<HttpAnswer> {
     use std::io::{Read, Write};
     let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
     s.set_read_timeout(Some(Duration::from_secs(120))).ok()?;
     let body = body.unwrap_or("");
-    let head = format!(
-        "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
-        body.len()
-    );
+    let mut head = format!("{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n");
+    if let Some(t) = token {
+        head.push_str(&format!("Authorization: Bearer {t}\r\n"));
+    }
+    head.push_str(&format!("Content-Type: application/json\r\nContent-Length: {}\r\n\r\n", body.len()));
     s.write_all(head.as_bytes()).ok()?;
     s.write_all(body.as_bytes()).ok()?;
     let mut raw = Vec::new();
     s.read_to_end(&mut raw).ok()?;
     let text = String::from_utf8(raw).ok()?;
     let (head, body) = text.split_once("\r\n\r\n")?;
-    Some((head.split(' ').nth(1)?.parse().ok()?, serde_json::from_str(body).unwrap_or(serde_json::Value::Null)))
+    let status = head.split(' ').nth(1)?.parse().ok()?;
+    Some(HttpAnswer {
+        status,
+        head: head.to_string(),
+        body: serde_json::from_str(body).unwrap_or(serde_json::Value::Null),
+    })
 }
 
 /// [`try_http`] to a server that must answer.

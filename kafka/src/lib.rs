@@ -2,6 +2,7 @@
 //! code sees plain structs ([`Msg`], [`consumer::Event`], [`PartitionInfo`]) and
 //! channel-based handles.
 
+pub mod changelog;
 pub mod cluster;
 pub mod consumer;
 pub mod dlq_reader;

@@ -479,7 +479,7 @@ fn meta_len(v: &MetaValue) -> usize {
     }
 }
 
-fn put_meta_value(out: &mut Vec<u8>, value: &MetaValue) {
+pub(crate) fn put_meta_value(out: &mut Vec<u8>, value: &MetaValue) {
     match value {
         MetaValue::Null => put_long(out, 0),
         MetaValue::String(s) => {
@@ -502,7 +502,7 @@ fn put_meta_value(out: &mut Vec<u8>, value: &MetaValue) {
 }
 
 #[inline]
-fn put_long(out: &mut Vec<u8>, v: i64) {
+pub(crate) fn put_long(out: &mut Vec<u8>, v: i64) {
     let mut z = ((v << 1) ^ (v >> 63)) as u64;
     while z >= 0x80 {
         out.push((z as u8) | 0x80);
@@ -512,7 +512,7 @@ fn put_long(out: &mut Vec<u8>, v: i64) {
 }
 
 #[inline]
-fn put_str(out: &mut Vec<u8>, s: &str) {
+pub(crate) fn put_str(out: &mut Vec<u8>, s: &str) {
     put_long(out, s.len() as i64);
     out.extend_from_slice(s.as_bytes());
 }

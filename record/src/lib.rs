@@ -9,6 +9,7 @@
 
 pub mod avro;
 pub mod borrowed;
+pub mod change;
 pub mod codec;
 pub mod embedding;
 pub mod framing;

@@ -13,7 +13,11 @@ Goals:
   - W4 and W5 steady records/s >= 0.9x the same backend's W1 steady records/s;
   - backfill, when the results hold a row of kind "backfill": records/s >= 300,000 (the
     worker's own rate, 'backfill started' -> 'finished', when the row has it) and the
-    live throughput drop during the backfill <= 10% (see backfill_rows).
+    live throughput drop during the backfill <= 10% (see backfill_rows);
+  - reads, when the results hold a row of kind "reads" (scripts/bench-reads.sh): the W1
+    drain rate with 100 readers waiting on tokens drops by no more than the spread of the
+    drain alone between repeats (the same run); the produce -> token read p50/p99 is
+    printed beside it (a figure to plan with, no goal).
 
 The page (--write-page): renders a suite JSON's run (date, commit, machine, wall time,
 checksum verdict, JSON and chart paths) and its goal table as Markdown, and puts it between
@@ -174,7 +178,21 @@ def evaluate_goals(by, lat, res):
              b["records_per_s"], ">=", GOAL_BACKFILL_RECORDS_PER_S, "records/s", note=b["rate_note"])
         goal(f'backfill-{b["backend"]}-{b["function"]}-live-drop', f"live records/s drop during the backfill ({name})",
              b["live_drop_pct"], "<=", GOAL_BACKFILL_LIVE_DROP_PCT, "%", note=b["live_drop_note"])
+    for r in res:
+        if r.get("kind") != "reads":
+            continue
+        p = r.get("produce_to_read") or {}
+        spread = max(r["spread_alone_pct"], 0.1)
+        note = (f'drain {r["median_with_waiters"]:,.0f} vs {r["median_alone"]:,.0f} records/s alone (medians of '
+                f'{len(r["drain_alone"])}); produce ack -> token read at {p.get("paced_rate", 0):,} records/s: '
+                f'p50 {fmt_ms(p.get("p50_ms"))}, p99 {fmt_ms(p.get("p99_ms"))}')
+        goal("reads-waiters-cost", f'drain records/s drop with {r["waiters"]} readers waiting on tokens', r["waiter_cost_pct"],
+             "<=", round(spread, 1), "%", note=note)
     return goals
+
+
+def fmt_ms(v):
+    return "-" if v is None else f"{v:.1f} ms"
 
 
 def percents(xs):
@@ -549,6 +567,16 @@ def report(a):
                       f' (median {r.get("function_ready_cost_pct")}%); the backfill beside it:'
                       f' {percents(r.get("live_drop_vs_ready_pct_runs") or [])} (median {r.get("live_drop_vs_ready_pct")}%)')
 
+    for r in (r for r in res if r["kind"] == "reads"):
+        p = r.get("produce_to_read") or {}
+        print()
+        print(f'Reads (scripts/bench-reads.sh, SQLite, {r["records"]:,} W1 records{", pinned" if r.get("pinned") else ""})')
+        print(f'  drain alone: {", ".join(f"{x:,.0f}" for x in r["drain_alone"])} records/s (spread {r["spread_alone_pct"]}%); '
+              f'with {r["waiters"]} waiting readers: {", ".join(f"{x:,.0f}" for x in r["drain_with_waiters"])} '
+              f'(cost {r["waiter_cost_pct"]}% of the median)')
+        print(f'  produce ack -> token read at {p.get("paced_rate", 0):,} records/s ({p.get("samples")} reads): '
+              f'p50 {fmt_ms(p.get("p50_ms"))}, p90 {fmt_ms(p.get("p90_ms"))}, p99 {fmt_ms(p.get("p99_ms"))}, max {fmt_ms(p.get("max_ms"))}')
+
     goals = evaluate_goals(by, lat, res)
     print()
     print("Goals")
@@ -581,6 +609,7 @@ def report(a):
     doc = dict(meta)
     doc.update({"workloads": workloads, "rows": drains, "checksums": checks_by_w, "latency": lat, "latency_log_append": lat_append, "recovery": rec,
                 "backfill": [r for r in res if r["kind"] in ("backfill", "live")],
+                "reads": [r for r in res if r["kind"] == "reads"],
                 "rebuild_s_per_1m": rebuild, "goals": goals, "checks": checks, "phases": phases, "phases_total_s": round(total, 1)})
     json.dump(doc, open(a.out, "w"), indent=2)
     return 0

@@ -253,6 +253,25 @@ class ReportPartial(unittest.TestCase):
             self.assertTrue(goals["backfill-sqlite-record_counter-live-drop"]["met"])
             self.assertEqual(goals["backfill-sqlite-record_counter-live-drop"]["value"], 4.0)
 
+    def test_reads_cost_against_the_spread_of_the_same_run(self):
+        row = {"kind": "reads", "records": 300000, "waiters": 100, "pinned": True,
+               "drain_alone": [20000, 21000, 19000], "drain_with_waiters": [19500, 20500, 19800],
+               "median_alone": 20000, "median_with_waiters": 19800, "waiter_cost_pct": 1.0, "spread_alone_pct": 10.0,
+               "produce_to_read": {"samples": 400, "p50_ms": 3.2, "p90_ms": 20.0, "p99_ms": 80.5, "max_ms": 120.0,
+                                   "paced_rate": 10000}}
+        with tempfile.TemporaryDirectory() as tmp:
+            doc, out, _ = run_report(tmp, results() + [row])
+            goals = {g["id"]: g for g in doc["goals"]}
+            self.assertTrue(goals["reads-waiters-cost"]["met"])
+            self.assertEqual(goals["reads-waiters-cost"]["target"], 10.0)
+            self.assertIn("p99 80.5 ms", goals["reads-waiters-cost"]["note"])
+            self.assertIn("p50 3.2 ms, p90 20.0 ms, p99 80.5 ms", out)
+            self.assertEqual(doc["reads"], [row])
+        worse = dict(row, waiter_cost_pct=12.0)
+        with tempfile.TemporaryDirectory() as tmp:
+            doc, _, _ = run_report(tmp, results() + [worse])
+            self.assertFalse({g["id"]: g for g in doc["goals"]}["reads-waiters-cost"]["met"])
+
     def test_backfill_drop_over_repeats(self):
         res = [r for r in results() if r["kind"] != "live"]
         for r in res:

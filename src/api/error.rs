@@ -1,4 +1,4 @@
-//! The admin API's error responses: `{"error": CODE, "message": TEXT}` (plus `items` for
+//! The API's error responses: `{"error": CODE, "message": TEXT}` (plus `items` for
 //! per-record problems), with a status code that fits. `CODE` is stable and documented in
 //! `docs/openapi.yaml` (clients branch on it); `TEXT` is for humans and may change.
 
@@ -26,8 +26,11 @@ pub(crate) enum ErrorCode {
     BadJson,
     /// 400: one or more records of a `POST .../records` are invalid (see `items`).
     InvalidRecord,
-    /// 401: a mutating request without the right bearer token.
+    /// 401: a request without a bearer token its route's role accepts (none, or a wrong one).
     Unauthorized,
+    /// 403: a bearer token that may not do this (`http.read_token` on a change), or a
+    /// change on a replica without an admin token.
+    Forbidden,
     /// 400: well-formed JSON or query with wrong fields or values.
     BadRequest,
     /// 404: no such endpoint.
@@ -57,6 +60,7 @@ impl ErrorCode {
             ErrorCode::BadJson => "bad_json",
             ErrorCode::InvalidRecord => "invalid_record",
             ErrorCode::Unauthorized => "unauthorized",
+            ErrorCode::Forbidden => "forbidden",
             ErrorCode::BadRequest => "bad_request",
             ErrorCode::NotFound => "not_found",
             ErrorCode::MethodNotAllowed => "method_not_allowed",
@@ -78,6 +82,7 @@ impl ErrorCode {
             ErrorCode::TokenNotReached => StatusCode::GATEWAY_TIMEOUT,
             ErrorCode::PartitionHalted => StatusCode::SERVICE_UNAVAILABLE,
             ErrorCode::Unauthorized => StatusCode::UNAUTHORIZED,
+            ErrorCode::Forbidden => StatusCode::FORBIDDEN,
             ErrorCode::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             ErrorCode::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             ErrorCode::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
@@ -202,6 +207,61 @@ impl IntoResponse for HttpError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_code_and_only_those_is_in_the_openapi_error_enum() {
+        let all = [
+            ErrorCode::UnknownCollection,
+            ErrorCode::UnknownFunction,
+            ErrorCode::BadJson,
+            ErrorCode::InvalidRecord,
+            ErrorCode::Unauthorized,
+            ErrorCode::Forbidden,
+            ErrorCode::BadRequest,
+            ErrorCode::NotFound,
+            ErrorCode::MethodNotAllowed,
+            ErrorCode::PayloadTooLarge,
+            ErrorCode::Unavailable,
+            ErrorCode::BadToken,
+            ErrorCode::TokenNotReached,
+            ErrorCode::PartitionHalted,
+            ErrorCode::Internal,
+        ];
+        // A new code fails to compile here until it is added to `all` above.
+        for code in all {
+            match code {
+                ErrorCode::UnknownCollection
+                | ErrorCode::UnknownFunction
+                | ErrorCode::BadJson
+                | ErrorCode::InvalidRecord
+                | ErrorCode::Unauthorized
+                | ErrorCode::Forbidden
+                | ErrorCode::BadRequest
+                | ErrorCode::NotFound
+                | ErrorCode::MethodNotAllowed
+                | ErrorCode::PayloadTooLarge
+                | ErrorCode::Unavailable
+                | ErrorCode::BadToken
+                | ErrorCode::TokenNotReached
+                | ErrorCode::PartitionHalted
+                | ErrorCode::Internal => {}
+            }
+        }
+        let doc: serde_yaml::Value = serde_yaml::from_str(include_str!("../../docs/openapi.yaml")).unwrap();
+        let documented: Vec<&str> = doc["components"]["schemas"]["Error"]["properties"]["error"]["enum"]
+            .as_sequence()
+            .expect("the Error schema's error enum")
+            .iter()
+            .map(|v| v.as_str().unwrap())
+            .collect();
+        let codes: Vec<&str> = all.iter().map(|c| c.as_str()).collect();
+        for code in &codes {
+            assert!(documented.contains(code), "{code} is missing from the Error enum of docs/openapi.yaml");
+        }
+        for code in &documented {
+            assert!(codes.contains(code), "docs/openapi.yaml documents {code}, which the API never answers");
+        }
+    }
 
     #[test]
     fn a_sysdb_outage_is_unavailable_and_other_sysdb_errors_are_internal() {

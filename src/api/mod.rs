@@ -5,18 +5,21 @@
 //! the processor joins the group, and stops it after the processor has stopped, so the
 //! last metrics of a draining replica stay scrapeable. The router is assembled from
 //! per-area routers: [`ops_routes`] (state: [`AppState`]) and [`routes::routes`] (state:
-//! [`routes::Admin`]: config, sysdb, producer, token) nested under `/api/v1`.
+//! [`routes::Admin`]: config, sysdb, producer, tokens) nested under `/api/v1`. Each
+//! router's routes are guarded by their role (`roles.rs`: open, read or admin).
 //!
 //! - `health.rs`: readiness as the processor reports it.
 //! - `routes.rs`: the admin endpoints; `ingest.rs`: `POST .../records` (parse, validate,
 //!   produce).
-//! - `auth.rs`: the bearer token of mutating requests (constant-time check).
+//! - `roles.rs`: every route's role and the guard that applies it; `auth.rs`: the read and
+//!   admin tokens and what each role takes (constant-time check).
 //! - `error.rs`: JSON errors with stable codes.
 
 pub(crate) mod auth;
 pub(crate) mod error;
 pub(crate) mod ingest;
 pub(crate) mod reads;
+pub(crate) mod roles;
 pub(crate) mod routes;
 pub(crate) mod state;
 
@@ -62,16 +65,21 @@ pub(crate) enum ApiError {
 /// The whole router.
 pub(crate) fn router(state: AppState) -> Router {
     let admin = state.admin.clone();
-    let router = Router::new().merge(ops_routes()).with_state(state);
+    let access = admin.as_ref().map(|a| a.access()).unwrap_or_default();
+    let router = Router::new().merge(ops_routes(access)).with_state(state);
     match admin {
         Some(admin) => router.nest("/api/v1", routes::routes(admin)),
         None => router,
     }
 }
 
-/// Operations endpoints: scrape, liveness, readiness.
-pub(crate) fn ops_routes() -> Router<AppState> {
-    Router::new().route("/metrics", get(metrics_text)).route("/healthz", get(healthz)).route("/readyz", get(readyz))
+/// Operations endpoints: scrape, liveness, readiness (open: `roles::ROUTES`).
+pub(crate) fn ops_routes(access: roles::Access) -> Router<AppState> {
+    let router = Router::new()
+        .route("/metrics", get(metrics_text))
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz));
+    roles::guarded(router, access)
 }
 
 async fn metrics_text(State(s): State<AppState>) -> Response {
@@ -107,10 +115,9 @@ impl Server {
         let listener = tokio::net::TcpListener::bind(listen).await.map_err(bind_err)?;
         let addr = listener.local_addr().map_err(bind_err)?;
         let (stop, stopped) = oneshot::channel::<()>();
-        let admin = match &state.admin {
-            Some(a) if a.token_required() => "; admin API at /api/v1, bearer token required for changes",
-            Some(_) => "; admin API at /api/v1, NO token required for changes (http.admin_token unset)",
-            None => "",
+        let api = match &state.admin {
+            Some(a) => format!("; API at /api/v1: {}", a.access().describe()),
+            None => String::new(),
         };
         let app = router(state);
         let task = tokio::spawn(async move {
@@ -120,7 +127,7 @@ impl Server {
                 })
                 .await
         });
-        info!(%addr, "HTTP server listening (/metrics, /healthz, /readyz{admin})");
+        info!(%addr, "HTTP server listening (/metrics, /healthz, /readyz{api})");
         Ok(Server { addr, stop, task })
     }
 

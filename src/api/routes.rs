@@ -4,8 +4,9 @@
 //! reset` (a dry run unless `execute`), and the DLQ (`dlq list`, `dlq replay`). `docs/openapi.yaml` is its
 //! reference.
 //!
-//! Reads are open; mutating requests need the bearer token when one is configured
-//! ([`super::auth`]). Errors are `{"error": CODE, "message": TEXT}` ([`super::error`]).
+//! Every route has a role (`roles.rs`): reads need the read or the admin token and
+//! changes the admin token, once a token is configured ([`super::auth`]). Errors are
+//! `{"error": CODE, "message": TEXT}` ([`super::error`]).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -16,15 +17,15 @@ use axum::extract::{DefaultBodyLimit, Path, Query, State};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use axum::{middleware, Json, Router};
+use axum::{Json, Router};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use super::auth::require_token;
 use super::error::MAX_BODY_BYTES;
 use super::error::{ErrorCode, HttpError};
 use super::ingest;
 use super::reads::{self, wait_read, ReadParams};
+use super::roles;
 pub(crate) use super::state::{Admin, DEFAULT_PAGE, MAX_PAGE};
 use crate::backfill::attach::{attach, AttachError, AttachSpec, FunctionView};
 use crate::offsets::OffsetsError;
@@ -33,8 +34,8 @@ use crate::sysdb::{CollectionRow, FunctionRow};
 
 /// The `/api/v1` router (to be nested there).
 pub(crate) fn routes(admin: Arc<Admin>) -> Router {
-    let token = admin.token;
-    Router::new()
+    let access = admin.access;
+    let router = Router::new()
         .route("/collections", get(list_collections))
         .route("/collections/{id}", get(show_collection))
         .route("/collections/{id}/freshness", get(reads::collection_freshness))
@@ -47,10 +48,8 @@ pub(crate) fn routes(admin: Arc<Admin>) -> Router {
         .route("/dlq", get(dlq_list))
         .route("/dlq/replay", post(dlq_replay))
         .fallback(not_found)
-        .method_not_allowed_fallback(method_not_allowed)
-        .layer(middleware::from_fn_with_state(token, require_token))
-        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
-        .with_state(admin)
+        .method_not_allowed_fallback(method_not_allowed);
+    roles::guarded(router, access).layer(DefaultBodyLimit::max(MAX_BODY_BYTES)).with_state(admin)
 }
 
 async fn not_found() -> HttpError {
@@ -241,8 +240,11 @@ async fn detach_function(
 ) -> Result<Json<Value>, HttpError> {
     let Path(id) = path?;
     let Query(q) = query?;
-    let before =
-        admin.sysdb.detach_function(&id, q.drop_output).await?.ok_or_else(|| HttpError::unknown_function(&id))?;
+    let before = admin
+        .sysdb
+        .detach_function_feeding(&id, q.drop_output, admin.config.changelog.enabled)
+        .await?
+        .ok_or_else(|| HttpError::unknown_function(&id))?;
     Ok(Json(json!({"detached": function_json(&before), "output_dropped": q.drop_output})))
 }
 

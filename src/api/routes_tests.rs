@@ -61,6 +61,8 @@ async fn sysdb_with(n: usize) -> Arc<Sysdb> {
             writes,
         }],
         functions: Vec::new(),
+        changelog: false,
+        changes: Vec::new(),
     };
     db.commit_batch(batch).await.unwrap();
     Arc::new(db)
@@ -173,7 +175,7 @@ async fn bad_paging_parameters_are_bad_requests() {
 }
 
 #[tokio::test]
-async fn mutations_need_the_right_token_and_reads_do_not() {
+async fn mutations_need_the_admin_token_and_so_do_reads_without_a_read_token() {
     let app = app(Some(TOKEN), 1).await;
     let body = Some(r#"{"id":"x","operation":"add","embedding":[1,2,3]}"#);
     let uri = "/api/v1/collections/c/records";
@@ -197,8 +199,9 @@ async fn mutations_need_the_right_token_and_reads_do_not() {
     // Right token: past the check (this body is invalid: dimension 3 vs 2, nothing produced).
     let right = call(&app, Method::POST, uri, Some(TOKEN), body).await;
     assert_error(&right, StatusCode::BAD_REQUEST, "invalid_record");
-    // Reads need no token.
-    assert_eq!(get(&app, "/api/v1/collections").await.0, StatusCode::OK);
+    // With only the admin token configured, reads need it too (the roles: roles_tests.rs).
+    assert_error(&get(&app, "/api/v1/collections").await, StatusCode::UNAUTHORIZED, "unauthorized");
+    assert_eq!(call(&app, Method::GET, "/api/v1/collections", Some(TOKEN), None).await.0, StatusCode::OK);
 }
 
 #[tokio::test]
@@ -327,16 +330,17 @@ async fn attach_refuses_an_unknown_function_or_bad_params_without_writing() {
 #[tokio::test]
 async fn unknown_functions_are_404s() {
     let app = app(Some(TOKEN), 0).await;
-    assert_error(&get(&app, "/api/v1/functions/nope").await, StatusCode::NOT_FOUND, "unknown_function");
+    let get = |uri: &'static str| call(&app, Method::GET, uri, Some(TOKEN), None);
+    assert_error(&get("/api/v1/functions/nope").await, StatusCode::NOT_FOUND, "unknown_function");
     assert_error(
         &call(&app, Method::DELETE, "/api/v1/functions/nope", Some(TOKEN), None).await,
         StatusCode::NOT_FOUND,
         "unknown_function",
     );
-    let (status, v) = get(&app, "/api/v1/functions?collection=c").await;
+    let (status, v) = get("/api/v1/functions?collection=c").await;
     assert_eq!(status, StatusCode::OK, "{v}");
     assert_eq!(v["functions"], serde_json::json!([]));
-    let (status, v) = get(&app, "/api/v1/collections/c").await;
+    let (status, v) = get("/api/v1/collections/c").await;
     assert_eq!(status, StatusCode::OK, "{v}");
     assert_eq!(v["functions"], serde_json::json!([]));
 }
@@ -407,5 +411,9 @@ async fn offsets_reset_and_dlq_replay_validate_before_touching_the_broker() {
     assert_error(&post("/api/v1/dlq/replay", "not json").await, StatusCode::BAD_REQUEST, "bad_json");
     let since = post("/api/v1/dlq/replay", r#"{"since":"last week"}"#).await;
     assert_error(&since, StatusCode::BAD_REQUEST, "bad_request");
-    assert_error(&get(&app, "/api/v1/dlq?since=never").await, StatusCode::BAD_REQUEST, "bad_request");
+    assert_error(
+        &call(&app, Method::GET, "/api/v1/dlq?since=never", Some(TOKEN), None).await,
+        StatusCode::BAD_REQUEST,
+        "bad_request",
+    );
 }

@@ -1,9 +1,9 @@
 //! What the admin API's handlers share: the [`Admin`] state (configuration, sysdb,
-//! producer, token) and the API's limits.
+//! producer, the bearer tokens' [`Access`], read tokens) and the API's limits.
 
 use std::sync::Arc;
 
-use super::auth::AdminToken;
+use super::auth::Access;
 use crate::config::Config;
 use crate::kafka::producer::Producer;
 use crate::kafka::KafkaError;
@@ -22,7 +22,7 @@ pub(crate) struct Admin {
     pub(super) config: Config,
     pub(super) sysdb: Arc<Sysdb>,
     pub(super) producer: Producer,
-    pub(super) token: AdminToken,
+    pub(super) access: Access,
     /// Where readers waiting for a read token watch the positions (`None`: they poll).
     pub(super) board: Option<Arc<crate::reading::board::Board>>,
     /// The replica's metrics (how long token reads waited); `None` in unit tests.
@@ -35,19 +35,20 @@ impl std::fmt::Debug for Admin {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Admin")
             .field("sysdb", &self.sysdb.backend())
-            .field("token", &self.token)
+            .field("access", &self.access)
             .finish_non_exhaustive()
     }
 }
 
 impl Admin {
-    /// The token is `config.http.admin_token` (already overridden by `SLUICE_ADMIN_TOKEN`).
+    /// The bearer tokens are `config.http.read_token` and `admin_token` (already
+    /// overridden by `SLUICE_READ_TOKEN` and `SLUICE_ADMIN_TOKEN`).
     /// Creating the producer does not contact the broker.
     pub(crate) fn new(config: Config, sysdb: Arc<Sysdb>) -> Result<Admin, KafkaError> {
         let producer = Producer::new(&config.client_settings(), &[("message.timeout.ms", DELIVERY_TIMEOUT_MS)])?;
-        let token = AdminToken::new(config.http.admin_token());
+        let access = Access::new(config.http.read_token(), config.http.admin_token());
         let tokens = crate::reading::TokenSource::new(config.client_settings(), config.kafka.log_topic());
-        Ok(Admin { config, sysdb, producer, token, board: None, metrics: None, tokens })
+        Ok(Admin { config, sysdb, producer, access, board: None, metrics: None, tokens })
     }
 
     /// Readers wait on `board` (the replica's) instead of polling the sysdb each, and
@@ -74,7 +75,8 @@ impl Admin {
         &self.producer
     }
 
-    pub(crate) fn token_required(&self) -> bool {
-        self.token.is_required()
+    /// The bearer tokens, and what each may do.
+    pub(crate) fn access(&self) -> Access {
+        self.access
     }
 }

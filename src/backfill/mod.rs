@@ -159,6 +159,7 @@ impl Worker {
         let chunk = crate::sysdb::ChunkLimit {
             records: self.config.backfill.chunk_size,
             bytes: self.config.backfill.chunk_max_bytes,
+            changelog: self.config.changelog.enabled,
         };
         let pause = Duration::from_millis(self.config.backfill.pause_ms);
         let mut throttled = Duration::ZERO;

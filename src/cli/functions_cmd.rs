@@ -106,7 +106,7 @@ pub async fn run(config: &Config, cmd: super::FunctionsCmd) -> Result<()> {
         }
         FunctionsCmd::Detach { function_id, drop_output, format } => {
             let sysdb = open_sysdb(config).await?;
-            match sysdb.detach_function(&function_id, drop_output).await? {
+            match sysdb.detach_function_feeding(&function_id, drop_output, config.changelog.enabled).await? {
                 Some(row) => {
                     let v = json!({
                         "function_id": row.id,

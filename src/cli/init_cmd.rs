@@ -44,6 +44,23 @@ pub async fn init(config: &Config, partitions: Option<i32>, rf: Option<i32>, for
             }
         }
     }
+    // The change feed: as many partitions as the log (a change of source partition p goes
+    // to partition p), its cleanup policy as configured; its progress topic compacted.
+    if config.changelog.enabled {
+        let changes = config.changes_topic();
+        let progress = config.changes_progress_topic();
+        for (topic, policy) in [(changes.clone(), config.changelog.cleanup_policy.as_str()), (progress, "compact")] {
+            match ensure_topic(&settings, &topic, actual, rf, &[("cleanup.policy", policy)]).await? {
+                TopicOutcome::Created => topics.push(InitTopic { topic, created: true, partitions: actual }),
+                TopicOutcome::AlreadyExists { partitions: have } => {
+                    if have != actual {
+                        bail!("{topic} has {have} partitions but {log} has {actual}: the change feed needs one partition per log partition");
+                    }
+                    topics.push(InitTopic { topic, created: false, partitions: have });
+                }
+            }
+        }
+    }
     if let Some(known) = sysdb.topic_partitions(&log).await? {
         if known != actual {
             bail!("the sysdb records {known} partitions for {log} but the topic has {actual}: collections would move partitions; refusing (partition counts are fixed)");

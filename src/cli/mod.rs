@@ -215,6 +215,16 @@ pub enum TokenCmd {
         #[command(flatten)]
         format: FormatArg,
     },
+    /// A token of everything written so far: the log topic's high watermarks (all its
+    /// partitions, or those given), read from the broker now. A read with it includes every
+    /// record acknowledged before this command ran.
+    Latest {
+        /// Only these partitions (repeat the flag or give a comma-separated list).
+        #[arg(long = "partition", value_name = "P", value_delimiter = ',')]
+        partitions: Vec<i32>,
+        #[command(flatten)]
+        format: FormatArg,
+    },
 }
 
 /// What a read must include, and how long it may wait for that (docs/reading.md).

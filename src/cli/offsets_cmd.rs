@@ -23,12 +23,15 @@ pub async fn run(config: &Config, cmd: OffsetsCmd) -> Result<()> {
             let sysdb = open_sysdb_read(config).await?;
             let rows = offset_rows(config, &sysdb).await?;
             output::rows(format.format, &rows, |rows| {
-                let mut t =
-                    output::table(&["TOPIC", "PARTITION", "SYSDB_NEXT", "GROUP", "HIGH_WATERMARK", "LAG", "STATUS"]);
+                let mut header = vec!["TOPIC", "PARTITION", "SYSDB_NEXT", "GROUP", "HIGH_WATERMARK", "LAG", "STATUS"];
+                if config.changelog.enabled {
+                    header.extend(["CHANGES_PUBLISHED", "CHANGES_PENDING"]);
+                }
+                let mut t = output::table(&header);
                 let o = |v: Option<i64>| v.map(|v| v.to_string()).unwrap_or_else(|| "-".into());
                 for r in rows {
                     // A reason is one line in the table (the JSON keeps it whole).
-                    t.add_row(vec![
+                    let mut row = vec![
                         r.topic.clone(),
                         r.partition.to_string(),
                         o(r.sysdb_next_offset),
@@ -36,7 +39,12 @@ pub async fn run(config: &Config, cmd: OffsetsCmd) -> Result<()> {
                         r.high_watermark.to_string(),
                         r.lag.to_string(),
                         r.status.replace(['\n', '\r'], " "),
-                    ]);
+                    ];
+                    if let Some(c) = &r.changelog {
+                        row.push(c.changelog_published_seq.to_string());
+                        row.push(c.changelog_unpublished.to_string());
+                    }
+                    t.add_row(row);
                 }
                 t
             })?;

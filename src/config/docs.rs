@@ -16,6 +16,7 @@ const NAMED_ENV: &[(&str, &str)] = &[
     ("kafka.instance_id", "SLUICE_INSTANCE_ID"),
     ("sysdb.url", "SLUICE_SYSDB"),
     ("http.listen", "SLUICE_HTTP"),
+    ("http.read_token", "SLUICE_READ_TOKEN"),
     ("http.admin_token", "SLUICE_ADMIN_TOKEN"),
 ];
 

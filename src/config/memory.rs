@@ -82,6 +82,14 @@ pub fn terms(config: &Config, partitions: u64, max_message_bytes: u64) -> Vec<Te
             bytes: backfill,
         },
     ];
+    if config.changelog.enabled {
+        let run = config.changelog.max_bytes_per_transaction as u64 + m;
+        out.push(Term {
+            what: "with [changelog] enabled, per owned partition: the encoded changes of the batch being committed, and the relay's run in flight (read from the outbox, framed, in librdkafka's queue)",
+            formula: "P x (B + 3 x (changelog.max_bytes_per_transaction + M))",
+            bytes: partitions * (batch + 3 * run),
+        });
+    }
     if config.sysdb.url.starts_with("sqlite") {
         let q = &config.sqlite;
         let caches =
@@ -134,8 +142,10 @@ pub fn render() -> String {
     sqlite.sysdb.url = "sqlite://x".into();
     let mut postgres = example;
     postgres.sysdb.url = "postgres://x".into();
+    let mut changelog = sqlite.clone();
+    changelog.changelog.enabled = true;
     let mut seen = std::collections::BTreeSet::new();
-    for t in terms(&sqlite, p, m).into_iter().chain(terms(&postgres, p, m)) {
+    for t in terms(&sqlite, p, m).into_iter().chain(terms(&postgres, p, m)).chain(terms(&changelog, p, m)) {
         if seen.insert(t.formula) {
             md.push_str(&format!("| {} | `{}` |\n", t.what, t.formula));
         }
@@ -171,5 +181,10 @@ mod tests {
         let mut cache = c.clone();
         cache.sqlite.delta_cache_bytes += MIB;
         assert_eq!(worst_case(&cache, 8, MIB) - base, MIB);
+        let mut feed = c.clone();
+        feed.changelog.enabled = true;
+        let with_feed = worst_case(&feed, 8, MIB);
+        feed.changelog.max_bytes_per_transaction += 1024;
+        assert_eq!(worst_case(&feed, 8, MIB) - with_feed, 8 * 3 * 1024, "the relay's run, three times");
     }
 }

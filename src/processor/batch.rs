@@ -12,7 +12,9 @@ use crate::record::framing::{unframe, Framing};
 use crate::record::partitioner::partition_for;
 use crate::record::validate::{validate, Limits};
 use crate::record::{codec, LogRecord, Operation, Record};
-use crate::sysdb::{BatchCommit, CollectionRow, CollectionUpdate, ErrorClass, FunctionBatch, SysdbError};
+use crate::sysdb::{
+    BatchCommit, ChangeOp, CollectionRow, CollectionUpdate, ErrorClass, FunctionBatch, OutboxChange, SysdbError,
+};
 
 /// A record that goes to the dead-letter topic, with why.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -418,8 +420,35 @@ pub fn commit(
     delta: PositionDelta,
     collections: Vec<CollectionUpdate>,
     functions: Vec<FunctionBatch>,
+    changes: Option<Vec<OutboxChange>>,
 ) -> BatchCommit {
-    BatchCommit { topic: topic.to_string(), delta, collections, functions }
+    BatchCommit {
+        topic: topic.to_string(),
+        delta,
+        collections,
+        functions,
+        changelog: changes.is_some(),
+        changes: changes.unwrap_or_default(),
+    }
+}
+
+/// The change feed's entries of one folded collection: one per applied record, in offset
+/// order, with the record as it is after it (`docs/changes.md`).
+pub fn outbox_changes(collection: &str, outcome: &BatchOutcome, out: &mut Vec<OutboxChange>) {
+    for c in &outcome.changes {
+        let op = match (&c.before, &c.after) {
+            (None, _) => ChangeOp::Insert,
+            (Some(_), Some(_)) => ChangeOp::Update,
+            (Some(_), None) => ChangeOp::Delete,
+        };
+        out.push(OutboxChange {
+            collection_id: collection.to_string(),
+            record_id: c.id.clone(),
+            op,
+            source_offset: c.offset,
+            value: c.after.as_ref().map(|r| crate::record::change::encode_change(collection, r)),
+        });
+    }
 }
 
 #[cfg(test)]

@@ -16,7 +16,7 @@ use std::time::Duration;
 use tokio::sync::{mpsc, Notify};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
-use tracing::{error, info, warn};
+use tracing::{debug, error, info, warn};
 
 use crate::config::Config;
 use crate::events::{DataLossGap, GroupOffsetAhead, SysdbRetry};
@@ -202,6 +202,17 @@ pub async fn run(
         }
     };
     let producer = Producer::new(&settings, &[])?;
+    // The change feed's relay: checked against the broker before anything is consumed (a
+    // transaction timeout the broker refuses would fail every partition's producer).
+    let relay = if config.changelog.enabled {
+        Some(
+            crate::changelog::Relay::prepare(&config, sysdb.clone(), topic_partitions)
+                .await
+                .map_err(|e| ProcessorError::Fatal(e.to_string()))?,
+        )
+    } else {
+        None
+    };
     let metadata = Arc::new(std::sync::Mutex::new(MetadataClient::new(&settings, Some(&config.kafka.group))?));
     let (consumer, mut events) = ConsumerHandle::start(ConsumerSettings {
         client: settings.clone(),
@@ -233,6 +244,7 @@ pub async fn run(
             .map_err(|e| ProcessorError::Fatal(e.to_string()))?
             .map(Arc::new),
         board,
+        relay,
     });
     info!(topic = %topic, group = %config.kafka.group, sysdb = sysdb.backend(), "processor started");
     let refresh_now = Arc::new(Notify::new());
@@ -412,6 +424,20 @@ async fn refresh_partition_gauges(shared: Arc<Shared>, now: Arc<Notify>) {
             Ok(Err(_)) => {}
             Err(e) => warn!(error = %e, "partition gauges: refresh task failed"),
         }
+        if shared.relay.is_some() {
+            match shared.sysdb.changelog_positions().await {
+                Ok(positions) => {
+                    let known: HashMap<i32, _> = positions.into_iter().map(|c| (c.partition, c)).collect();
+                    for p in shared.metrics.tracked_partitions() {
+                        let (unpublished, oldest) = known.get(&p).map_or((0, None), |c| {
+                            ((c.next_seq - 1 - c.published_seq).max(0), c.oldest_unpublished_ms)
+                        });
+                        shared.metrics.partition_changelog(p, unpublished, oldest);
+                    }
+                }
+                Err(e) => debug!(error = %e, "partition gauges: cannot read the changelog outbox"),
+            }
+        }
     }
 }
 
@@ -477,6 +503,11 @@ async fn assign(
         let fence = CancellationToken::new();
         let worker = Worker::new(info.partition, shared.clone(), s.offset, halted, stop.clone(), fence.clone());
         let task = tokio::spawn(worker.run(rx));
+        if let Some(relay) = &shared.relay {
+            // Stops with the worker (revoke, shutdown); the partition's next owner fences
+            // its producer if it is slow to stop.
+            tokio::spawn(relay.clone().run(info.partition, stop.clone()));
+        }
         let handle = WorkerHandle { inbox: tx, backlog: VecDeque::new(), throttled: false, stop, fence, task };
         if let Some(old) = workers.map.insert(info.partition, handle) {
             old.stop.cancel();

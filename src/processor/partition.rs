@@ -47,6 +47,8 @@ pub struct Shared {
     pub registry: Option<Arc<crate::schema_registry::SchemaRegistry>>,
     /// Where readers waiting for a read token see this replica's commits.
     pub board: Arc<crate::reading::board::Board>,
+    /// The change feed's relay (`[changelog] enabled`): one task per owned partition.
+    pub relay: Option<Arc<crate::changelog::Relay>>,
 }
 
 impl Shared {

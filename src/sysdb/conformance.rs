@@ -9,13 +9,14 @@
 use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
 
-use super::codec::metadata_bit_eq;
+use super::stored_fields::metadata_bit_eq;
 use super::{
     BatchCommit, CollectionRow, CollectionUpdate, CommitReport, ErrorClass, PartitionState, Sysdb, SysdbError,
 };
 use crate::positions::{IncompatibleDelta, PositionDelta};
 use crate::record::{Embedding, MetaValue, Metadata, Record};
 
+pub mod changelog;
 pub mod functions;
 
 /// A name no other run uses.
@@ -49,6 +50,8 @@ fn batch(topic: &str, partition: i32, from: i64, to: i64, collections: Vec<Colle
         delta: PositionDelta::new(partition, from, to).expect("valid delta"),
         collections,
         functions: Vec::new(),
+        changelog: false,
+        changes: Vec::new(),
     }
 }
 
@@ -112,6 +115,7 @@ pub async fn run_all(db: &Sysdb) {
     embeddings_round_trip_bit_exact(db).await;
     a_batch_of_many_megabytes_is_written_whole(db).await;
     functions::run_all(db).await;
+    changelog::run_all(db).await;
 }
 
 pub async fn schema_is_migrated(db: &Sysdb) {

@@ -17,7 +17,7 @@
 //! * `collections(id, partition, dimension, log_position, record_count, created_at_ms)`.
 //! * `records(collection_id, id, embedding, metadata, document, last_offset)` — the
 //!   materialized records; `embedding` is little-endian packed f32, `metadata` JSON text
-//!   (see `codec.rs`). On SQLite, step 6 moves `embedding` and `document` into a value
+//!   (see `stored_fields.rs`). On SQLite, step 6 moves `embedding` and `document` into a value
 //!   log (below).
 //! * `gaps(...)` — data-loss gaps skipped under `on_data_loss = "skip"`.
 //! * `offset_resets(...)` — the audit trail of operator overrides.
@@ -78,8 +78,55 @@
 //! upsert's new row version usually fits on the row's own page (measured in
 //! `docs/bench/history.md`, "PostgreSQL's buffer cache and fill factor": a W1 drain's server CPU fell by a tenth). SQLite's step 9 changes
 //! nothing.
+//!
+//! Step 11, the SQL read interface (`docs/reading.md`): the views `sluice_records`,
+//! `sluice_collections`, `sluice_positions`, `sluice_functions` and `sluice_views_version`,
+//! which read the current state wherever the layout keeps it (on SQLite, `sluice_records`
+//! folds the unmerged `record_delta` in and joins the value log, in plain SQL that needs
+//! no function of Sluice's, so a `sqlite3` shell or a Grafana data source can read it).
+//!
+//! **The views are a contract, version 1.** Their names, columns, column order and types
+//! outlive the tables under them: a later step that changes the layout must keep every
+//! view's columns, and ends by defining the views again over the new layout (on
+//! PostgreSQL `CREATE OR REPLACE VIEW`, which refuses to drop, rename or retype a column
+//! anyway; on SQLite `DROP VIEW` first, before a table a view reads is dropped or renamed,
+//! since SQLite checks every view when a table is renamed, then `CREATE VIEW`). Adding a
+//! column at the end of a view is allowed and raises the version (`VIEWS_VERSION` in the
+//! tests below, and what the `sluice_views_version` view returns); removing, renaming or
+//! retyping one is not. The columns are listed in `docs/reading.md`, which the views'
+//! tests read.
+//!
+//! Step 12, the change feed (`docs/changes.md`): `changelog_partitions(partition,
+//! next_seq, published_seq, published_at_ms, outbox_bytes)` — per log partition, the next
+//! outbox sequence number (taken by each transaction that writes changes, so on PostgreSQL
+//! the row lock orders those transactions, and sequence order is commit order), the last
+//! one the relay reported committed to Kafka, and the bytes (keys and values) of the
+//! changes after it, which bound the outbox; `changelog_outbox(partition, seq,
+//! collection_id, record_id, operation, source_offset, value, created_at_ms)` — the
+//! changes not yet deleted, written in the transaction that made them (`value` a
+//! `ChangeRecord` datum, NULL for a delete).
 
 use super::error::SysdbError;
+
+/// The views whose SQL is the same on both backends (step 11: the read interface, whose
+/// columns are a contract; `sluice_records` differs, since SQLite's records may sit in the
+/// delta and the value log).
+macro_rules! common_views {
+    () => {
+        r#"CREATE VIEW sluice_collections AS
+SELECT id, partition, dimension, record_count, log_position, created_at_ms FROM collections;
+
+CREATE VIEW sluice_positions AS
+SELECT topic, partition, next_offset, halted_reason IS NOT NULL AS halted, halted_reason, halted_at_ms, updated_at_ms
+FROM partitions;
+
+CREATE VIEW sluice_functions AS
+SELECT id, collection_id AS collection, function, output_collection, params, status, marker_offset,
+       backfill_done, backfill_total, created_at_ms, updated_at_ms
+FROM functions;
+"#
+    };
+}
 
 /// One migration step.
 #[derive(Debug, Clone, Copy)]
@@ -365,6 +412,79 @@ UPDATE value_log SET
                    FROM record_delta);
 "#,
     },
+    Migration {
+        version: 11,
+        description: "sluice_* views: the SQL read interface, version 1",
+        // Plain SQL only (no function Sluice registers, no window function; common table
+        // expressions need SQLite 3.8.3), so that any SQLite reads them.
+        // `sluice_records`: the newest delta row of a key (the greatest `seq`) overrides
+        // `records`, a delete there (NULL `last_offset`) hides it; the records without a
+        // delta row are an anti-join, which SQLite answers with an automatic index on the
+        // delta's keys (the delta is bounded by `sqlite.delta_max_rows`). One statement is
+        // one read transaction: the delta, `records` and the value log are read in one
+        // snapshot, so a merge or a compaction committing meanwhile is seen whole or not at
+        // all. The value's columns are scalar subqueries, not a join: a query that does
+        // not name them never reads the value log (SQLite does not drop an unused join out
+        // of this compound subquery). Measured with a sqlite3 3.40 shell on 200,000
+        // records with 1.5 KiB values (16 KiB pages, 4,096 delta rows, file cached):
+        // `count(*)` 0.25 s against 1.4 s with a join, a count grouped by a metadata key
+        // 0.20 s against 0.73 s; reading every value costs more, 0.88 s against 0.70 s
+        // (three lookups of each value instead of one). `length(embedding) / 4` is the
+        // dimension (4 bytes per f32; SQLite takes a blob's length from its header).
+        sql: concat!(
+            r#"
+CREATE VIEW sluice_views_version AS SELECT 1 AS version;
+
+CREATE VIEW sluice_records AS
+WITH newest AS (
+    SELECT d.collection_id, d.id, d.metadata, d.last_offset, d.value
+    FROM record_delta d
+    JOIN (SELECT max(seq) AS seq FROM record_delta GROUP BY collection_id, id) m ON m.seq = d.seq
+),
+current AS (
+    SELECT collection_id, id, metadata, last_offset, value FROM newest WHERE last_offset IS NOT NULL
+    UNION ALL
+    SELECT r.collection_id, r.id, r.metadata, r.last_offset, r.value
+    FROM records r LEFT JOIN newest k ON k.collection_id = r.collection_id AND k.id = r.id
+    WHERE k.id IS NULL
+)
+SELECT c.collection_id AS collection, c.id AS id,
+       (SELECT v.embedding FROM record_values v WHERE v.seq = c.value) AS embedding,
+       (SELECT length(v.embedding) / 4 FROM record_values v WHERE v.seq = c.value) AS dimension,
+       c.metadata AS metadata,
+       (SELECT v.document FROM record_values v WHERE v.seq = c.value) AS document,
+       c.last_offset AS last_offset
+FROM current c;
+
+"#,
+            common_views!()
+        ),
+    },
+    Migration {
+        version: 12,
+        description: "changelog: the per-partition outbox of the change feed and its sequence",
+        sql: r#"
+CREATE TABLE changelog_partitions (
+    partition       INTEGER NOT NULL PRIMARY KEY,
+    next_seq        INTEGER NOT NULL,
+    published_seq   INTEGER NOT NULL DEFAULT -1,
+    published_at_ms INTEGER NULL,
+    outbox_bytes    INTEGER NOT NULL DEFAULT 0
+) WITHOUT ROWID;
+
+CREATE TABLE changelog_outbox (
+    partition     INTEGER NOT NULL,
+    seq           INTEGER NOT NULL,
+    collection_id TEXT    NOT NULL,
+    record_id     TEXT    NOT NULL,
+    operation     TEXT    NOT NULL CHECK (operation IN ('insert', 'update', 'delete')),
+    source_offset INTEGER NOT NULL,
+    value         BLOB    NULL,
+    created_at_ms INTEGER NOT NULL,
+    PRIMARY KEY (partition, seq)
+);
+"#,
+    },
 ];
 
 /// PostgreSQL steps.
@@ -563,6 +683,51 @@ CREATE TABLE dlq_replays (
         // PostgreSQL's dead row versions are vacuumed by the server (autovacuum).
         sql: "SELECT 1;",
     },
+    Migration {
+        version: 11,
+        description: "sluice_* views: the SQL read interface, version 1",
+        // The records keep their values in the row: the views rename and derive, nothing
+        // more. A statement reads one snapshot. Casts fix each column's type, so that
+        // `CREATE OR REPLACE VIEW` in a later step keeps them.
+        sql: concat!(
+            r#"
+CREATE VIEW sluice_views_version AS SELECT 1::integer AS version;
+
+CREATE VIEW sluice_records AS
+SELECT collection_id AS collection, id, embedding, (octet_length(embedding) / 4)::integer AS dimension,
+       metadata, document, last_offset
+FROM records;
+
+"#,
+            common_views!()
+        ),
+    },
+    Migration {
+        version: 12,
+        description: "changelog: the per-partition outbox of the change feed and its sequence",
+        sql: r#"
+CREATE TABLE changelog_partitions (
+    partition       INTEGER NOT NULL PRIMARY KEY,
+    next_seq        BIGINT  NOT NULL,
+    published_seq   BIGINT  NOT NULL DEFAULT -1,
+    published_at_ms BIGINT  NULL,
+    outbox_bytes    BIGINT  NOT NULL DEFAULT 0
+);
+
+CREATE TABLE changelog_outbox (
+    partition     INTEGER NOT NULL,
+    seq           BIGINT  NOT NULL,
+    collection_id TEXT COLLATE "C" NOT NULL,
+    record_id     TEXT COLLATE "C" NOT NULL,
+    operation     TEXT    NOT NULL CHECK (operation IN ('insert', 'update', 'delete')),
+    source_offset BIGINT  NOT NULL,
+    value         BYTEA   NULL,
+    created_at_ms BIGINT  NOT NULL,
+    PRIMARY KEY (partition, seq)
+);
+ALTER TABLE changelog_outbox ALTER COLUMN value SET STORAGE EXTERNAL;
+"#,
+    },
 ];
 
 /// `CREATE TABLE` of the bookkeeping table, valid in both dialects.
@@ -619,6 +784,10 @@ pub(crate) fn require_current(
 mod tests {
     use super::*;
 
+    /// The version of the views' contract (step 11 and the module docs): what
+    /// `sluice_views_version` returns.
+    const VIEWS_VERSION: i64 = 1;
+
     #[test]
     fn versions_are_contiguous_from_one_and_the_same_on_both_backends() {
         for steps in [SQLITE, POSTGRES] {
@@ -648,6 +817,79 @@ mod tests {
         conn.execute_batch(CREATE_SCHEMA_MIGRATIONS).unwrap();
         for m in SQLITE {
             conn.execute_batch(m.sql).unwrap();
+        }
+    }
+
+    /// The views' columns as `docs/reading.md` lists them: per `### `view`` heading, the
+    /// first cell of each row of its table (up to the next heading).
+    fn documented_views() -> Vec<(String, Vec<String>)> {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/docs/reading.md");
+        let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("reading {path}: {e}"));
+        let mut views: Vec<(String, Vec<String>)> = Vec::new();
+        let mut in_view = false;
+        for line in text.lines() {
+            if line.starts_with('#') {
+                let name = line.strip_prefix("### `").and_then(|l| l.strip_suffix('`'));
+                in_view = name.is_some();
+                views.extend(name.map(|n| (n.to_string(), Vec::new())));
+            } else if let (true, Some((_, columns)), Some(cell)) = (in_view, views.last_mut(), line.strip_prefix("| `"))
+            {
+                columns.push(cell.split('`').next().unwrap_or_default().to_string());
+            }
+        }
+        views
+    }
+
+    /// Every view on SQLite has exactly the columns `docs/reading.md` documents, in that
+    /// order, and no other `sluice_*` view exists: a later step that drops, renames or
+    /// reorders a column, or forgets to define a view again, fails here (the PostgreSQL
+    /// side and the column types are checked against a real server by the integration
+    /// test `integration-tests/tests/it/sql_views.rs`).
+    #[test]
+    fn the_sqlite_views_have_the_documented_columns_and_version() {
+        let conn = rusqlite::Connection::open_in_memory().unwrap();
+        conn.execute_batch(CREATE_SCHEMA_MIGRATIONS).unwrap();
+        for m in SQLITE {
+            conn.execute_batch(m.sql).unwrap();
+        }
+        let documented = documented_views();
+        assert!(documented.len() >= 5, "docs/reading.md documents {documented:?}");
+        let mut in_database: Vec<String> = conn
+            .prepare(
+                "SELECT name FROM sqlite_schema WHERE type = 'view' AND name LIKE 'sluice!_%' ESCAPE '!' ORDER BY name",
+            )
+            .unwrap()
+            .query_map([], |r| r.get(0))
+            .unwrap()
+            .collect::<rusqlite::Result<_>>()
+            .unwrap();
+        let mut names: Vec<String> = documented.iter().map(|(n, _)| n.clone()).collect();
+        names.sort();
+        in_database.sort();
+        assert_eq!(in_database, names, "the sluice_* views of the schema against those docs/reading.md documents");
+        for (view, columns) in &documented {
+            let actual: Vec<String> = conn
+                .prepare(&format!("SELECT name FROM pragma_table_info('{view}') ORDER BY cid"))
+                .unwrap()
+                .query_map([], |r| r.get(0))
+                .unwrap()
+                .collect::<rusqlite::Result<_>>()
+                .unwrap();
+            assert_eq!(&actual, columns, "the columns of {view} (docs/reading.md lists the contract)");
+        }
+        let version: i64 = conn.query_row("SELECT version FROM sluice_views_version", [], |r| r.get(0)).unwrap();
+        assert_eq!(version, VIEWS_VERSION, "sluice_views_version");
+        let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/reading.md")).unwrap();
+        let promised = format!("`SELECT version FROM sluice_views_version` answers `{VIEWS_VERSION}`");
+        assert!(doc.contains(&promised), "docs/reading.md says {promised:?}");
+        for steps in [SQLITE, POSTGRES] {
+            let defined = steps.iter().rfind(|m| m.sql.contains("VIEW sluice_views_version AS"));
+            let sql = defined.expect("a step defines sluice_views_version").sql;
+            assert!(
+                sql.contains(&format!("SELECT {VIEWS_VERSION} AS"))
+                    || sql.contains(&format!("SELECT {VIEWS_VERSION}::integer AS")),
+                "the last definition of sluice_views_version returns VIEWS_VERSION ({VIEWS_VERSION}): {sql}"
+            );
         }
     }
 }

@@ -22,7 +22,7 @@
 //! transaction.
 
 pub mod attach_rules;
-mod codec;
+mod changelog;
 #[cfg(any(test, feature = "testkit"))]
 pub mod conformance;
 mod error;
@@ -30,6 +30,7 @@ mod migrations;
 mod outputs;
 pub mod postgres;
 pub mod sqlite;
+mod stored_fields;
 mod types;
 
 use std::collections::HashMap;
@@ -260,7 +261,19 @@ impl Sysdb {
     /// non-detached function writes that output (re-attached since), then only this
     /// function's counters go. Returns the row as it was before, `None` if unknown.
     pub async fn detach_function(&self, id: &str, drop_output: bool) -> Result<Option<FunctionRow>> {
-        dispatch!(self, s => s.detach_function(id, drop_output).await)
+        dispatch!(self, s => s.detach_function(id, drop_output, false).await)
+    }
+
+    /// [`Sysdb::detach_function`] with the change feed on (`changelog`): a dropped
+    /// output's records get a delete change each (source offset -1: no log record made
+    /// them) in the detach's transaction, so that a fold of the feed loses them too.
+    pub async fn detach_function_feeding(
+        &self,
+        id: &str,
+        drop_output: bool,
+        changelog: bool,
+    ) -> Result<Option<FunctionRow>> {
+        dispatch!(self, s => s.detach_function(id, drop_output, changelog).await)
     }
 
     /// Outbox rows not marked sent, oldest first.
@@ -312,8 +325,46 @@ impl Sysdb {
         f: &dyn Function,
     ) -> Result<StepResult> {
         let limit = limit.into();
-        let limit = ChunkLimit { records: limit.records.max(1), bytes: limit.bytes.max(1) };
+        let limit = ChunkLimit { records: limit.records.max(1), bytes: limit.bytes.max(1), ..limit };
         dispatch!(self, s => s.backfill_step(function_id, expected_cursor, limit, f).await)
+    }
+
+    /// The change feed's outbox rows of `partition` after sequence number `after_seq`, in
+    /// sequence order: at most `max_records`, and no more than `max_bytes` of keys and
+    /// values (at least one row). Sequence order is commit order (`docs/changes.md`).
+    pub async fn changelog_pending(
+        &self,
+        partition: i32,
+        after_seq: i64,
+        max_records: usize,
+        max_bytes: usize,
+    ) -> Result<Vec<ChangelogEntry>> {
+        let max_records = max_records.max(1);
+        dispatch!(self, s => s.changelog_pending(partition, after_seq, max_records, max_bytes).await)
+    }
+
+    /// Record that the relay committed the changes of `partition` up to `seq` to Kafka (a
+    /// copy of the progress topic's value, for reports and for deleting published rows;
+    /// it never moves back).
+    pub async fn changelog_mark_published(&self, partition: i32, seq: i64) -> Result<()> {
+        dispatch!(self, s => s.changelog_mark_published(partition, seq).await)
+    }
+
+    /// Bytes of `partition`'s changes not published yet (what `changelog.outbox_max_bytes`
+    /// bounds); 0 for a partition without changes.
+    pub async fn changelog_unpublished_bytes(&self, partition: i32) -> Result<i64> {
+        dispatch!(self, s => s.changelog_unpublished_bytes(partition).await)
+    }
+
+    /// Delete at most `limit` outbox rows of `partition` with a sequence number up to
+    /// `through_seq` (published ones), oldest first; returns how many went.
+    pub async fn changelog_trim(&self, partition: i32, through_seq: i64, limit: usize) -> Result<usize> {
+        dispatch!(self, s => s.changelog_trim(partition, through_seq, limit.max(1)).await)
+    }
+
+    /// Every partition's changelog state, by partition.
+    pub async fn changelog_positions(&self) -> Result<Vec<ChangelogPosition>> {
+        dispatch!(self, s => s.changelog_positions().await)
     }
 
     /// Preimages currently saved for a function (tests and inspection).

@@ -22,8 +22,8 @@
 
 use std::collections::HashMap;
 
-use super::codec::decode_params;
 use super::error::SysdbError;
+use super::stored_fields::decode_params;
 use super::types::{ChunkLimit, CommitReport, FunctionBatch, FunctionChange, FunctionRow};
 use crate::functions::{ChangeRef, Function, FunctionStatus, OutputDelta, Reads};
 use crate::record::{MetaValue, Metadata, Record};

@@ -40,6 +40,93 @@ pub struct BatchCommit {
     pub collections: Vec<CollectionUpdate>,
     /// Attached functions of the batch's collections (see [`FunctionBatch`]).
     pub functions: Vec<FunctionBatch>,
+    /// Whether the change feed is on: the batch's `changes`, and the changes its
+    /// function outputs make, go to the changelog outbox in the same transaction
+    /// (`docs/changes.md`).
+    pub changelog: bool,
+    /// The batch's record changes for the change feed, in the order the fold applied
+    /// them (empty when `changelog` is off).
+    pub changes: Vec<OutboxChange>,
+}
+
+/// What a materialized change did to its record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ChangeOp {
+    /// The record did not exist before.
+    Insert,
+    /// The record existed and still does.
+    Update,
+    /// The record existed and is gone.
+    Delete,
+}
+
+impl ChangeOp {
+    /// The stored and published name (`sluice.operation` header).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ChangeOp::Insert => "insert",
+            ChangeOp::Update => "update",
+            ChangeOp::Delete => "delete",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<ChangeOp> {
+        match s {
+            "insert" => Some(ChangeOp::Insert),
+            "update" => Some(ChangeOp::Update),
+            "delete" => Some(ChangeOp::Delete),
+            _ => None,
+        }
+    }
+}
+
+/// One change of one record, as the changelog outbox stores it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OutboxChange {
+    pub collection_id: String,
+    pub record_id: String,
+    pub op: ChangeOp,
+    /// The log offset of the change (for a function output: the greatest input offset
+    /// that contributed to the write).
+    pub source_offset: i64,
+    /// The record after the change, a `ChangeRecord` datum
+    /// (`sluice_record::change::encode_change`); `None` for a delete.
+    pub value: Option<Vec<u8>>,
+}
+
+impl OutboxChange {
+    /// Bytes the change takes in a transaction: key and value.
+    pub fn bytes(&self) -> usize {
+        self.collection_id.len() + 1 + self.record_id.len() + self.value.as_ref().map_or(0, Vec::len)
+    }
+}
+
+/// A changelog outbox row: a change of `partition` with its sequence number (per
+/// partition, from 0, in commit order).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChangelogEntry {
+    pub partition: i32,
+    pub seq: i64,
+    pub change: OutboxChange,
+    pub created_at_ms: i64,
+}
+
+/// A partition's changelog state (`sluice offsets show`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ChangelogPosition {
+    pub partition: i32,
+    /// The next sequence number a change will take.
+    pub next_seq: i64,
+    /// The last sequence number the relay committed to Kafka, as it told the sysdb after
+    /// the commit (`-1`: none yet). A copy: the progress topic is authoritative.
+    pub published_seq: i64,
+    /// Rows in the outbox (published ones not deleted yet included).
+    pub outbox_records: i64,
+    /// `created_at_ms` of the oldest row after `published_seq`, if any.
+    pub oldest_unpublished_ms: Option<i64>,
+    /// Bytes (keys and values, [`OutboxChange::bytes`]) of the changes after
+    /// `published_seq`: what `changelog.outbox_max_bytes` bounds.
+    pub unpublished_bytes: i64,
 }
 
 /// What one batch brings to one attached function. The sysdb decides **inside the batch
@@ -152,12 +239,15 @@ pub enum StepResult {
 pub struct ChunkLimit {
     pub records: usize,
     pub bytes: usize,
+    /// Whether the change feed is on: the chunk's output changes go to the changelog
+    /// outbox in its transaction.
+    pub changelog: bool,
 }
 
 impl From<usize> for ChunkLimit {
-    /// A count alone (tests): no bound in bytes.
+    /// A count alone (tests): no bound in bytes, no change feed.
     fn from(records: usize) -> Self {
-        ChunkLimit { records, bytes: usize::MAX }
+        ChunkLimit { records, bytes: usize::MAX, changelog: false }
     }
 }
 

@@ -210,11 +210,12 @@ fn config_show_redacts_secrets_and_unknown_keys_are_rejected() {
                 .args(["--config", cfg.to_str().unwrap(), "config", "show", "--format", format])
                 .env("SLUICE_SYSDB", sysdb)
                 .env("SLUICE_ADMIN_TOKEN", "tok-s3cret")
+                .env("SLUICE_READ_TOKEN", "rtok-s3cret")
                 .output()
                 .unwrap();
             let text = String::from_utf8_lossy(&out.stdout);
             assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-            for secret in ["hunter2", "pw123", "tok-s3cret"] {
+            for secret in ["hunter2", "pw123", "tok-s3cret", "rtok-s3cret"] {
                 assert!(!text.contains(secret), "{secret} in {text}");
             }
             assert!(text.contains("bob") && text.contains("***"), "{text}");
@@ -229,12 +230,16 @@ fn config_show_redacts_secrets_and_unknown_keys_are_rejected() {
                 "shutdown_timeout_ms",
                 "max_document_bytes",
                 "admin_token",
+                "read_token",
+                "allow_unauthenticated",
             ] {
                 assert!(text.contains(key), "{key} missing from {text}");
             }
             if format == "json" {
                 let v: Value = serde_json::from_str(&text).unwrap();
                 assert_eq!(v["http"]["admin_token"], "***");
+                assert_eq!(v["http"]["read_token"], "***");
+                assert_eq!(v["http"]["allow_unauthenticated"], false);
                 assert_eq!(v["librdkafka"]["sasl.password"], "***");
             } else {
                 assert!(text.contains("[limits]") && text.contains("[kafka]"), "{text}");

@@ -351,7 +351,9 @@ fn every_dashboard_and_alert_expression_works_against_two_real_replicas() {
     promtool(&["test", "rules", RULE_TESTS]);
 
     // ------------------------------------------------------------------ the scenario
-    let env = Env::sqlite("prom-dash").with_sections("[backfill]\nscan_interval_ms = 500\n");
+    // The change feed on, so that its panels and alert have series.
+    let env =
+        Env::sqlite("prom-dash").with_sections("[backfill]\nscan_interval_ms = 500\n[changelog]\nenabled = true\n");
     env.run(&["init", "--partitions", &PARTITIONS.to_string()]);
     let topic = env.log_topic();
     let initial = workload(1_500, 7, &env);
@@ -492,6 +494,32 @@ fn every_dashboard_and_alert_expression_works_against_two_real_replicas() {
         v.as_array().unwrap().iter().any(|f| f["id"] == function_id.as_str() && f["status"] == "ready").then_some(())
     });
     eprintln!("[{:?}] backfill finished", started.elapsed());
+    // Reads with a token (the read-your-writes panels), until the end, so that rate() of
+    // the wait histogram has an increase between scrapes: a token of everything written so
+    // far on the function's partition, read through one replica.
+    let collections: Value = serde_json::from_str(&env.run(&["collections", "list", "--format", "json"])).unwrap();
+    let fn_partition = collections
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["id"] == fn_collection.as_str())
+        .and_then(|c| c["partition"].as_i64())
+        .expect("the function's collection is listed");
+    let token_reads = {
+        let (stop, env, fn_collection) = (stop.clone(), env.clone(), fn_collection.clone());
+        std::thread::spawn(move || {
+            let mut reads = 0;
+            while !stop.load(Ordering::Relaxed) {
+                let token = env.run(&["token", "latest", "--partition", &fn_partition.to_string()]).trim().to_string();
+                let path = format!("/api/v1/collections/{fn_collection}?at_least={token}&wait_ms=60000");
+                let (status, body) = sluice_integration_tests::http(p1, "GET", &path, None);
+                assert_eq!(status, 200, "a read with a token of the live partition: {body}");
+                reads += 1;
+                std::thread::sleep(Duration::from_millis(300));
+            }
+            reads
+        })
+    };
     // rate() needs two samples after the events: a few scrapes of the replicas' state.
     std::thread::sleep(SCRAPE * 4);
 
@@ -654,6 +682,8 @@ fn every_dashboard_and_alert_expression_works_against_two_real_replicas() {
 
     stop.store(true, Ordering::Relaxed);
     load.join().expect("load thread");
+    let reads = token_reads.join().expect("token reads");
+    assert!(reads >= 3, "{reads} token reads");
     eprintln!("produced {} live records; done in {:?}", produced.load(Ordering::Relaxed), started.elapsed());
     assert!(r1.child.try_wait().unwrap().is_none(), "replica r1 died:\n{}", r1.log_text());
 }

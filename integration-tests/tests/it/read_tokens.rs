@@ -258,6 +258,17 @@ fn refusals(env: Env) {
     assert_eq!(out.lines().count(), 20, "{out}");
     let sum = env.run(&["checksum", "--at-least", &format!("{token},{token2}")]);
     assert!(sum.starts_with("records=20 "), "{sum}");
+    // `token latest` of the collection's partition is the merged token of both writes
+    // (nothing else was written there); of all partitions it covers them too.
+    let p_of = |t: &str| t.rsplit('.').next().unwrap().split_once('-').unwrap().0.to_string();
+    let latest = env.run(&["token", "latest", "--partition", &p_of(&merged)]).trim().to_string();
+    assert_eq!(latest, merged, "token latest of the written partition");
+    let all = env.run(&["token", "latest", "--format", "json"]);
+    let all: Value = serde_json::from_str(&all).unwrap();
+    let all = all["token"].as_str().expect("token field").to_string();
+    assert_eq!(all.rsplit('.').next().unwrap().split('_').count(), 2, "one entry per partition: {all}");
+    let out = env.run(&["records", "c", "--at-least", &all, "--wait", "30s", "--format", "jsonl"]);
+    assert_eq!(out.lines().count(), 20, "{out}");
 
     // A token ahead of the log: the wait runs out naming the partition and the gap.
     let (p, _) = token.rsplit('.').next().unwrap().split('_').next().unwrap().split_once('-').unwrap();

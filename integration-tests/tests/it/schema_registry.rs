@@ -436,21 +436,39 @@ fn http_post(port: u16, path: &str, body: &str) -> (u16, Value) {
 }
 
 fn register(url: &str, subject: &str, schema_file: &Path) -> u32 {
+    // A registry that just started may accept a connection and never answer it (seen
+    // under load): each attempt has a deadline, and registering the same schema again
+    // gives the same id, so a retry is safe.
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        match try_register(url, subject, schema_file) {
+            Ok(id) => return id,
+            Err(e) if Instant::now() < deadline => {
+                eprintln!("registering {} under {subject}: {e}; trying again", schema_file.display());
+                std::thread::sleep(Duration::from_millis(500));
+            }
+            Err(e) => panic!("registering {} under {subject}: {e}", schema_file.display()),
+        }
+    }
+}
+
+fn try_register(url: &str, subject: &str, schema_file: &Path) -> Result<u32, String> {
     let (port, base) = registry_port_and_path(url);
     let body = json!({"schema": std::fs::read_to_string(schema_file).expect("schema")}).to_string();
     use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect registry");
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).map_err(|e| format!("connect: {e}"))?;
+    s.set_read_timeout(Some(Duration::from_secs(10))).map_err(|e| e.to_string())?;
     write!(
         s,
         "POST {base}/subjects/{subject}/versions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/vnd.schemaregistry.v1+json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
         body.len()
     )
-    .expect("write");
+    .map_err(|e| format!("write: {e}"))?;
     let mut raw = String::new();
-    s.read_to_string(&mut raw).expect("read");
+    s.read_to_string(&mut raw).map_err(|e| format!("no answer within 10 s ({e})"))?;
     let body = raw.split_once("\r\n\r\n").map(|(_, b)| b).unwrap_or_default();
-    let v: Value = serde_json::from_str(body).unwrap_or_else(|e| panic!("register answer {raw:?}: {e}"));
-    v["id"].as_u64().unwrap_or_else(|| panic!("no id in {v}")) as u32
+    let v: Value = serde_json::from_str(body).map_err(|e| format!("register answer {raw:?}: {e}"))?;
+    v["id"].as_u64().map(|id| id as u32).ok_or_else(|| format!("no id in {v}"))
 }
 
 fn outage(env: Env) {

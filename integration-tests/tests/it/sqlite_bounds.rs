@@ -449,7 +449,16 @@ fn a_full_disk_pauses_commits_until_space_is_freed() {
     env.sysdb = format!("sqlite://{}", disk.join("sysdb.db").display());
     env.run(&["init", "--partitions", "2"]);
     let port = free_port();
-    let mut r = env.spawn_replica("r1", &[("SLUICE_HTTP", &format!("127.0.0.1:{port}"))]);
+    // The backfill's first chunk waits 15 s before its commit, so that it meets the full
+    // disk however fast it would otherwise finish (a loaded machine fills the disk slowly).
+    let mut r = env.spawn_replica(
+        "r1",
+        &[
+            ("SLUICE_HTTP", &format!("127.0.0.1:{port}")),
+            ("SLUICE_FAILPOINT", "sleep_before_backfill_chunk_commit:1"),
+            ("SLUICE_FAILPOINT_SLEEP_MS", "15000"),
+        ],
+    );
     wait_ready(port, &mut r);
     let first = small_workload(3_000, 21, &env.prefix, 4);
     env.produce(&jsonl_lines(&first));

@@ -300,10 +300,12 @@ impl Worker {
             attached_by.push(attached);
         }
         let mut current_all = self.shared.sysdb.get_records_many(wanted).await?;
+        let mut changes: Option<Vec<crate::sysdb::OutboxChange>> = cfg.changelog.enabled.then(Vec::new);
         for ((id, (row, records)), attached) in routed.collections.into_iter().zip(&attached_by) {
             let current = current_all.remove(&id).unwrap_or_default();
             let bug = |e: FoldError| BatchError::Bug(format!("fold of collection {id:?}: {e}"));
-            let folded = if attached.is_empty() {
+            // The change feed needs every change of the batch, as functions do.
+            let folded = if attached.is_empty() && changes.is_none() {
                 batch::fold_collection(&id, row.as_ref(), self.partition, records, current, &mut counts, &mut dlq)
                     .map_err(bug)?
             } else {
@@ -317,6 +319,9 @@ impl Worker {
                     &mut dlq,
                 )
                 .map_err(bug)?;
+                if let Some(changes) = changes.as_mut() {
+                    batch::outbox_changes(&id, &outcome, changes);
+                }
                 let markers = function_batches::markers(&records);
                 function_batches.extend(function_batches::function_batches(attached, &outcome, &markers));
                 tasks.extend(function_batches::tasks(attached, &markers, &self.shared.topic, self.partition, now_ms));
@@ -328,17 +333,64 @@ impl Worker {
             }
         }
         dlq.sort_by_key(|d| d.offset);
-        let commit = batch::commit(&self.shared.topic, delta, updates, function_batches);
+        let commit = batch::commit(&self.shared.topic, delta, updates, function_batches, changes);
         Ok(Plan { commit: Arc::new(commit), dlq, tasks, counts, applied })
     }
 
     /// Decode, fold and commit a batch with its position delta; on success the position,
     /// the caches and the counters follow.
     async fn process(&mut self, msgs: &[Msg], delta: PositionDelta) -> Result<(), BatchError> {
+        self.wait_for_changelog_room().await?;
         let started = Instant::now();
         let plan = self.plan(msgs, delta).await?;
         let report = self.apply(msgs, &plan).await?;
         self.after_commit(msgs, &plan, &report, started);
+        Ok(())
+    }
+
+    /// Back-pressure of the change feed (`docs/changes.md`): while the partition's
+    /// unpublished changes hold `changelog.outbox_max_bytes` or more (the broker refuses
+    /// the relay's transactions or is away), the partition pauses before its next batch,
+    /// visibly (`/readyz`), and resumes once the relay publishes again. Nothing is
+    /// dropped: the batch waits, and what arrives meanwhile stays in the consumer's
+    /// bounded queues. A worker told to stop while paused gives the batch up uncommitted
+    /// (the partition's next owner reads it again).
+    async fn wait_for_changelog_room(&mut self) -> Result<(), BatchError> {
+        let Some(relay) = self.shared.relay.clone() else { return Ok(()) };
+        let bound = i64::try_from(self.shared.config.changelog.outbox_max_bytes).unwrap_or(i64::MAX);
+        if relay.backlog_bytes(self.partition) < bound {
+            return Ok(());
+        }
+        let mut told = false;
+        loop {
+            let held = relay.backlog_bytes(self.partition);
+            if held < bound {
+                break;
+            }
+            if !told {
+                warn!(
+                    partition = self.partition,
+                    held, bound, "changelog outbox full: the partition pauses until the relay publishes"
+                );
+                told = true;
+            }
+            self.shared.health.set_changelog_full(
+                self.partition,
+                Some(format!("holds {held} bytes of unpublished changes (changelog.outbox_max_bytes = {bound})")),
+            );
+            tokio::select! {
+                _ = tokio::time::sleep(Duration::from_millis(200)) => {}
+                _ = self.stop.cancelled() => break,
+                _ = self.fence.cancelled() => break,
+            }
+        }
+        self.shared.health.set_changelog_full(self.partition, None);
+        if (self.stop.is_cancelled() || self.fence.is_cancelled()) && relay.backlog_bytes(self.partition) >= bound {
+            return Err(BatchError::Fenced);
+        }
+        if told {
+            info!(partition = self.partition, "changelog outbox below its bound: the partition resumes");
+        }
         Ok(())
     }
 
@@ -375,6 +427,10 @@ impl Worker {
     /// The commit is in: the position, caches and counters follow.
     fn after_commit(&mut self, msgs: &[Msg], plan: &Plan, report: &CommitReport, started: Instant) {
         self.after_commit_position(plan.commit.delta.to);
+        if let Some(relay) = &self.shared.relay {
+            // The function outputs' changes are counted when the relay next reads the size.
+            relay.add_backlog(self.partition, plan.commit.changes.iter().map(|c| c.bytes() as i64).sum());
+        }
         for (function_id, offset) in &report.markers_accepted {
             info!(partition = self.partition, function = %function_id, marker_offset = offset, "backfill marker processed: function is backfilling");
         }

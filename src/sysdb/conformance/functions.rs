@@ -102,15 +102,15 @@ pub enum Op {
     Marker(String, String),
 }
 
-fn put(id: &str, color: &'static str) -> Op {
+pub(crate) fn put(id: &str, color: &'static str) -> Op {
     Op::Put(id.to_string(), color)
 }
 
-fn del(id: &str) -> Op {
+pub(crate) fn del(id: &str) -> Op {
     Op::Del(id.to_string())
 }
 
-fn marker(row: &FunctionRow) -> Op {
+pub(crate) fn marker(row: &FunctionRow) -> Op {
     Op::Marker(row.id.clone(), row.request_id.clone())
 }
 
@@ -132,13 +132,27 @@ pub struct Log {
     next: i64,
     current: BTreeMap<String, Record>,
     history: Vec<Change>,
+    /// Whether batches carry their changes to the change feed's outbox.
+    pub changelog: bool,
 }
 
 impl Log {
     pub async fn new(db: &Sysdb, partition: i32) -> Log {
         let topic = unique("fn-topic");
         db.init_position(&topic, partition, 0).await.expect("init");
-        Log { topic, partition, collection: unique("fn-coll"), next: 0, current: BTreeMap::new(), history: Vec::new() }
+        Log {
+            topic,
+            partition,
+            collection: unique("fn-coll"),
+            next: 0,
+            current: BTreeMap::new(),
+            history: Vec::new(),
+            changelog: false,
+        }
+    }
+
+    pub fn partition(&self) -> i32 {
+        self.partition
     }
 
     fn build(&self, ops: &[Op], fns: &[(&str, &dyn Function)]) -> (BatchCommit, BTreeMap<String, Record>, Vec<Change>) {
@@ -202,7 +216,36 @@ impl Log {
             })
             .collect();
         let delta = PositionDelta::new(self.partition, self.next, to).expect("delta");
-        (BatchCommit { topic: self.topic.clone(), delta, collections: vec![update], functions }, working, changes)
+        let outbox = if self.changelog {
+            changes
+                .iter()
+                .map(|c| crate::sysdb::OutboxChange {
+                    collection_id: self.collection.clone(),
+                    record_id: c.id.clone(),
+                    op: match (&c.before, &c.after) {
+                        (None, _) => crate::sysdb::ChangeOp::Insert,
+                        (Some(_), Some(_)) => crate::sysdb::ChangeOp::Update,
+                        (Some(_), None) => crate::sysdb::ChangeOp::Delete,
+                    },
+                    source_offset: c.offset,
+                    value: c.after.as_ref().map(|r| crate::record::change::encode_change(&self.collection, r)),
+                })
+                .collect()
+        } else {
+            Vec::new()
+        };
+        (
+            BatchCommit {
+                topic: self.topic.clone(),
+                delta,
+                collections: vec![update],
+                functions,
+                changelog: self.changelog,
+                changes: outbox,
+            },
+            working,
+            changes,
+        )
     }
 
     /// Commit `ops` (at least one) as one batch for the functions `fns`.
@@ -235,6 +278,8 @@ impl Log {
             delta: PositionDelta::new(self.partition, self.next, to).expect("delta"),
             collections: Vec::new(),
             functions: vec![FunctionBatch { function_id: fid.to_string(), markers: Vec::new(), changes }],
+            changelog: false,
+            changes: Vec::new(),
         };
         let report = db.commit_batch(batch).await.expect("commit_batch with crafted deltas");
         self.next = to;
@@ -261,7 +306,7 @@ impl Log {
     }
 }
 
-async fn attach(db: &Sysdb, log: &Log, function: &str, output: &str) -> FunctionRow {
+pub async fn attach(db: &Sysdb, log: &Log, function: &str, output: &str) -> FunctionRow {
     let new = NewFunction {
         id: unique("fn"),
         collection_id: log.collection.clone(),
@@ -1035,6 +1080,7 @@ async fn random_interleaving(db: &Sysdb, functions: &[(&str, &dyn Function)], se
             let chunk = crate::sysdb::ChunkLimit {
                 records: 1 + rng.below(6) as usize,
                 bytes: if rng.chance(50) { 1 + rng.below(120) as usize } else { usize::MAX },
+                changelog: false,
             };
             match db.backfill_step(&rows[i].id, cursor.as_deref(), chunk, functions[i].1).await.expect("backfill_step")
             {

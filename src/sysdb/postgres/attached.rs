@@ -36,11 +36,12 @@ use super::{invalid, PostgresSysdb, TxError, BACKEND};
 use crate::functions::{Function, FunctionStatus, Reads};
 use crate::record::Record;
 use crate::sysdb::attach_rules::{self, AttachFacts, AttachOutcome, Decision};
-use crate::sysdb::codec::{encode_embedding, encode_metadata, encode_params};
+use crate::sysdb::changelog;
 use crate::sysdb::error::{Result, SysdbError};
 use crate::sysdb::outputs::{self, FunctionState, MapWrite, OutputPlan, RawFunction, FUNCTION_COLUMNS};
+use crate::sysdb::stored_fields::{encode_embedding, encode_metadata, encode_params};
 use crate::sysdb::types::{
-    now_ms, BatchCommit, ChunkLimit, CommitReport, FunctionRow, NewFunction, OutboxRow, StepResult,
+    now_ms, BatchCommit, ChunkLimit, CommitReport, FunctionRow, NewFunction, OutboxChange, OutboxRow, StepResult,
 };
 
 fn raw_function(r: &Row) -> RawFunction {
@@ -100,23 +101,24 @@ const ADD_COUNTERS: &str = "INSERT INTO function_counters AS fc (function_id, ou
      SELECT $1, u.output_id, u.delta FROM UNNEST($2::text[], $3::int8[]) AS u(output_id, delta)
      ON CONFLICT (function_id, output_id) DO UPDATE SET count = fc.count + EXCLUDED.count
      RETURNING fc.output_id, fc.count";
-/// Upsert count records; returns how many were new.
+/// Upsert count records; returns each id, its stored `last_offset` and whether it existed
+/// before (the sibling subquery sees the table as it was before the statement).
 const UPSERT_COUNT_RECORDS: &str = "WITH up AS (
          INSERT INTO records AS r (collection_id, id, embedding, metadata, document, last_offset)
          SELECT $1, u.id, NULL, u.metadata, NULL, u.last_offset FROM UNNEST($2::text[], $3::text[], $4::int8[]) AS u(id, metadata, last_offset)
          ON CONFLICT (collection_id, id) DO UPDATE SET
              embedding = NULL, metadata = EXCLUDED.metadata, document = NULL,
              last_offset = GREATEST(r.last_offset, EXCLUDED.last_offset)
-         RETURNING 1
+         RETURNING r.id, r.last_offset
      )
-     SELECT (SELECT count(*) FROM up) - (SELECT count(*) FROM records WHERE collection_id = $1 AND id = ANY($2::text[]))";
-/// Counters at zero that remove their record; returns how many records went.
+     SELECT up.id, up.last_offset, EXISTS (SELECT 1 FROM records x WHERE x.collection_id = $1 AND x.id = up.id) FROM up";
+/// Counters at zero that remove their record; returns the ids of the records that went.
 const DROP_ZERO_COUNTS: &str = "WITH c AS (
          DELETE FROM function_counters WHERE function_id = $1 AND output_id = ANY($3::text[]) AND count = 0
      ), d AS (
-         DELETE FROM records WHERE collection_id = $2 AND id = ANY($3::text[]) RETURNING 1
+         DELETE FROM records WHERE collection_id = $2 AND id = ANY($3::text[]) RETURNING id
      )
-     SELECT count(*) FROM d";
+     SELECT id FROM d";
 /// Map puts (`$7` = versioned: only if newer than the stored record and the id's
 /// tombstone, which an applied put clears). Returns each applied id and whether it
 /// existed before.
@@ -139,7 +141,7 @@ const PUT_MAPS: &str = "WITH u AS (
      )
      SELECT up.id, EXISTS (SELECT 1 FROM records x WHERE x.collection_id = $1 AND x.id = up.id) FROM up";
 /// Map removes (`$4` = versioned: only if newer than the stored record and tombstone,
-/// leaving a tombstone). Returns how many records went.
+/// leaving a tombstone). Returns the ids of the records that went.
 const REMOVE_MAPS: &str = "WITH u AS (
          SELECT * FROM UNNEST($2::text[], $3::int8[]) AS u(id, last_offset)
      ), ok AS (
@@ -148,13 +150,13 @@ const REMOVE_MAPS: &str = "WITH u AS (
                  NOT EXISTS (SELECT 1 FROM records r WHERE r.collection_id = $1 AND r.id = u.id AND r.last_offset >= u.last_offset)
              AND NOT EXISTS (SELECT 1 FROM tombstones t WHERE t.collection_id = $1 AND t.id = u.id AND t.last_offset >= u.last_offset))
      ), del AS (
-         DELETE FROM records r USING ok WHERE r.collection_id = $1 AND r.id = ok.id RETURNING 1
+         DELETE FROM records r USING ok WHERE r.collection_id = $1 AND r.id = ok.id RETURNING r.id
      ), tomb AS (
          INSERT INTO tombstones AS t (collection_id, id, last_offset)
          SELECT $1, ok.id, ok.last_offset FROM ok WHERE $4::bool
          ON CONFLICT (collection_id, id) DO UPDATE SET last_offset = GREATEST(t.last_offset, EXCLUDED.last_offset)
      )
-     SELECT count(*) FROM del";
+     SELECT id FROM del";
 const UPSERT_OUTPUT_COLLECTION: &str =
     "INSERT INTO collections AS c (id, partition, dimension, log_position, record_count, created_at_ms)
      VALUES ($1, $2, $3, -1, $4, $5)
@@ -193,6 +195,7 @@ pub(super) async fn commit_functions(
     batch: &BatchCommit,
     mut states: HashMap<String, Option<FunctionState>>,
     now: i64,
+    mut changes: Option<&mut Vec<OutboxChange>>,
 ) -> Result<CommitReport, TxError> {
     if batch.functions.is_empty() {
         return Ok(CommitReport::default());
@@ -227,19 +230,22 @@ pub(super) async fn commit_functions(
             .await?;
     }
     for d in decisions.iter().filter(|d| !d.plan.is_empty()) {
-        apply_plan(tx, d.function_id, &d.output_collection, batch.delta.partition, &d.plan).await?;
+        apply_plan(tx, d.function_id, &d.output_collection, batch.delta.partition, &d.plan, changes.as_deref_mut())
+            .await?;
     }
     Ok(outputs::report(&decisions))
 }
 
 /// Write a plan into the output collection (semantics: `outputs.rs`). `partition`
-/// registers the output collection if its row is missing.
+/// registers the output collection if its row is missing. With `changes`, each write that
+/// applied is appended to it as a change of the output record.
 async fn apply_plan(
     tx: &Transaction<'_>,
     function_id: &str,
     output: &str,
     partition: i32,
     plan: &OutputPlan,
+    mut changes: Option<&mut Vec<OutboxChange>>,
 ) -> Result<(), TxError> {
     let mut count_delta = 0i64;
     let mut dimension: Option<i32> = None;
@@ -249,31 +255,48 @@ async fn apply_plan(
         let rows = tx.query(&tx.prepare_cached(ADD_COUNTERS).await?, &[&function_id, &ids, &deltas]).await?;
         let counts: HashMap<String, i64> = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
         let (mut up_ids, mut up_meta, mut up_offsets, mut zeros) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        let mut up_values = HashMap::new();
+        let mut zero_offsets = HashMap::new();
         for c in &plan.counts {
             let count = *counts
                 .get(&c.output_id)
                 .ok_or_else(|| invalid(format!("counter {:?} not returned by its upsert", c.output_id)))?;
             if c.removes_at(count) {
                 zeros.push(c.output_id.as_str());
+                zero_offsets.insert(c.output_id.as_str(), c.offset);
             } else {
+                let meta = c.metadata(count);
                 up_ids.push(c.output_id.as_str());
-                up_meta.push(encode_metadata(&c.metadata(count)));
+                up_meta.push(encode_metadata(&meta));
                 up_offsets.push(c.offset);
+                up_values.insert(c.output_id.as_str(), meta);
             }
         }
         if !up_ids.is_empty() {
-            let inserted: i64 = tx
-                .query_one(&tx.prepare_cached(UPSERT_COUNT_RECORDS).await?, &[&output, &up_ids, &up_meta, &up_offsets])
-                .await?
-                .get(0);
-            count_delta += inserted;
+            let rows = tx
+                .query(&tx.prepare_cached(UPSERT_COUNT_RECORDS).await?, &[&output, &up_ids, &up_meta, &up_offsets])
+                .await?;
+            for r in &rows {
+                let (id, last_offset, existed): (String, i64, bool) = (r.get(0), r.get(1), r.get(2));
+                if !existed {
+                    count_delta += 1;
+                }
+                if let Some(out) = changes.as_deref_mut() {
+                    let metadata = up_values.get(id.as_str()).cloned().unwrap_or_default();
+                    let rec = Record { id, embedding: None, metadata, document: None, offset: last_offset };
+                    out.push(changelog::put(output, &rec, existed));
+                }
+            }
         }
         if !zeros.is_empty() {
-            let removed: i64 = tx
-                .query_one(&tx.prepare_cached(DROP_ZERO_COUNTS).await?, &[&function_id, &output, &zeros])
-                .await?
-                .get(0);
-            count_delta -= removed;
+            let rows = tx.query(&tx.prepare_cached(DROP_ZERO_COUNTS).await?, &[&function_id, &output, &zeros]).await?;
+            count_delta -= rows.len() as i64;
+            if let Some(out) = changes.as_deref_mut() {
+                for r in &rows {
+                    let id: &str = r.get(0);
+                    out.push(changelog::delete(output, id, zero_offsets.get(id).copied().unwrap_or(-1)));
+                }
+            }
         }
     }
     let puts: Vec<&Record> =
@@ -291,13 +314,21 @@ async fn apply_plan(
             )
             .await?;
         let mut applied = HashSet::with_capacity(rows.len());
+        let mut existed_before = HashMap::with_capacity(rows.len());
         for r in &rows {
             let id: String = r.get(0);
             let existed: bool = r.get(1);
             if !existed {
                 count_delta += 1;
             }
+            existed_before.insert(id.clone(), existed);
             applied.insert(id);
+        }
+        if let Some(out) = changes.as_deref_mut() {
+            // In plan order, as SQLite appends them.
+            for r in puts.iter().filter(|r| applied.contains(&r.id)) {
+                out.push(changelog::put(output, r, existed_before.get(&r.id).copied().unwrap_or(false)));
+            }
         }
         // The first applied put (in plan order) with an embedding fixes a new dimension.
         if let Some(e) = puts.iter().filter(|r| applied.contains(&r.id)).find_map(|r| r.embedding.as_ref()) {
@@ -314,11 +345,15 @@ async fn apply_plan(
     if !removes.is_empty() {
         let ids: Vec<&str> = removes.iter().map(|r| r.0).collect();
         let offsets: Vec<i64> = removes.iter().map(|r| r.1).collect();
-        let removed: i64 = tx
-            .query_one(&tx.prepare_cached(REMOVE_MAPS).await?, &[&output, &ids, &offsets, &plan.versioned])
-            .await?
-            .get(0);
-        count_delta -= removed;
+        let rows =
+            tx.query(&tx.prepare_cached(REMOVE_MAPS).await?, &[&output, &ids, &offsets, &plan.versioned]).await?;
+        count_delta -= rows.len() as i64;
+        if let Some(out) = changes {
+            let gone: HashSet<&str> = rows.iter().map(|r| r.get::<_, &str>(0)).collect();
+            for (id, offset) in removes.iter().filter(|(id, _)| gone.contains(id)) {
+                out.push(changelog::delete(output, id, *offset));
+            }
+        }
     }
     if count_delta != 0 || dimension.is_some() {
         tx.execute(
@@ -364,7 +399,7 @@ async fn backfill_once(
     limit: ChunkLimit,
     f: &dyn Function,
 ) -> Result<StepResult, TxError> {
-    let limit = ChunkLimit { records: limit.records.max(1), bytes: limit.bytes.max(1) };
+    let limit = ChunkLimit { records: limit.records.max(1), bytes: limit.bytes.max(1), ..limit };
     let began = std::time::Instant::now();
     let tx = client.transaction().await?;
     let stmt = tx
@@ -425,7 +460,12 @@ async fn backfill_once(
     let plan = outputs::backfill_plan(&records, f);
     if !plan.is_empty() {
         // Records exist, so the input collection has a row; 0 is never used in practice.
-        apply_plan(&tx, function_id, &row.output_collection, partition.unwrap_or(0), &plan).await?;
+        let partition = partition.unwrap_or(0);
+        let mut changes = limit.changelog.then(Vec::new);
+        apply_plan(&tx, function_id, &row.output_collection, partition, &plan, changes.as_mut()).await?;
+        if let Some(changes) = &changes {
+            super::changelog::append(&tx, partition, changes.iter()).await?;
+        }
     }
     let processed = records.len();
     let cursor = records.last().map(|r| r.id.clone()).or(row.backfill_cursor);
@@ -585,7 +625,7 @@ impl PostgresSysdb {
         client.query_opt(&stmt, &[&id]).await?.map(|r| raw_function(&r).decode(BACKEND)).transpose()
     }
 
-    pub async fn detach_function(&self, id: &str, drop_output: bool) -> Result<Option<FunctionRow>> {
+    pub async fn detach_function(&self, id: &str, drop_output: bool, feed: bool) -> Result<Option<FunctionRow>> {
         let mut client = self.client().await?;
         let tx = client.transaction().await?;
         let Some(r) =
@@ -610,6 +650,22 @@ impl PostgresSysdb {
                 .await?
                 .get(0);
             if live == 0 {
+                if feed {
+                    let partition: Option<i32> = tx
+                        .query_opt("SELECT partition FROM collections WHERE id = $1", &[out])
+                        .await?
+                        .map(|r| r.get(0));
+                    if let Some(partition) = partition {
+                        let ids: Vec<String> = tx
+                            .query("SELECT id FROM records WHERE collection_id = $1 ORDER BY id", &[out])
+                            .await?
+                            .iter()
+                            .map(|r| r.get(0))
+                            .collect();
+                        let changes = changelog::dropped(out, ids);
+                        super::changelog::append(&tx, partition, changes.iter()).await?;
+                    }
+                }
                 tx.execute("DELETE FROM records WHERE collection_id = $1", &[out]).await?;
                 tx.execute("DELETE FROM tombstones WHERE collection_id = $1", &[out]).await?;
                 tx.execute("DELETE FROM collections WHERE id = $1", &[out]).await?;

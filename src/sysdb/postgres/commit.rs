@@ -7,12 +7,12 @@ use deadpool_postgres::{Object, Transaction};
 use tokio_postgres::types::ToSql;
 
 use super::positions::SELECT_FOR_UPDATE;
-use super::{attached, describe, invalid, is_retry_once, PostgresSysdb, TxError};
+use super::{attached, changelog, describe, invalid, is_retry_once, PostgresSysdb, TxError};
 use crate::positions::IncompatibleDelta;
 use crate::record::Record;
-use crate::sysdb::codec::{encode_embedding, encode_metadata};
 use crate::sysdb::error::Result;
 use crate::sysdb::error::SysdbError;
+use crate::sysdb::stored_fields::{encode_embedding, encode_metadata};
 use crate::sysdb::types::{now_ms, BatchCommit, CommitReport};
 
 /// An `INSERT … UNNEST` statement carries records until their values reach this many
@@ -254,7 +254,15 @@ async fn commit_once(
     for (stmt, params) in prepared.writes(rows, &chunks, &now) {
         tx.execute(stmt, &params).await?;
     }
-    let report = attached::commit_functions(&tx, batch, states, now).await?;
+    let report = if batch.changelog {
+        // The change feed: the batch's record changes, then its outputs' changes.
+        let mut outputs = Vec::new();
+        let report = attached::commit_functions(&tx, batch, states, now, Some(&mut outputs)).await?;
+        changelog::append(&tx, batch.delta.partition, batch.changes.iter().chain(&outputs)).await?;
+        report
+    } else {
+        attached::commit_functions(&tx, batch, states, now, None).await?
+    };
     let stmt = tx.prepare_cached(UPDATE_POSITION).await?;
     tx.execute(&stmt, &[topic, partition, &batch.delta.to, &now]).await?;
     tx.commit().await?;
@@ -282,6 +290,13 @@ async fn write_pipelined(
     let now = now_ms();
     let chunks = rows.chunks();
     let mut statements = prepared.writes(rows, &chunks, &now);
+    // The change feed's rows, in the same flight (the batch has no function outputs).
+    let changes = changelog::ChangeRows::new(batch.delta.partition, batch.changes.iter());
+    let append =
+        if batch.changelog && !changes.is_empty() { Some(tx.prepare_cached(changelog::APPEND).await?) } else { None };
+    if let Some(append) = &append {
+        statements.push((append, changes.params()));
+    }
     let to = batch.delta.to;
     statements.push((&update_position, vec![topic, partition, &to, &now]));
     let key: [&(dyn ToSql + Sync); 2] = [topic, partition];
@@ -350,6 +365,8 @@ mod tests {
                 update(Some(4), 9, -1, vec![("a".into(), None), ("b".into(), Some(rec("b", 8)))]),
             ],
             functions: Vec::new(),
+            changelog: false,
+            changes: Vec::new(),
         };
         let rows = BatchRows::new(&batch).unwrap();
         assert_eq!(rows.coll_ids, ["c"]);

@@ -48,6 +48,7 @@ use crate::redact::redact_url;
 
 mod attached;
 mod audit;
+mod changelog;
 mod commit;
 mod positions;
 mod records;

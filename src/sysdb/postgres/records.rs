@@ -4,8 +4,8 @@ use std::collections::HashMap;
 
 use super::{invalid, PostgresSysdb, BACKEND};
 use crate::record::Record;
-use crate::sysdb::codec::decode_record;
 use crate::sysdb::error::Result;
+use crate::sysdb::stored_fields::decode_record;
 use crate::sysdb::types::CollectionRow;
 
 const COLLECTION_COLUMNS: &str = "id, partition, dimension, log_position, record_count";

@@ -17,11 +17,12 @@ use super::values::{self, Account, RecordWriter, RECORDS_WITH_VALUES};
 use crate::functions::{Function, FunctionStatus, Reads};
 use crate::record::Record;
 use crate::sysdb::attach_rules::{self, AttachFacts, AttachOutcome, Decision};
-use crate::sysdb::codec::{encode_embedding, encode_metadata, encode_params};
+use crate::sysdb::changelog;
 use crate::sysdb::error::Result;
 use crate::sysdb::outputs::{self, FunctionState, MapWrite, OutputPlan, RawFunction, FUNCTION_COLUMNS};
+use crate::sysdb::stored_fields::{encode_embedding, encode_metadata, encode_params};
 use crate::sysdb::types::{
-    now_ms, BatchCommit, ChunkLimit, CommitReport, FunctionRow, NewFunction, OutboxRow, StepResult,
+    now_ms, BatchCommit, ChunkLimit, CommitReport, FunctionRow, NewFunction, OutboxChange, OutboxRow, StepResult,
 };
 
 fn raw_function(r: &rusqlite::Row<'_>) -> rusqlite::Result<RawFunction> {
@@ -110,11 +111,13 @@ fn attach_facts(tx: &Connection, new: &NewFunction) -> Result<AttachFacts> {
 
 /// The function batches of a commit, inside its transaction (after the CAS and the
 /// record writes): status transitions, preimages, output writes.
+/// With `changes`, the output records' changes are appended to it (the change feed).
 pub(super) fn commit_functions(
     tx: &Connection,
     batch: &BatchCommit,
     now: i64,
     acct: &mut Account,
+    mut changes: Option<&mut Vec<OutboxChange>>,
 ) -> Result<CommitReport> {
     if batch.functions.is_empty() {
         return Ok(CommitReport::default());
@@ -163,7 +166,15 @@ pub(super) fn commit_functions(
             preimage.execute(params![d.function_id, id, emb, encode_metadata(&r.metadata), r.document, r.offset])?;
         }
         if !d.plan.is_empty() {
-            apply_plan(tx, d.function_id, &d.output_collection, batch.delta.partition, &d.plan, acct)?;
+            apply_plan(
+                tx,
+                d.function_id,
+                &d.output_collection,
+                batch.delta.partition,
+                &d.plan,
+                acct,
+                changes.as_deref_mut(),
+            )?;
         }
     }
     Ok(outputs::report(&decisions))
@@ -171,7 +182,8 @@ pub(super) fn commit_functions(
 
 /// Write a plan into the output collection (semantics: `outputs.rs`). `partition`
 /// registers the output collection if its row is missing. What it changes in the value
-/// log's counts goes into `acct`.
+/// log's counts goes into `acct`; with `changes`, each write that applied is appended to
+/// it as a change of the output record (a stale versioned write changes nothing).
 fn apply_plan(
     tx: &Connection,
     function_id: &str,
@@ -179,6 +191,7 @@ fn apply_plan(
     partition: i32,
     plan: &OutputPlan,
     acct: &mut Account,
+    mut changes: Option<&mut Vec<OutboxChange>>,
 ) -> Result<()> {
     let mut record_offset =
         tx.prepare_cached("SELECT last_offset FROM records WHERE collection_id = ?1 AND id = ?2")?;
@@ -202,13 +215,27 @@ fn apply_plan(
                 if existing.is_some() {
                     records.delete(output, &c.output_id, acct)?;
                     count_delta -= 1;
+                    if let Some(out) = changes.as_deref_mut() {
+                        out.push(changelog::delete(output, &c.output_id, c.offset));
+                    }
                 }
             } else {
                 let last_offset = existing.map_or(c.offset, |e| e.max(c.offset));
-                let metadata = encode_metadata(&c.metadata(count));
+                let meta = c.metadata(count);
+                let metadata = encode_metadata(&meta);
                 records.put_parts(output, &c.output_id, None, metadata, None, last_offset, acct)?;
                 if existing.is_none() {
                     count_delta += 1;
+                }
+                if let Some(out) = changes.as_deref_mut() {
+                    let r = Record {
+                        id: c.output_id.clone(),
+                        embedding: None,
+                        metadata: meta,
+                        document: None,
+                        offset: last_offset,
+                    };
+                    out.push(changelog::put(output, &r, existing.is_some()));
                 }
             }
         }
@@ -240,6 +267,9 @@ fn apply_plan(
                     if existing.is_none() {
                         count_delta += 1;
                     }
+                    if let Some(out) = changes.as_deref_mut() {
+                        out.push(changelog::put(output, r, existing.is_some()));
+                    }
                     if dimension.is_none() {
                         dimension = r.embedding.as_ref().map(|e| e.len() as u32);
                     }
@@ -248,6 +278,9 @@ fn apply_plan(
                     if existing.is_some() {
                         records.delete(output, id, acct)?;
                         count_delta -= 1;
+                        if let Some(out) = changes.as_deref_mut() {
+                            out.push(changelog::delete(output, id, *offset));
+                        }
                     }
                     if plan.versioned {
                         set_tombstone.execute(params![output, id, offset])?;
@@ -307,7 +340,7 @@ fn backfill_step_sync(
     reads: Reads,
     compute: impl FnOnce(Vec<Record>) -> Option<OutputPlan>,
 ) -> Result<StepResult> {
-    let limit = ChunkLimit { records: limit.records.max(1), bytes: limit.bytes.max(1) };
+    let limit = ChunkLimit { records: limit.records.max(1), bytes: limit.bytes.max(1), ..limit };
     let began = std::time::Instant::now();
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
     let Some(row) = read_function(&tx, function_id)? else { return Ok(StepResult::NotBackfilling) };
@@ -359,7 +392,12 @@ fn backfill_step_sync(
             .query_row([&row.collection_id], |r| r.get(0))
             .optional()?;
         // Records exist, so the input collection has a row; 0 is never used in practice.
-        apply_plan(&tx, function_id, &row.output_collection, partition.unwrap_or(0), &plan, &mut acct)?;
+        let partition = partition.unwrap_or(0);
+        let mut changes = limit.changelog.then(Vec::new);
+        apply_plan(&tx, function_id, &row.output_collection, partition, &plan, &mut acct, changes.as_mut())?;
+        if let Some(changes) = changes {
+            super::changelog::append(&tx, partition, &changes, now)?;
+        }
     }
     w.flush_and_compact(&tx, &mut acct)?;
     tx.prepare_cached(
@@ -452,7 +490,7 @@ impl SqliteSysdb {
         self.read(move |c| read_function(c, &id)).await
     }
 
-    pub async fn detach_function(&self, id: &str, drop_output: bool) -> Result<Option<FunctionRow>> {
+    pub async fn detach_function(&self, id: &str, drop_output: bool, feed: bool) -> Result<Option<FunctionRow>> {
         let id = id.to_string();
         self.write(move |c, w| {
             let tx = c.transaction_with_behavior(TransactionBehavior::Immediate)?;
@@ -471,6 +509,20 @@ impl SqliteSysdb {
                 if live == 0 {
                     let mut acct = Account::default();
                     w.merge(&tx, true, &mut acct)?;
+                    if feed {
+                        let partition: Option<i32> = tx
+                            .prepare_cached("SELECT partition FROM collections WHERE id = ?1")?
+                            .query_row([out], |r| r.get(0))
+                            .optional()?;
+                        if let Some(partition) = partition {
+                            let ids = tx
+                                .prepare_cached("SELECT id FROM records WHERE collection_id = ?1 ORDER BY id")?
+                                .query_map([out], |r| r.get::<_, String>(0))?
+                                .collect::<rusqlite::Result<Vec<_>>>()?;
+                            let changes = changelog::dropped(out, ids);
+                            super::changelog::append(&tx, partition, &changes, now_ms())?;
+                        }
+                    }
                     values::delete_collection(&tx, out, &mut acct)?;
                     w.flush_and_compact(&tx, &mut acct)?;
                     tx.execute("DELETE FROM tombstones WHERE collection_id = ?1", [out])?;

@@ -7,9 +7,9 @@ use rusqlite::{params, Connection, TransactionBehavior};
 
 use super::positions::{read_next_offset, write_next_offset};
 use super::store::{join_error, PendingCommit, SqliteSysdb, Writing, BACKEND};
-use super::{attached, values};
-use crate::sysdb::codec::{encode_embedding, encode_metadata};
+use super::{attached, changelog, values};
 use crate::sysdb::error::{Result, SysdbError};
+use crate::sysdb::stored_fields::{encode_embedding, encode_metadata};
 use crate::sysdb::types::{now_ms, BatchCommit, CommitReport};
 
 /// Commit every waiting batch in ONE transaction (group commit; see
@@ -206,7 +206,16 @@ pub(super) fn apply_batch(
         }
     }
     // Attached functions: their status is read here, inside the write transaction.
-    let report = attached::commit_functions(tx, batch, now, acct)?;
+    let report = if batch.changelog {
+        // The change feed: the batch's record changes, then its outputs' changes.
+        let mut outputs = Vec::new();
+        let report = attached::commit_functions(tx, batch, now, acct, Some(&mut outputs))?;
+        changelog::append(tx, batch.delta.partition, &batch.changes, now)?;
+        changelog::append(tx, batch.delta.partition, &outputs, now)?;
+        report
+    } else {
+        attached::commit_functions(tx, batch, now, acct, None)?
+    };
     write_next_offset(tx, &batch.topic, batch.delta.partition, batch.delta.to, now)?;
     Ok(report)
 }

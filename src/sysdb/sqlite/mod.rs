@@ -24,10 +24,11 @@ use crate::config::SqliteConfig;
 
 mod attached;
 mod audit;
+mod changelog;
 mod checkpoint;
 mod commit;
 mod positions;
-mod reads;
+mod readers;
 mod records;
 mod rows;
 mod stats;

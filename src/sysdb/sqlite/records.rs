@@ -1,12 +1,12 @@
 //! Collections and records: the processor's lookups (on the writer, through the delta's
-//! index) and pages in id order (on a reader, the delta folded in: `reads.rs`).
+//! index) and pages in id order (on a reader, the delta folded in: `readers.rs`).
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
 use rusqlite::{params, OptionalExtension};
 
-use super::reads;
+use super::readers;
 use super::rows::{decode_raw, raw_record};
 use super::store::{invalid, SqliteSysdb};
 use super::values::{RECORDS_WITH_VALUES, RECORD_COLUMNS};
@@ -130,7 +130,7 @@ impl SqliteSysdb {
         let after_id = after_id.map(str::to_string);
         // On a reader, in one snapshot; unmerged delta rows are folded in at read time.
         self.read(move |c| {
-            reads::list_page(c, &collection, after_id.as_deref(), limit)?.into_iter().map(decode_raw).collect()
+            readers::list_page(c, &collection, after_id.as_deref(), limit)?.into_iter().map(decode_raw).collect()
         })
         .await
     }

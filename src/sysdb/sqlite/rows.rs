@@ -2,8 +2,8 @@
 //! records; and the backend's name in its errors.
 
 use crate::record::Record;
-use crate::sysdb::codec::decode_record;
 use crate::sysdb::error::Result;
+use crate::sysdb::stored_fields::decode_record;
 
 /// The backend's name in errors and logs.
 pub(super) const BACKEND: &str = "sqlite";

@@ -9,7 +9,7 @@ use rusqlite::{params, Connection};
 use super::checkpoint::CHECKPOINTER_CACHE_KIB;
 use super::commit::{commit_all_or_none, commit_group};
 use super::positions::{read_next_offset, write_next_offset};
-use super::reads;
+use super::readers;
 use super::rows::decode_raw;
 use super::stats::SqliteStats;
 use super::store::{
@@ -50,6 +50,8 @@ fn group_batch(partition: i32, from: i64, to: i64, ids: &[&str]) -> Arc<BatchCom
             writes,
         }],
         functions: Vec::new(),
+        changelog: false,
+        changes: Vec::new(),
     })
 }
 
@@ -92,13 +94,39 @@ fn stored_records(conn: &Connection) -> std::collections::BTreeMap<(String, Stri
     .collect()
 }
 
+/// Every record as the `sluice_records` view (schema step 11) returns it, in plain SQL
+/// with the delta and the value log folded in by the view itself; its `dimension` must
+/// agree with the embedding's length.
+fn view_records(conn: &Connection) -> std::collections::BTreeMap<(String, String), Record> {
+    conn.prepare("SELECT collection, id, embedding, metadata, document, last_offset, dimension FROM sluice_records")
+        .unwrap()
+        .query_map([], |r| {
+            let dimension: Option<i64> = r.get(6)?;
+            Ok((r.get::<_, String>(0)?, (r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?), dimension))
+        })
+        .unwrap()
+        .map(|row| {
+            let (c, raw, dimension) = row.unwrap();
+            let record = decode_raw(raw).unwrap();
+            assert_eq!(
+                dimension,
+                record.embedding.as_ref().map(|e| e.len() as i64),
+                "sluice_records.dimension of {c}/{}",
+                record.id
+            );
+            ((c, record.id.clone()), record)
+        })
+        .collect()
+}
+
 /// The value log under a long run of overwrites and deletes, with tight byte bounds:
 /// after every commit the records read back are exactly the model's, every record
 /// points at a value of its key and size, and the log's byte counts (all values, live
 /// values, delta rows) are exact. Pages read on a reader with the delta folded in at
-/// read time equal the model too. The dead bytes stay within the bound (plus what the
-/// transactions since the last compaction added), and records written once at the
-/// start and never again survive the compactions that copied their values forward.
+/// read time equal the model too, and so does the `sluice_records` view. The dead bytes
+/// stay within the bound (plus what the transactions since the last compaction added),
+/// and records written once at the start and never again survive the compactions that
+/// copied their values forward.
 #[test]
 fn the_value_log_keeps_every_record_exact_and_stays_bounded_in_bytes() {
     use crate::record::{MetaValue, Metadata};
@@ -132,6 +160,8 @@ fn the_value_log_keeps_every_record_exact_and_stays_bounded_in_bytes() {
     };
     let mut offset = 0i64;
     let mut first_values_end = 0i64;
+    // Checks of the view while the delta held rows, and while it held several of one key.
+    let (mut viewed_with_delta, mut viewed_with_overridden_delta_rows) = (0, 0);
     let (tuning, stats) = writing(&TIGHT);
     let w = Writing { tuning: &tuning, stats: &stats };
     for tx in 0..300 {
@@ -191,6 +221,8 @@ fn the_value_log_keeps_every_record_exact_and_stays_bounded_in_bytes() {
                 delta: PositionDelta::new(0, from, offset).unwrap(),
                 collections,
                 functions: Vec::new(),
+                changelog: false,
+                changes: Vec::new(),
             },
         );
         if tx == 0 {
@@ -209,6 +241,15 @@ fn the_value_log_keeps_every_record_exact_and_stays_bounded_in_bytes() {
         values::check_layout(&conn).unwrap_or_else(|e| panic!("after transaction {tx}: {e}"));
         let stored = stored_records(&conn);
         assert!(stored == model, "after transaction {tx}: the records read back differ from the model");
+        let viewed = view_records(&conn);
+        assert!(viewed == model, "after transaction {tx}: the sluice_records view differs from the model");
+        let (keys, rows): (i64, i64) = conn
+            .query_row("SELECT count(DISTINCT collection_id || '/' || id), count(*) FROM record_delta", [], |r| {
+                Ok((r.get(0)?, r.get(1)?))
+            })
+            .unwrap();
+        viewed_with_delta += i64::from(keys > 0);
+        viewed_with_overridden_delta_rows += i64::from(rows > keys);
         if tx % 25 == 24 {
             for c in ["c0", "c1", "c2", "static"] {
                 let mut page_model: Vec<Record> =
@@ -217,7 +258,7 @@ fn the_value_log_keeps_every_record_exact_and_stays_bounded_in_bytes() {
                 let mut read = Vec::new();
                 let mut after: Option<String> = None;
                 loop {
-                    let page: Vec<Record> = reads::list_page(&conn, c, after.as_deref(), 37)
+                    let page: Vec<Record> = readers::list_page(&conn, c, after.as_deref(), 37)
                         .unwrap()
                         .into_iter()
                         .map(|raw| decode_raw(raw).unwrap())
@@ -235,6 +276,11 @@ fn the_value_log_keeps_every_record_exact_and_stays_bounded_in_bytes() {
     }
     let s = stats.snapshot();
     assert!(s.compactions > 10, "compactions: {s:?}");
+    assert!(
+        viewed_with_delta > 0 && viewed_with_overridden_delta_rows > 0,
+        "the view was read over an unmerged delta ({viewed_with_delta} times), with keys changed twice there \
+         ({viewed_with_overridden_delta_rows} times)"
+    );
     assert!(s.merges.iter().find(|(r, _)| *r == "rows").unwrap().1 > 0, "merges by rows: {s:?}");
     assert!(s.merges.iter().find(|(r, _)| *r == "bytes").unwrap().1 > 0, "merges by bytes: {s:?}");
     // Once merged and compacted until it stops, the dead bytes are within the bound.
@@ -626,6 +672,8 @@ async fn a_write_lock_held_elsewhere_is_unavailable_after_the_busy_timeout() {
             )],
         }],
         functions: Vec::new(),
+        changelog: false,
+        changes: Vec::new(),
     };
 
     let holder = Connection::open(dir.path().join("sysdb.sqlite")).unwrap();

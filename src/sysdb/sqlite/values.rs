@@ -31,7 +31,7 @@
 //! transaction that finds `delta_max_rows` rows, or `delta_max_bytes` of keys, metadata
 //! and the values they appended, merges them in key order ([`merge_delta`]); large transactions merge first
 //! and write `records` directly ([`Target`]). The processor finds unmerged rows through
-//! [`DeltaCache`]; reads fold them in at read time (`sqlite/reads.rs`) and never merge.
+//! [`DeltaCache`]; reads fold them in at read time (`sqlite/readers.rs`) and never merge.
 //! Compaction needs a complete `records` (its liveness check reads it): it runs after a
 //! merge, or in a transaction that merged first.
 
@@ -41,8 +41,8 @@ use rusqlite::{params, CachedStatement, Connection, OptionalExtension};
 
 use crate::config::SqliteConfig;
 use crate::record::Record;
-use crate::sysdb::codec::{encode_embedding, encode_metadata};
 use crate::sysdb::error::Result;
+use crate::sysdb::stored_fields::{encode_embedding, encode_metadata};
 
 /// The columns of a whole record, `records r` joined with its value `v`, in the order
 /// `raw_record` reads them.

@@ -49,6 +49,26 @@ app.kubernetes.io/component: processor
 {{- if .Values.sysdb.existingSecret }}{{ .Values.sysdb.existingSecretKey }}{{ else }}SLUICE_SYSDB{{ end }}
 {{- end }}
 
+{{/* Secret and keys holding the API's tokens (SLUICE_READ_TOKEN, SLUICE_ADMIN_TOKEN). */}}
+{{- define "sluice.tokensSecret" -}}
+{{- default (printf "%s-http-tokens" (include "sluice.fullname" .)) .Values.auth.existingSecret }}
+{{- end }}
+{{- define "sluice.readTokenKey" -}}
+{{- if .Values.auth.existingSecret }}{{ .Values.auth.existingSecretReadKey }}{{ else }}SLUICE_READ_TOKEN{{ end }}
+{{- end }}
+{{- define "sluice.adminTokenKey" -}}
+{{- if .Values.auth.existingSecret }}{{ .Values.auth.existingSecretAdminKey }}{{ else }}SLUICE_ADMIN_TOKEN{{ end }}
+{{- end }}
+
+{{/* One token of the chart's Secret, base64: (list VALUE KEPT) with VALUE the value given
+(used when set), KEPT the Secret's current data (base64) for that key, kept on upgrades;
+else a new random one. */}}
+{{- define "sluice.tokenData" -}}
+{{- $value := index . 0 }}
+{{- $kept := index . 1 }}
+{{- if $value }}{{ $value | b64enc }}{{ else if $kept }}{{ $kept }}{{ else }}{{ randAlphaNum 40 | b64enc }}{{ end }}
+{{- end }}
+
 {{/* How many replicas should run: the alert SluiceReplicasMissing compares against it. */}}
 {{- define "sluice.expectedReplicas" -}}
 {{- if .Values.keda.enabled }}{{ .Values.keda.minReplicaCount }}{{ else }}{{ .Values.replicaCount }}{{ end }}
@@ -62,6 +82,9 @@ app.kubernetes.io/component: processor
 {{- $listen := printf ":%v\"" .Values.metricsPort }}
 {{- if not (contains $listen .Values.config) }}
 {{- fail (printf "config: [http] listen must use metricsPort (%v), e.g. listen = \"0.0.0.0:%v\"" .Values.metricsPort .Values.metricsPort) }}
+{{- end }}
+{{- if and (not .Values.auth.existingSecret) .Values.auth.readToken (eq .Values.auth.readToken .Values.auth.adminToken) }}
+{{- fail "auth.readToken and auth.adminToken must differ (whoever may read could also change state)" }}
 {{- end }}
 {{- if and .Values.keda.enabled (gt (int .Values.keda.minReplicaCount) (int .Values.keda.maxReplicaCount)) }}
 {{- fail "keda.minReplicaCount must not exceed keda.maxReplicaCount" }}

@@ -1,0 +1,346 @@
+//! The change feed's relay (`docs/changes.md`): per owned partition, publishes the sysdb's
+//! changelog outbox to `<prefix>.changes` with a transactional producer, exactly once for
+//! read_committed consumers, in outbox sequence order.
+//!
+//! Protocol, per partition `p` (the processor starts a relay when `p` is assigned and
+//! stops it when `p` is revoked):
+//!
+//! 1. Start a producer with `transactional.id = <prefix><p>` and `init_transactions`: a
+//!    previous owner's producer is fenced and its open transaction aborted.
+//! 2. Read the last progress committed on the progress topic for `p` (read_committed):
+//!    the sequence number of the last change published. Start after the greater of it
+//!    and the sysdb's copy (`published_seq`; a copy is only written after a commit, so
+//!    it is never ahead of what Kafka holds unless the progress topic was lost).
+//! 3. Loop: read the next outbox rows after it (bounded in records and bytes), publish
+//!    them and then a progress message with the last one's sequence number in ONE Kafka
+//!    transaction, commit; then copy the progress into the sysdb and delete published
+//!    rows in bounded steps. An aborted transaction is published again; a fenced or
+//!    failed producer is replaced (back to 1).
+//!
+//! So a change is in Kafka's committed log at most once (a transaction either holds a run
+//! and its progress, or nothing), and at least once (progress only moves past a run in
+//! the transaction that holds it).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn};
+
+use crate::config::Config;
+use crate::kafka::changelog::{read_progress, ChangeMessage, TxnError, TxnProducer};
+use crate::kafka::ClientSettings;
+use crate::record::change::change_key;
+use crate::record::framing::{frame, Framing};
+use crate::sysdb::{ChangelogEntry, Sysdb};
+
+/// The subject the change record schema is registered under: `<changes topic>-value`.
+pub fn change_subject(config: &Config) -> String {
+    format!("{}-value", config.changes_topic())
+}
+
+/// What every partition's relay shares.
+pub struct Relay {
+    config: Config,
+    sysdb: Arc<Sysdb>,
+    settings: ClientSettings,
+    topic: String,
+    progress_topic: String,
+    /// With a schema registry: the id of `schemas/change_record.avsc` (Confluent framing).
+    schema_id: Option<u32>,
+    /// Per partition, the bytes of its unpublished changes as last known: read from the
+    /// sysdb by the relay (at start, after each commit, every second while idle) and
+    /// raised by the partition's worker after each commit. The worker pauses the
+    /// partition while it is at `changelog.outbox_max_bytes`.
+    backlog: std::sync::Mutex<std::collections::HashMap<i32, i64>>,
+}
+
+/// Why the relay cannot start at all.
+#[derive(Debug, thiserror::Error)]
+pub enum RelayError {
+    #[error("changelog.transaction_timeout_ms = {wanted} exceeds the broker's transaction.max.timeout.ms = {max}: lower it (or raise the broker's)")]
+    TransactionTimeout { wanted: u64, max: u64 },
+    #[error("{topic} has {found:?} partitions, the log {log}: run `sluice init` with [changelog] enabled (it creates the changes topics, as many partitions as the log)")]
+    Topic { topic: String, found: Option<i32>, log: i32 },
+    #[error(transparent)]
+    Kafka(#[from] crate::kafka::KafkaError),
+    #[error("schema registry: {0}")]
+    Registry(String),
+    #[error("the topic check failed: {0}")]
+    Task(#[from] tokio::task::JoinError),
+}
+
+impl Relay {
+    /// Check the configuration against the broker (the changes topics exist with the
+    /// log's partition count; `transaction.timeout.ms` against
+    /// `transaction.max.timeout.ms`), register the change record schema when a registry
+    /// is configured, and return what the partitions' relays share.
+    pub async fn prepare(config: &Config, sysdb: Arc<Sysdb>, log_partitions: i32) -> Result<Arc<Relay>, RelayError> {
+        let settings = config.client_settings();
+        // The changes of log partition p go to partition p of both topics.
+        let (s, topics) = (settings.clone(), [config.changes_topic(), config.changes_progress_topic()]);
+        let found = tokio::task::spawn_blocking(move || {
+            let md = crate::kafka::cluster::MetadataClient::new(&s, None)?;
+            topics.map(|t| md.topic_partitions(&t).map(|n| (t, n))).into_iter().collect::<Result<Vec<_>, _>>()
+        })
+        .await??;
+        for (topic, n) in found {
+            if n != Some(log_partitions) {
+                return Err(RelayError::Topic { topic, found: n, log: log_partitions });
+            }
+        }
+        let wanted = config.changelog.transaction_timeout_ms;
+        if let Some(max) = crate::kafka::changelog::broker_max_transaction_timeout_ms(&settings).await? {
+            if wanted > max {
+                return Err(RelayError::TransactionTimeout { wanted, max });
+            }
+        }
+        let schema_id = match crate::schema_registry::SchemaRegistry::from_config(&config.schema_registry)
+            .map_err(|e| RelayError::Registry(e.to_string()))?
+        {
+            None => None,
+            Some(registry) => {
+                let subject = change_subject(config);
+                let schema = crate::record::change::CHANGE_RECORD_SCHEMA_JSON;
+                let id = crate::schema_registry::retrying(5, || registry.register(&subject, schema))
+                    .await
+                    .map_err(|e| RelayError::Registry(e.to_string()))?;
+                info!(subject = %subject, schema_id = id, "change record schema registered");
+                Some(id)
+            }
+        };
+        Ok(Arc::new(Relay {
+            config: config.clone(),
+            sysdb,
+            settings,
+            topic: config.changes_topic(),
+            progress_topic: config.changes_progress_topic(),
+            schema_id,
+            backlog: std::sync::Mutex::default(),
+        }))
+    }
+
+    /// Bytes of `partition`'s unpublished changes, as last known (0 before the relay
+    /// read them).
+    pub fn backlog_bytes(&self, partition: i32) -> i64 {
+        self.backlog.lock().unwrap_or_else(|p| p.into_inner()).get(&partition).copied().unwrap_or(0)
+    }
+
+    /// A batch of `partition` committed changes of `bytes` bytes.
+    pub fn add_backlog(&self, partition: i32, bytes: i64) {
+        *self.backlog.lock().unwrap_or_else(|p| p.into_inner()).entry(partition).or_default() += bytes;
+    }
+
+    /// Read `partition`'s unpublished bytes from the sysdb.
+    async fn refresh_backlog(&self, partition: i32) {
+        match self.sysdb.changelog_unpublished_bytes(partition).await {
+            Ok(b) => {
+                self.backlog.lock().unwrap_or_else(|p| p.into_inner()).insert(partition, b);
+            }
+            Err(e) => debug!(partition, error = %e, "changelog relay: cannot read the outbox's size"),
+        }
+    }
+
+    /// Publish `partition`'s changes until `stop` is cancelled.
+    pub async fn run(self: Arc<Self>, partition: i32, stop: CancellationToken) {
+        // Known before a producer exists: with the broker away the bound still holds.
+        self.refresh_backlog(partition).await;
+        let mut delays = crate::retry::default_backoff();
+        while !stop.is_cancelled() {
+            match self.run_producer(partition, &stop).await {
+                Ok(()) => return,
+                Err(e) => {
+                    warn!(partition, error = %e, "changelog relay: producer stopped; starting a new one");
+                    let wait = delays.next().unwrap_or(Duration::from_secs(5));
+                    tokio::select! {
+                        _ = tokio::time::sleep(wait) => {}
+                        _ = stop.cancelled() => return,
+                    }
+                }
+            }
+        }
+    }
+
+    /// One producer's life: init (fencing the previous one), recover the progress, then
+    /// publish until stopped (`Ok`) or until the producer fails (`Err`).
+    async fn run_producer(&self, partition: i32, stop: &CancellationToken) -> Result<(), String> {
+        let cfg = &self.config.changelog;
+        let txid = self.config.changelog_transactional_id(partition);
+        let (settings, timeout) = (self.settings.clone(), cfg.transaction_timeout_ms);
+        let id = txid.clone();
+        let producer = tokio::task::spawn_blocking(move || TxnProducer::start(&settings, &id, timeout))
+            .await
+            .map_err(|e| e.to_string())?
+            .map_err(|e| e.to_string())?;
+        let producer = Arc::new(producer);
+        let result = self.publish(partition, &txid, &producer, stop).await;
+        // Closing a producer can wait on the broker: off the async threads.
+        tokio::task::spawn_blocking(move || drop(producer));
+        result
+    }
+
+    /// Recover the progress, then publish until stopped (`Ok`) or until the producer
+    /// fails (`Err`).
+    async fn publish(
+        &self,
+        partition: i32,
+        txid: &str,
+        producer: &Arc<TxnProducer>,
+        stop: &CancellationToken,
+    ) -> Result<(), String> {
+        let cfg = &self.config.changelog;
+        let (settings, topic) = (self.settings.clone(), self.progress_topic.clone());
+        let kafka_progress =
+            tokio::task::spawn_blocking(move || read_progress(&settings, &topic, partition, Duration::from_secs(60)))
+                .await
+                .map_err(|e| e.to_string())?
+                .map_err(|e| e.to_string())?;
+        let stored = self
+            .sysdb
+            .changelog_positions()
+            .await
+            .map_err(|e| e.to_string())?
+            .into_iter()
+            .find(|p| p.partition == partition)
+            .map_or(-1, |p| p.published_seq);
+        let mut last = kafka_progress.unwrap_or(-1).max(stored);
+        if kafka_progress.is_some_and(|k| k > stored) {
+            // The previous owner committed to Kafka and stopped before telling the sysdb.
+            self.sysdb.changelog_mark_published(partition, last).await.map_err(|e| e.to_string())?;
+        }
+        info!(partition, transactional_id = %txid, kafka_progress = ?kafka_progress, sysdb_progress = stored, from_seq = last + 1, "changelog relay started");
+        let mut trimmed_through = -1i64;
+        let poll = Duration::from_millis(cfg.poll_interval_ms.max(1));
+        let mut refreshed = std::time::Instant::now();
+        loop {
+            if stop.is_cancelled() {
+                return Ok(());
+            }
+            let rows = match self
+                .sysdb
+                .changelog_pending(partition, last, cfg.max_records_per_transaction, cfg.max_bytes_per_transaction)
+                .await
+            {
+                Ok(rows) => rows,
+                Err(e) => {
+                    warn!(partition, error = %e, "changelog relay: cannot read the outbox; retrying");
+                    tokio::select! {
+                        _ = tokio::time::sleep(Duration::from_millis(500)) => continue,
+                        _ = stop.cancelled() => return Ok(()),
+                    }
+                }
+            };
+            if rows.is_empty() {
+                if trimmed_through < last {
+                    trimmed_through = self.trim(partition, last).await;
+                }
+                if refreshed.elapsed() >= Duration::from_secs(1) {
+                    self.refresh_backlog(partition).await;
+                    refreshed = std::time::Instant::now();
+                }
+                tokio::select! {
+                    _ = tokio::time::sleep(poll) => continue,
+                    _ = stop.cancelled() => return Ok(()),
+                }
+            }
+            if rows[0].seq != last + 1 && last >= 0 {
+                warn!(
+                    partition,
+                    expected = last + 1,
+                    found = rows[0].seq,
+                    "changelog relay: outbox sequence has a hole"
+                );
+            }
+            let through = rows.last().map_or(last, |r| r.seq);
+            let batch = self.messages(&rows);
+            let (p, topic, progress_topic) = (producer.clone(), self.topic.clone(), self.progress_topic.clone());
+            let published = tokio::task::spawn_blocking(move || {
+                let headers: Vec<Vec<(&str, &[u8])>> =
+                    batch.iter().map(|m| m.headers.iter().map(|(k, v)| (*k, v.as_slice())).collect()).collect();
+                let msgs: Vec<ChangeMessage<'_>> = batch
+                    .iter()
+                    .zip(&headers)
+                    .map(|(m, h)| ChangeMessage { key: &m.key, value: m.value.as_deref(), headers: h })
+                    .collect();
+                p.publish(&topic, &progress_topic, partition, &msgs, through)
+            })
+            .await
+            .map_err(|e| e.to_string())?;
+            match published {
+                Ok(()) => {
+                    debug!(
+                        partition,
+                        from = rows[0].seq,
+                        through,
+                        changes = rows.len(),
+                        "changelog transaction committed"
+                    );
+                    last = through;
+                    crate::failpoint::hit("after_changelog_kafka_commit");
+                    if let Err(e) = self.sysdb.changelog_mark_published(partition, last).await {
+                        // Only a copy: the next mark (or the next owner) writes it.
+                        warn!(partition, error = %e, "changelog relay: cannot record the progress in the sysdb");
+                    }
+                    trimmed_through = self.trim(partition, last).await;
+                    self.refresh_backlog(partition).await;
+                    refreshed = std::time::Instant::now();
+                }
+                Err(TxnError::Aborted(m)) => {
+                    warn!(partition, error = %m, "changelog transaction aborted; publishing the run again");
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+                Err(e @ TxnError::Fenced(_)) => {
+                    info!(partition, error = %e, "changelog relay fenced by a newer owner of the partition");
+                    return Err(e.to_string());
+                }
+                Err(e @ TxnError::Fatal(_)) => return Err(e.to_string()),
+            }
+        }
+    }
+
+    /// Delete published rows through `seq`, one bounded step per call; returns how far
+    /// the outbox is known trimmed.
+    async fn trim(&self, partition: i32, seq: i64) -> i64 {
+        let step = self.config.changelog.delete_step_rows;
+        match self.sysdb.changelog_trim(partition, seq, step).await {
+            Ok(n) if n < step => seq,
+            Ok(_) => -1, // more to delete: the next idle turn takes another step
+            Err(e) => {
+                warn!(partition, error = %e, "changelog relay: cannot delete published outbox rows");
+                -1
+            }
+        }
+    }
+
+    /// The Kafka messages of outbox rows: key, framed value (or none), headers.
+    fn messages(&self, rows: &[ChangelogEntry]) -> Vec<OwnedMessage> {
+        rows.iter()
+            .map(|r| {
+                let c = &r.change;
+                let value = c.value.as_ref().map(|v| match self.schema_id {
+                    Some(id) => frame(Framing::Confluent, id, v),
+                    None => v.clone(),
+                });
+                OwnedMessage {
+                    key: change_key(&c.collection_id, &c.record_id),
+                    value,
+                    headers: vec![
+                        ("sluice.source.partition", r.partition.to_string().into_bytes()),
+                        ("sluice.source.offset", c.source_offset.to_string().into_bytes()),
+                        ("sluice.operation", c.op.as_str().as_bytes().to_vec()),
+                        ("sluice.collection", c.collection_id.clone().into_bytes()),
+                        ("sluice.changelog.seq", r.seq.to_string().into_bytes()),
+                        ("sluice.version", env!("CARGO_PKG_VERSION").as_bytes().to_vec()),
+                    ],
+                }
+            })
+            .collect()
+    }
+}
+
+/// A change message that owns its bytes (it crosses to the blocking pool).
+struct OwnedMessage {
+    key: Vec<u8>,
+    value: Option<Vec<u8>>,
+    headers: Vec<(&'static str, Vec<u8>)>,
+}
