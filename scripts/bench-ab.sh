@@ -66,9 +66,10 @@ drain() { # BIN RUN CONFIG -> prints records/s, checks the checksum
     while :; do
         sleep 0.5
         local lag
+        # Each run's own binary reads its sysdb (an older binary's schema is older).
         # Caught up: lag 0 on every partition and, with the change feed on, nothing left
         # unpublished in its outbox (the feed's cost is counted to its end).
-        lag=$(env ${cfg:+SLUICE_CONFIG=$cfg} SLUICE_SYSDB=$db SLUICE_TOPIC_PREFIX=$prefix SLUICE_GROUP="$prefix-$run-${dir##*-}" "$B" offsets show --format json 2>/dev/null |
+        lag=$(env ${cfg:+SLUICE_CONFIG=$cfg} SLUICE_SYSDB=$db SLUICE_TOPIC_PREFIX=$prefix SLUICE_GROUP="$prefix-$run-${dir##*-}" "$bin" offsets show --format json 2>/dev/null |
             python3 -c 'import json,sys; rows=json.load(sys.stdin); print(sum(r["lag"] + (r.get("changelog_unpublished") or 0) for r in rows) if rows and all(r["sysdb_next_offset"] is not None for r in rows) else -1)' 2>/dev/null || echo -1)
         [ "$lag" = 0 ] && break
         kill -0 $pid 2>/dev/null || { echo "bench-ab: $run exited; log $dir/$run.log" >&2; exit 1; }
@@ -76,7 +77,7 @@ drain() { # BIN RUN CONFIG -> prints records/s, checks the checksum
     end=$(date +%s.%N)
     kill -TERM $pid; wait $pid || true
     local sum
-    sum=$(SLUICE_SYSDB=$db SLUICE_TOPIC_PREFIX=$prefix "$B" checksum)
+    sum=$(SLUICE_SYSDB=$db SLUICE_TOPIC_PREFIX=$prefix "$bin" checksum)
     echo "$sum" >>"$dir/checksums"
     [ -z "$PG_ADMIN" ] || psql -q -X "$PG_ADMIN" -c "DROP DATABASE IF EXISTS \"$pgdb\" WITH (FORCE)" >/dev/null 2>&1 || true
     python3 -c "print(f'{$N/($end-$start):.0f}')"

@@ -25,6 +25,11 @@ use crate::sysdb::{redact_url, Sysdb};
 /// out of connections) before giving up.
 const SYSDB_OPEN_FOR: Duration = Duration::from_secs(60);
 
+/// How long start-up waits for a broker that does not answer (down, restarting, or too
+/// busy to answer within the request timeout) before giving up. A broker that refuses
+/// (authentication, TLS) fails the start at once.
+const BROKER_WAIT_FOR: Duration = Duration::from_secs(60);
+
 /// How long the backfill worker and the relay get to stop after the processor has.
 const ROLE_STOP_BUDGET: Duration = Duration::from_secs(15);
 /// How often the readers' shared poll may read the positions while someone waits.
@@ -141,7 +146,7 @@ struct Started {
 /// processor joins the group (so `/readyz` says "starting") and stops after it has left
 /// (the last metrics stay scrapeable).
 async fn start(config: &Config, stop: &CancellationToken) -> Result<Started> {
-    crate::kafka::preflight::check(&config.client_settings()).await?;
+    preflight_patiently(config, stop).await?;
     let sysdb = Arc::new(open_sysdb_patiently(config, stop).await?);
     let metrics = Metrics::with_options(config.metrics.per_collection);
     if let Some(stats) = sysdb.sqlite_stats() {
@@ -169,6 +174,27 @@ async fn start(config: &Config, stop: &CancellationToken) -> Result<Started> {
         Some(crate::api::Server::start(&config.http.listen, state).await?)
     };
     Ok(Started { sysdb, metrics, health, board, server })
+}
+
+/// The connection preflight, repeated (bounded) while no broker answers: a replica
+/// started while the broker restarts, or is too loaded to answer within the request
+/// timeout, waits for it instead of exiting.
+async fn preflight_patiently(config: &Config, stop: &CancellationToken) -> Result<()> {
+    let deadline = Instant::now() + BROKER_WAIT_FOR;
+    let mut delays = crate::retry::default_backoff();
+    loop {
+        match crate::kafka::preflight::check_once(&config.client_settings()).await {
+            Ok(()) => return Ok(()),
+            Err(f) if f.may_pass_later && Instant::now() < deadline => {
+                warn!(error = %f.error, "no answer from the broker at start-up; retrying");
+                tokio::select! {
+                    _ = tokio::time::sleep(delays.next().unwrap_or(Duration::from_secs(5))) => {}
+                    _ = stop.cancelled() => bail!("stopped while waiting for the broker"),
+                }
+            }
+            Err(f) => return Err(f.error.into()),
+        }
+    }
 }
 
 /// Open the sysdb, waiting (bounded) while it answers "unavailable": a replica started

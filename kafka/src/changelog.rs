@@ -85,6 +85,10 @@ impl TxnProducer {
         c.set("acks", "all");
         c.set("linger.ms", "5");
         c.set("compression.type", "lz4");
+        // The transaction's commit reports every failure of its messages: a report per
+        // delivered message would only be polled and dropped (a profile of a replica
+        // with the feed on had ~5% of its CPU in the producers' polling threads).
+        c.set("delivery.report.only.error", "true");
         let inner: ThreadedProducer<DefaultProducerContext> =
             c.create().map_err(|e| KafkaError::Config(e.to_string()))?;
         let timeout = settings.timeout().max(Duration::from_secs(30));

@@ -168,16 +168,47 @@ pub async fn check(settings: &ClientSettings) -> Result<(), KafkaError> {
 }
 
 pub fn check_connection(settings: &ClientSettings, timeout: Duration) -> Result<(), KafkaError> {
+    check_connection_once(settings, timeout).map_err(|f| f.error)
+}
+
+/// A failed preflight: the error to show, and whether the same check may pass later.
+/// It may when no broker answered at all (down, restarting, or too busy to answer within
+/// the timeout, which a listener of another protocol cannot be told apart from); it may
+/// not when a broker refused (authentication, TLS, a listener that said it speaks
+/// another protocol): waiting cannot cure that.
+#[derive(Debug)]
+pub struct Failure {
+    pub error: KafkaError,
+    pub may_pass_later: bool,
+}
+
+/// [`check_connection_once`] from async code, with the settings' request timeout (at
+/// least 1 s).
+pub async fn check_once(settings: &ClientSettings) -> Result<(), Failure> {
+    let settings = settings.clone();
+    let timeout = settings.timeout().max(Duration::from_secs(1));
+    tokio::task::spawn_blocking(move || check_connection_once(&settings, timeout)).await.unwrap_or_else(|e| {
+        Err(Failure { error: KafkaError::Config(format!("connection check task failed: {e}")), may_pass_later: false })
+    })
+}
+
+/// [`check_connection`], saying whether a failure may pass later ([`Failure`]).
+pub fn check_connection_once(settings: &ClientSettings, timeout: Duration) -> Result<(), Failure> {
+    let final_error = |error| Failure { error, may_pass_later: false };
     let mut c = settings.client_config();
     c.set("socket.connection.setup.timeout.ms", timeout.as_millis().clamp(1000, 300_000).to_string())
         .set_log_level(RDKafkaLogLevel::Warning);
     let client: BaseProducer<Capture> =
-        c.create_with_context(Capture::default()).map_err(|e| KafkaError::Config(e.to_string()))?;
+        c.create_with_context(Capture::default()).map_err(|e| final_error(KafkaError::Config(e.to_string())))?;
     let deadline = Instant::now() + timeout;
     let mut last_error;
+    // Short waits first, so that a refusal is reported within a second; longer ones
+    // after, so that a broker slower than the first wait to answer (a busy one) can.
+    let mut wait = Duration::from_millis(500);
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
-        let step = left.min(Duration::from_millis(500)).max(Duration::from_millis(1));
+        let step = left.min(wait).max(Duration::from_millis(1));
+        wait = (wait * 2).min(Duration::from_secs(4));
         match client.client().fetch_metadata(None, step) {
             Ok(_) => return Ok(()),
             Err(e) => last_error = e.to_string(),
@@ -188,7 +219,7 @@ pub fn check_connection(settings: &ClientSettings, timeout: Duration) -> Result<
             cause @ (Cause::Authentication | Cause::UntrustedCertificate | Cause::Tls | Cause::ProtocolMismatch),
         ) = decisive_cause(&reports)
         {
-            return Err(explain(&cause, settings, &pick_detail(&reports, &cause)));
+            return Err(final_error(explain(&cause, settings, &pick_detail(&reports, &cause))));
         }
         if Instant::now() >= deadline {
             let mut cause = decisive_cause(&reports).unwrap_or(Cause::Unreachable);
@@ -202,7 +233,9 @@ pub fn check_connection(settings: &ClientSettings, timeout: Duration) -> Result<
             if detail.is_empty() {
                 detail = format!("no answer within {timeout:?}: {last_error}");
             }
-            return Err(explain(&cause, settings, &detail));
+            // No broker answered (what `decisive_cause` found here is at most
+            // "unreachable"): it may yet.
+            return Err(Failure { error: explain(&cause, settings, &detail), may_pass_later: true });
         }
     }
 }
@@ -299,5 +332,31 @@ mod tests {
         let e = check_connection(&s, Duration::from_secs(2)).unwrap_err().to_string();
         assert!(t0.elapsed() < Duration::from_secs(10), "took {:?}", t0.elapsed());
         assert!(e.contains("cannot reach any broker at 127.0.0.1:1"), "{e}");
+    }
+
+    #[test]
+    fn a_broker_that_does_not_answer_may_answer_later() {
+        // Refused: nothing listens.
+        let f = check_connection_once(&ClientSettings::new("127.0.0.1:1"), Duration::from_secs(2)).unwrap_err();
+        assert!(f.may_pass_later, "{f:?}");
+        // Accepted but never answered: a listener of another protocol, or a broker too
+        // busy to answer in time. The message names the first; waiting may cure the second.
+        let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = silent.local_addr().unwrap();
+        let held = std::thread::spawn(move || {
+            let mut conns = Vec::new();
+            silent.set_nonblocking(true).unwrap();
+            let until = Instant::now() + Duration::from_secs(5);
+            while Instant::now() < until {
+                if let Ok((c, _)) = silent.accept() {
+                    conns.push(c);
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        });
+        let f = check_connection_once(&ClientSettings::new(addr.to_string()), Duration::from_secs(2)).unwrap_err();
+        assert!(f.may_pass_later, "{f:?}");
+        assert!(f.error.to_string().contains("does not answer Kafka requests"), "{}", f.error);
+        held.join().unwrap();
     }
 }

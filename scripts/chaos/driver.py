@@ -1,13 +1,15 @@
 #!/usr/bin/env python3
 """Chaos workload for Sluice: replicas killed, frozen and restarted while three kinds of
-producers write, functions are attached and detached, and hostile records arrive.
+producers write, a reader pages through the records, functions are attached and detached,
+and hostile records arrive.
 
 What it does, in order:
   1. `sluice init --partitions P`, then one seed upsert per collection (`sluice produce`)
      so that every collection's embedding dimension (4) is fixed before any hostile
      wrong-dimension record can arrive;
-  2. starts R `sluice process` replicas;
-  3. for --seconds, at the same time:
+  2. starts R `sluice process` replicas (replica i serves its HTTP API on the i-th of
+     --http-ports);
+  3. for --cycles actions on the replicas (or --seconds), at the same time:
      - a plain producer: `sluice produce` of JSON lines, a batch every ~second;
      - an idempotent producer (confluent-kafka, enable.idempotence=true) that also sends
        the hostile records: garbage bytes, truncated Avro, a wrong embedding dimension, a
@@ -16,21 +18,30 @@ What it does, in order:
      - a transactional producer (transactional.id) committing most transactions and
        aborting some; aborted transactions carry hostile records too (they must never be
        seen by the processor);
-     - chaos on the replicas: kill -9 (restarted a few seconds later), SIGSTOP for 1-12 s
-       (longer than the session timeout now and then: the frozen replica comes back as a
-       zombie whose partitions moved), graceful restart (SIGTERM, start);
+     - all three now and then send a record with large values, up to the validation
+       limits (a 1 MiB document, up to 64 metadata keys with strings of up to 64 KiB,
+       ids of 1,024 bytes): about 1.1-1.6 MB a message;
+     - a reader: pages of GET /api/v1/collections/{id}/records on a random live replica,
+       followed to the end, and every 10th pass `sluice records`; each page must be in id
+       order after its cursor, with its large values whole;
+     - chaos on the replicas, one action (a cycle) every --action-every seconds: kill -9
+       (restarted a few seconds later), SIGSTOP for 1-12 s (longer than the session
+       timeout now and then: the frozen replica comes back as a zombie whose partitions
+       moved), graceful restart (SIGTERM, start). A replica that exits although nobody
+       stopped it (one that fails to start, say) is reported with the tail of its log;
      - `sluice functions attach` of record_counter / statistics / normalize on random
        collections, and `sluice functions detach` (with or without --drop-output) of some;
   4. stops the producers, thaws and restarts every replica, waits until the sysdb
      positions reach the high watermarks and every attached function is ready, or until
-     nothing has moved for --stall-seconds (bounded by --settle-seconds);
+     nothing has moved for --stall-seconds (bounded by --settle-seconds); then reads every
+     collection over HTTP page by page into final-pages.json;
   5. stops the replicas (SIGTERM) and writes manifest.json into --dir: the hostile records
      sent (partition, offset, label), the attaches/detaches, the replica logs, exit codes,
-     lines that say a partition HALTED, and the figures of the run.
+     lines that say a partition HALTED, the reader's errors and the figures of the run.
 
 The verdict is not given here: the Rust checker (integration-tests/tests/it/chaos.rs) reads
 the log topic with read_committed, computes the expected state with the reference model and
-compares it with the sysdb, the function outputs, the DLQ and the positions.
+compares it with the sysdb, the pages read, the function outputs, the DLQ and the positions.
 
 Every sluice command gets SLUICE_CONFIG/BROKERS/SYSDB/GROUP/TOPIC_PREFIX from the flags.
 """
@@ -46,6 +57,9 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
+import urllib.parse
+import urllib.request
 
 import fastavro
 from confluent_kafka import KafkaException, Producer
@@ -57,6 +71,14 @@ sys.path.insert(0, os.path.join(REPO, "scripts", "bench"))
 from murmur2 import partition as home_partition  # noqa: E402
 
 DIM = 4
+# The validation limits (record/src/validate.rs, Limits::default()): records with large
+# values go up to them, and the log topic takes messages of MAX_MESSAGE bytes.
+MAX_DOCUMENT = 1 << 20
+MAX_META_VALUE = 64 * 1024
+MAX_META_KEYS = 64
+MAX_ID = 1024
+MAX_MESSAGE = 4 << 20
+BIG = "big"
 FUNCTIONS = ["record_counter", "statistics", "normalize"]
 META_KEYS = ["color", "size", "flag", "n"]
 META_VALUES = {
@@ -65,6 +87,14 @@ META_VALUES = {
     "flag": [True, False, None],
     "n": [0.5, 1.5, -2.25, None],
 }
+
+
+def log_tail(path, lines=20):
+    try:
+        with open(path, errors="replace") as f:
+            return [line.rstrip()[:400] for line in f.readlines()[-lines:]]
+    except OSError as e:
+        return [f"(cannot read {path}: {e})"]
 
 
 def log(msg):
@@ -107,6 +137,49 @@ class Workload:
             if rng.random() < 0.5:
                 rec["document"] = rng.choice(["", "doc", f"document {rng.randrange(1000)}"])
         return rec
+
+    def big_record(self):
+        """A record near the validation limits: a document of up to 1 MiB, up to 64 metadata
+        keys of which several hold strings of up to 64 KiB, now and then an id of 1,024
+        bytes; about 1.1-1.6 MB encoded. Each large string says its own length and is one
+        character repeated, so that a reader can tell a torn value (`intact`)."""
+        rng = self.rng
+        op = rng.choices(["upsert", "add", "update"], weights=[60, 20, 20])[0]
+        if rng.random() < 0.2:
+            head = f"long-{rng.randrange(5)}-"
+            rid = head + "i" * (MAX_ID - len(head))
+        else:
+            rid = f"r{rng.randrange(self.ids)}"
+        doc_len = MAX_DOCUMENT if rng.random() < 0.5 else rng.randint(MAX_DOCUMENT - 65536, MAX_DOCUMENT)
+        meta = {}
+        for k in rng.sample(META_KEYS, rng.randint(0, len(META_KEYS))):
+            meta[k] = rng.choice(META_VALUES[k])
+        for n in range(rng.randint(1, 8)):
+            size = MAX_META_VALUE if rng.random() < 0.5 else rng.randint(MAX_META_VALUE - 4096, MAX_META_VALUE)
+            meta[f"{BIG}{n}"] = big_text(rng, size)
+        if rng.random() < 0.3:
+            for n in range(MAX_META_KEYS - len(meta)):
+                meta[f"k{n:02}"] = rng.randrange(4)
+        return {"collection": rng.choice(self.collections), "id": rid, "operation": op,
+                "embedding": [round(rng.uniform(-1, 1), 3) for _ in range(DIM)],
+                "metadata": meta, "document": big_text(rng, doc_len)}
+
+
+def big_text(rng, length):
+    """`big|<length>|` then one letter repeated up to `length` bytes."""
+    head = f"{BIG}|{length}|"
+    return head + rng.choice("abcdefghijklmnopqrstuvwxyz") * (length - len(head))
+
+
+def intact(value):
+    """Whether a string made by `big_text` came back whole (other strings: True)."""
+    if not isinstance(value, str) or not value.startswith(BIG + "|"):
+        return True
+    try:
+        _, length, rest = value.split("|", 2)
+    except ValueError:
+        return False
+    return len(value.encode()) == int(length) and len(set(rest)) <= 1
 
 
 def avro_datum(rec):
@@ -186,6 +259,7 @@ class Run:
         self.fig = Figures()
         self.stop = threading.Event()      # plain and idempotent producers
         self.stop_tx = threading.Event()   # the transactional producer (stops last)
+        self.stop_reader = threading.Event()
         self.hostile = []          # {"partition", "offset", "label", "producer"}
         self.hostile_lock = threading.Lock()
         self.errors = []           # harness-level problems (reported, never hidden)
@@ -194,13 +268,31 @@ class Run:
         self.restart_at = [None] * args.replicas
         self.generation = [0] * args.replicas
         self.logs = []
-        self.exit_codes = []       # (replica, generation, how it ended, code)
+        self.replica_log = [None] * args.replicas
+        self.started_at = [None] * args.replicas
+        self.http_ports = [int(p) for p in args.http_ports.split(",")] if args.http_ports else []
+        self.exit_codes = []       # {replica, generation, how it ended, code, seconds_alive, log[, log_tail]}
+        self.reader_errors = []    # pages that came back wrong (reported, never hidden)
+        self.cycles = 0            # chaos actions done: kill -9, freeze, graceful restart
         self.functions = []        # {"function_id", "collection", "function", "output", "detached", "drop_output"}
         self.schema = fastavro.schema.load_schema(os.path.join(REPO, "schemas", "log_record.avsc"))
 
     # ---- sluice commands -------------------------------------------------------------
     def sluice(self, *argv, timeout=120):
         return subprocess.run([self.args.sluice, *argv], env=self.env, capture_output=True, text=True, timeout=timeout)
+
+    def sluice_write(self, what, *argv, wait=60):
+        """A command that writes the sysdb, repeated while SQLite answers that another
+        connection holds the write lock past the busy timeout (a replica frozen inside its
+        transaction holds it for up to 12 s): the documented answer is "unavailable,
+        nothing written, retry" (docs/sqlite.md). Counted, not an error."""
+        deadline = time.monotonic() + wait
+        while True:
+            out = self.sluice(*argv)
+            if out.returncode == 0 or "database is locked" not in out.stderr or time.monotonic() > deadline:
+                return out
+            self.fig.add(f"{what}_retried_locked")
+            time.sleep(1)
 
     def produce_lines(self, recs, tag):
         path = os.path.join(self.args.dir, f"produce-{tag}.jsonl")
@@ -225,20 +317,46 @@ class Run:
         self.generation[i] += 1
         path = os.path.join(self.args.dir, f"replica-{i}-{self.generation[i]}.log")
         self.logs.append(path)
+        env = self.env
+        if self.http_ports:
+            env = dict(self.env, SLUICE_HTTP=f"127.0.0.1:{self.http_ports[i]}")
         f = open(path, "w")
-        self.replicas[i] = subprocess.Popen([self.args.sluice, "process"], env=self.env, stdout=subprocess.DEVNULL,
+        self.replicas[i] = subprocess.Popen([self.args.sluice, "process"], env=env, stdout=subprocess.DEVNULL,
                                             stderr=f, stdin=subprocess.DEVNULL)
         f.close()
+        self.replica_log[i] = path
+        self.started_at[i] = time.monotonic()
         self.restart_at[i] = None
         self.frozen_until[i] = None
 
     def reap(self, i, how):
         p = self.replicas[i]
         code = p.wait()
-        self.exit_codes.append({"replica": i, "generation": self.generation[i], "how": how, "code": code})
+        x = {"replica": i, "generation": self.generation[i], "how": how, "code": code,
+             "seconds_alive": round(time.monotonic() - self.started_at[i], 1), "log": self.replica_log[i]}
+        if how == "exited by itself" or (how == "SIGTERM" and code != 0):
+            x["log_tail"] = log_tail(self.replica_log[i])
+        self.exit_codes.append(x)
         self.replicas[i] = None
+        return x
+
+    def exited_by_itself(self, i):
+        """Reaps replica i if it has exited although nobody stopped it: a replica that
+        failed to start (cannot open the sysdb, its port is taken, ...) or died. Reported
+        with the tail of its log; it is restarted a second later."""
+        p = self.replicas[i]
+        if p is None or p.poll() is None:
+            return False
+        # The checker reports it from the exits, with the tail of its log.
+        x = self.reap(i, "exited by itself")
+        self.fig.add("replica_exits_by_itself")
+        self.restart_at[i] = time.monotonic() + 1
+        log(f"replica {i} exited by itself with {x['code']}")
+        return True
 
     def kill9(self, i):
+        if self.exited_by_itself(i):
+            return False
         p = self.replicas[i]
         if self.frozen_until[i] is not None:
             self.frozen_until[i] = None
@@ -246,22 +364,28 @@ class Run:
         self.reap(i, "kill -9")
         self.fig.add("kills")
         self.restart_at[i] = time.monotonic() + random.uniform(0.5, 4.0)
+        return True
 
     def freeze(self, i, seconds):
+        if self.exited_by_itself(i):
+            return False
         os.kill(self.replicas[i].pid, signal.SIGSTOP)
         self.frozen_until[i] = time.monotonic() + seconds
         self.fig.add("freezes")
-        if seconds > 6:
+        if seconds > self.args.session_timeout:
             self.fig.add("freezes_beyond_session_timeout")
+        return True
 
     def thaw(self, i):
         os.kill(self.replicas[i].pid, signal.SIGCONT)
         self.frozen_until[i] = None
 
     def terminate(self, i, timeout=40):
-        p = self.replicas[i]
         if self.frozen_until[i] is not None:
             self.thaw(i)
+        if self.exited_by_itself(i):
+            return False
+        p = self.replicas[i]
         p.send_signal(signal.SIGTERM)
         try:
             p.wait(timeout=timeout)
@@ -270,14 +394,12 @@ class Run:
             self.errors.append(f"replica {i} (generation {self.generation[i]}) did not stop within {timeout}s of SIGTERM; killed")
             p.kill()
             self.reap(i, "SIGTERM timed out, then kill -9")
+        return True
 
     def check_unexpected_exits(self):
-        for i, p in enumerate(self.replicas):
-            if p is not None and self.frozen_until[i] is None and p.poll() is not None:
-                self.errors.append(f"replica {i} (generation {self.generation[i]}) exited by itself with {p.returncode}; "
-                                   f"log {self.logs[-1] if self.logs else '?'}")
-                self.reap(i, "exited by itself")
-                self.restart_at[i] = time.monotonic() + 1
+        for i in range(self.args.replicas):
+            if self.frozen_until[i] is None:
+                self.exited_by_itself(i)
 
     # ---- producers -------------------------------------------------------------------
     def plain_producer(self):
@@ -285,11 +407,22 @@ class Run:
         n = 0
         while not self.stop.is_set():
             n += 1
-            self.produce_lines([w.record() for _ in range(w.rng.randint(50, 150))], f"plain-{n}")
+            recs = [w.record() for _ in range(w.rng.randint(50, 150))]
+            if w.rng.random() < self.args.big_ratio * 50:
+                recs.insert(w.rng.randrange(len(recs)), w.big_record())
+            if self.produce_lines(recs, f"plain-{n}"):
+                self.count_big(recs, "plain")
             self.stop.wait(random.uniform(0.5, 1.5))
 
     def base_config(self):
-        return {"bootstrap.servers": self.args.brokers, "partitioner": "murmur2_random", "linger.ms": 5}
+        return {"bootstrap.servers": self.args.brokers, "partitioner": "murmur2_random", "linger.ms": 5,
+                "message.max.bytes": MAX_MESSAGE}
+
+    def count_big(self, recs, producer):
+        big = sum(1 for r in recs if isinstance(r.get("document"), str) and r["document"].startswith(BIG + "|"))
+        if big:
+            self.fig.add("big_records", big)
+            self.fig.add(f"big_records_{producer}", big)
 
     def record_hostile(self, reports, producer):
         for label, err, p, o in reports:
@@ -317,11 +450,12 @@ class Run:
                     kw = {} if part is None else {"partition": part}
                     prod.produce(self.topic, key=key, value=value, on_delivery=d.cb(label), **kw)
                 else:
-                    rec = w.record()
+                    rec = w.big_record() if w.rng.random() < self.args.big_ratio else w.record()
                     prod.produce(self.topic, key=rec["collection"].encode(), value=hostile.encode(avro_datum(rec)),
                                  on_delivery=d.cb(None))
                     self.fig.add("idempotent_records")
                     self.fig.add(f"idempotent_{rec['operation']}")
+                    self.count_big([rec], "idempotent")
                 prod.poll(0)
             left = prod.flush(30)
             if left:
@@ -343,6 +477,7 @@ class Run:
             abort = w.rng.random() < self.args.abort_ratio
             d = Delivery()
             n = 0
+            sent = []
             prod.begin_transaction()
             try:
                 for _ in range(w.rng.randint(5, 60)):
@@ -351,9 +486,10 @@ class Run:
                         kw = {} if part is None else {"partition": part}
                         prod.produce(self.topic, key=key, value=value, on_delivery=d.cb(label), **kw)
                     else:
-                        rec = w.record()
+                        rec = w.big_record() if w.rng.random() < self.args.big_ratio * 2 else w.record()
                         prod.produce(self.topic, key=rec["collection"].encode(), value=hostile.encode(avro_datum(rec)),
                                      on_delivery=d.cb(None))
+                        sent.append(rec)
                         n += 1
                     prod.poll(0)
                 if abort:
@@ -365,6 +501,7 @@ class Run:
                     prod.commit_transaction(60)
                     self.fig.add("transactions_committed")
                     self.fig.add("transactional_records_committed", n)
+                    self.count_big(sent, "transactional")
                     self.record_hostile(d.reports, "transactional")
             except KafkaException as e:
                 # Whatever happened, the oracle reads the log with read_committed.
@@ -395,13 +532,131 @@ class Run:
                 self.fig.add("transactions_committed")
                 self.fig.add("transactional_records_committed", len(w.collections))
 
+    # ---- the reader ------------------------------------------------------------------
+    def http_page(self, port, collection, after, limit, timeout=5):
+        """GET one page of records: (status, body as JSON or text), or (None, why) when the
+        replica does not answer (killed, frozen, starting)."""
+        q = {"limit": str(limit)}
+        if after is not None:
+            q["after"] = after
+        url = (f"http://127.0.0.1:{port}/api/v1/collections/{urllib.parse.quote(collection, safe='')}/records?"
+               + urllib.parse.urlencode(q))
+        try:
+            with urllib.request.urlopen(url, timeout=timeout) as r:
+                return r.status, json.loads(r.read())
+        except urllib.error.HTTPError as e:
+            return e.code, e.read().decode(errors="replace")[:400]
+        except (OSError, ValueError) as e:  # refused, reset, timed out, cut short
+            return None, str(e)
+
+    def check_page(self, where, collection, after, page):
+        """A page's records are in id order after the cursor, once each, whole."""
+        ids = [r.get("id") for r in page.get("records", [])]
+        problems = []
+        if page.get("collection") != collection:
+            problems.append(f"collection {page.get('collection')!r}")
+        if any(not isinstance(i, str) for i in ids):
+            problems.append("a record without an id")
+        elif ids != sorted(set(ids)) or (after is not None and ids and ids[0] <= after):
+            problems.append(f"ids out of order or not after the cursor {after!r}: {[i[:40] for i in ids][:10]}")
+        for r in page.get("records", []):
+            values = [r.get("document")] + list((r.get("metadata") or {}).values())
+            if not all(intact(v) for v in values):
+                problems.append(f"a torn large value in record {str(r.get('id'))[:40]}")
+        if problems:
+            self.reader_errors.append(f"{where}, collection {collection}, after {str(after)[:40]!r}: " + "; ".join(problems))
+        return not problems
+
+    def reader(self):
+        """Polls pages of GET /api/v1/collections/{id}/records on a random replica, in a
+        loop, following `next` to the end of the collection; every 10th pass reads the
+        collection with `sluice records` instead. A page must be in id order after its
+        cursor and its large values whole; a replica that does not answer (killed,
+        frozen, starting) or answers 503 is counted, not an error."""
+        rng = random.Random(self.args.seed + 7)
+        collections = [f"{self.args.prefix}-c{i}" for i in range(self.args.collections)]
+        seen = set()   # collections that answered once: a 404 afterwards is an error
+        passes = 0
+        while not self.stop_reader.is_set():
+            passes += 1
+            c = rng.choice(collections)
+            if passes % 10 == 0:
+                out = self.sluice("records", c, "--format", "jsonl", timeout=120)
+                self.fig.add("reader_cli_reads")
+                if out.returncode != 0:
+                    if c in seen or "unknown collection" not in out.stderr:
+                        self.reader_errors.append(f"sluice records {c} failed ({out.returncode}): {out.stderr.strip()[-400:]}")
+                    continue
+                recs = [json.loads(line) for line in out.stdout.splitlines()]
+                seen.add(c)
+                self.fig.add("reader_cli_records", len(recs))
+                self.check_page("sluice records", c, None, {"collection": c, "records": recs})
+                continue
+            up = [i for i in range(self.args.replicas) if self.replicas[i] is not None and self.frozen_until[i] is None]
+            if not up or not self.http_ports:
+                self.stop_reader.wait(0.2)
+                continue
+            port = self.http_ports[rng.choice(up)]
+            limit = rng.choice([1, 7, 25, 50])
+            after = None
+            while not self.stop_reader.is_set():
+                status, page = self.http_page(port, c, after, limit)
+                if status is None:
+                    self.fig.add("reader_no_answer")
+                    break
+                if status == 503:
+                    self.fig.add("reader_503")
+                    break
+                if status == 404 and c not in seen:
+                    self.fig.add("reader_404_before_first_record")
+                    break
+                if status != 200 or not isinstance(page, dict):
+                    self.reader_errors.append(f"GET records of {c} after {str(after)[:40]!r} on port {port}: {status} {str(page)[:400]}")
+                    break
+                seen.add(c)
+                self.fig.add("reader_pages")
+                self.fig.add("reader_records", len(page.get("records", [])))
+                self.check_page(f"GET on port {port}", c, after, page)
+                after = page.get("next")
+                if after is None:
+                    self.fig.add("reader_passes")
+                    break
+            self.stop_reader.wait(rng.uniform(0.05, 0.3))
+
+    def final_pages(self):
+        """After the run: every collection read over HTTP page by page (limit 37) from the
+        first replica that answers; the checker compares them with the model."""
+        pages = {}
+        for c in [f"{self.args.prefix}-c{i}" for i in range(self.args.collections)]:
+            for port in self.http_ports:
+                recs, after, ok = [], None, True
+                while True:
+                    status, page = self.http_page(port, c, after, 37, timeout=60)
+                    if status != 200:
+                        ok = False
+                        break
+                    self.check_page(f"final GET on port {port}", c, after, page)
+                    recs.extend(page["records"])
+                    after = page.get("next")
+                    if after is None:
+                        break
+                if ok:
+                    pages[c] = recs
+                    break
+            else:
+                self.reader_errors.append(f"final read of {c}: no replica answered 200 ({status} {str(page)[:200]})")
+        path = os.path.join(self.args.dir, "final-pages.json")
+        with open(path, "w") as f:
+            json.dump(pages, f)
+        return path
+
     # ---- functions -------------------------------------------------------------------
     def attach(self, rng):
         c = rng.choice([f"{self.args.prefix}-c{i}" for i in range(self.args.collections)])
         # The first attaches go through every function, so that even a short run has each.
         fn = FUNCTIONS[len(self.functions)] if len(self.functions) < len(FUNCTIONS) else rng.choice(FUNCTIONS)
         output = f"{self.args.prefix}-out{len(self.functions)}-{fn}"
-        out = self.sluice("functions", "attach", c, "--function", fn, "--output", output, "--format", "json")
+        out = self.sluice_write("attach", "functions", "attach", c, "--function", fn, "--output", output, "--format", "json")
         if out.returncode != 0:
             self.errors.append(f"functions attach {c} {fn} failed: {out.stderr.strip()[-400:]}")
             self.fig.add("attach_failures")
@@ -418,7 +673,7 @@ class Run:
             return
         f = live[-1] if newest else rng.choice(live)
         drop = rng.random() < 0.5
-        out = self.sluice("functions", "detach", f["function_id"], *(["--drop-output"] if drop else []))
+        out = self.sluice_write("detach", "functions", "detach", f["function_id"], *(["--drop-output"] if drop else []))
         if out.returncode != 0:
             self.errors.append(f"functions detach {f['function_id']} failed: {out.stderr.strip()[-400:]}")
             self.fig.add("detach_failures")
@@ -443,7 +698,8 @@ class Run:
         scripted = [0.0, 0.5 + 0.01, 0.9]     # kill -9, a freeze, a graceful restart
         # One attach of each function, a fourth, and the detach of that fourth one.
         functions_scripted = ["attach"] * (len(FUNCTIONS) + 1) + ["detach newest"]
-        while time.monotonic() < deadline:
+        cycles = self.args.cycles
+        while time.monotonic() < deadline and (not cycles or self.cycles < cycles):
             now = time.monotonic()
             for i in range(self.args.replicas):
                 if self.frozen_until[i] is not None and now >= self.frozen_until[i]:
@@ -459,19 +715,25 @@ class Run:
                     # The first three actions are one of each kind, so that even a short
                     # run has them all; then at random.
                     a = scripted.pop(0) if scripted else rng.random()
+                    n = self.cycles + 1
                     if a < 0.4:
-                        log(f"kill -9 replica {i}")
-                        self.kill9(i)
+                        log(f"cycle {n}: kill -9 replica {i}")
+                        done = self.kill9(i)
                     elif a < 0.75:
-                        secs = rng.uniform(7, 12) if self.fig.snapshot().get("freezes", 0) == 0 else rng.choice([rng.uniform(1, 5), rng.uniform(7, 12)])
-                        log(f"SIGSTOP replica {i} for {secs:.1f}s")
-                        self.freeze(i, secs)
+                        st = self.args.session_timeout
+                        secs = rng.uniform(st + 1, st + 6) if self.fig.snapshot().get("freezes", 0) == 0 else rng.choice([rng.uniform(1, st - 1), rng.uniform(st + 1, st + 6)])
+                        log(f"cycle {n}: SIGSTOP replica {i} for {secs:.1f}s")
+                        done = self.freeze(i, secs)
                     else:
-                        log(f"graceful restart of replica {i}")
-                        self.terminate(i)
-                        self.start_replica(i)
-                        self.fig.add("graceful_restarts")
-                next_action = now + rng.uniform(2, 6)
+                        log(f"cycle {n}: graceful restart of replica {i}")
+                        done = self.terminate(i)
+                        if done:
+                            self.start_replica(i)
+                            self.fig.add("graceful_restarts")
+                    if done:
+                        self.cycles += 1
+                lo, hi = self.args.action_every
+                next_action = now + rng.uniform(lo, hi)
             if now >= next_function:
                 what = functions_scripted.pop(0) if functions_scripted else ("attach" if rng.random() < 0.7 else "detach")
                 if what == "attach" or not any(not f["detached"] for f in self.functions[len(FUNCTIONS):]):
@@ -515,7 +777,30 @@ class Run:
                 log(f"not settled after {self.args.settle_seconds}s: {state}")
                 return False, time.monotonic() - started, state
 
+    def reporting(self, target):
+        """`target`, with an exception it dies of reported as a harness error."""
+        def run():
+            try:
+                target()
+            except Exception as e:  # noqa: BLE001 - reported, and the run fails on it
+                self.errors.append(f"{target.__name__} died: {type(e).__name__}: {e}")
+                log(f"{target.__name__} died: {e!r}")
+        return run
+
+    def kill_all(self):
+        """Leaves no replica behind when the driver itself fails."""
+        for p in self.replicas:
+            if p is not None and p.poll() is None:
+                os.kill(p.pid, signal.SIGKILL)
+                p.wait()
+
     def run(self):
+        try:
+            self.run_inner()
+        finally:
+            self.kill_all()
+
+    def run_inner(self):
         a = self.args
         t0 = time.monotonic()
         out = self.sluice("init", "--partitions", str(a.partitions))
@@ -528,12 +813,16 @@ class Run:
             raise SystemExit("seeding failed: " + "; ".join(self.errors))
         for i in range(a.replicas):
             self.start_replica(i)
-        threads = [threading.Thread(target=t, name=t.__name__, daemon=True)
+        threads = [threading.Thread(target=self.reporting(t), name=t.__name__, daemon=True)
                    for t in (self.plain_producer, self.idempotent_producer, self.transactional_producer)]
         for t in threads:
             t.start()
-        log(f"chaos for {a.seconds}s on {a.replicas} replicas, {a.partitions} partitions, prefix {a.prefix}")
+        reader = threading.Thread(target=self.reporting(self.reader), name="reader", daemon=True)
+        reader.start()
+        bound = f"{a.cycles} cycles (at most {a.seconds:.0f} s)" if a.cycles else f"{a.seconds}s"
+        log(f"chaos for {bound} on {a.replicas} replicas, {a.partitions} partitions, prefix {a.prefix}")
         self.chaos_loop(t0 + a.seconds)
+        self.fig.add("cycles", self.cycles)
         self.stop.set()
         for t in threads[:2]:
             t.join(timeout=120)
@@ -545,6 +834,12 @@ class Run:
         chaos_secs = time.monotonic() - t0
         log("chaos over; producers stopped; waiting for the replicas to settle")
         settled, settle_secs, state = self.settle()
+        self.stop_reader.set()
+        reader.join(timeout=180)
+        if reader.is_alive():
+            self.errors.append("the reader did not stop within 180 s")
+        final_pages = self.final_pages() if self.http_ports else None
+        self.check_unexpected_exits()
         for i in range(a.replicas):
             if self.replicas[i] is not None:
                 self.terminate(i)
@@ -573,6 +868,7 @@ class Run:
             "hostile": sorted(self.hostile, key=lambda h: (h["partition"], h["offset"])),
             "functions": self.functions, "replica_logs": self.logs, "exits": self.exit_codes,
             "halted_or_panicked": halted, "harness_errors": self.errors, "settled": settled,
+            "reader_errors": self.reader_errors, "final_pages": final_pages, "backend": a.sysdb.split(":", 1)[0],
             "final_state": state, "figures": figures,
         }
         path = os.path.join(a.dir, "manifest.json")
@@ -591,7 +887,16 @@ def main():
     ap.add_argument("--prefix", required=True)
     ap.add_argument("--group", required=True)
     ap.add_argument("--dir", required=True, help="run directory: replica logs and manifest.json")
-    ap.add_argument("--seconds", type=float, default=600)
+    ap.add_argument("--seconds", type=float, default=600, help="chaos for this long (with --cycles: at most)")
+    ap.add_argument("--cycles", type=int, default=0,
+                    help="stop the chaos after this many actions on the replicas (kill -9, freeze, graceful restart)")
+    ap.add_argument("--action-every", type=lambda v: tuple(float(x) for x in v.split(",")), default=(1.5, 4.5),
+                    help="seconds between two actions, drawn between MIN,MAX")
+    ap.add_argument("--session-timeout", type=float, default=6, help="the replicas' session timeout, seconds")
+    ap.add_argument("--http-ports", default="", help="comma-separated: replica i serves its HTTP API on the i-th")
+    ap.add_argument("--big-ratio", type=float, default=0.0005,
+                    help="share of the idempotent producer's records that are large (twice that for the "
+                         "transactional producer; plain batches carry one with 50 times that probability)")
     ap.add_argument("--partitions", type=int, default=4)
     ap.add_argument("--replicas", type=int, default=3)
     ap.add_argument("--collections", type=int, default=8)

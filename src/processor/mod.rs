@@ -179,7 +179,19 @@ pub async fn run(
 ) -> Result<(), ProcessorError> {
     let settings = config.client_settings();
     let topic = config.kafka.log_topic();
-    let topic_partitions = match sysdb.topic_partitions(&topic).await? {
+    // Retried like every sysdb read of the start: a sysdb slow to hand out a connection
+    // (a loaded server) must not end the replica (the chaos run met it).
+    let topic_partitions = match retry_sysdb(&metrics, || async {
+        if crate::failpoint::fail("processor_start_sysdb") {
+            return Err(crate::sysdb::SysdbError::Unavailable {
+                backend: sysdb.backend(),
+                message: "fail point: no connection within the timeout".into(),
+            });
+        }
+        sysdb.topic_partitions(&topic).await
+    })
+    .await?
+    {
         Some(n) => n,
         None => {
             let s = settings.clone();

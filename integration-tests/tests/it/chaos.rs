@@ -1,8 +1,10 @@
-//! Chaos: three `sluice process` replicas on PostgreSQL killed (-9), frozen (SIGSTOP/SIGCONT)
-//! and restarted while plain, idempotent and transactional producers write (some
-//! transactions aborted), functions are attached and detached and hostile records arrive.
-//! `scripts/chaos/driver.py` runs the workload and writes a manifest; this file is the
-//! verdict.
+//! Chaos: `sluice process` replicas killed (-9), frozen (SIGSTOP/SIGCONT, some past the
+//! session timeout) and restarted while plain, idempotent and transactional producers write
+//! (some transactions aborted, some records with values up to the validation limits), a
+//! reader pages through the records over HTTP and `sluice records`, functions are attached
+//! and detached and hostile records arrive: three replicas on PostgreSQL, two replicas
+//! sharing one SQLite file. `scripts/chaos/driver.py` runs the workload and writes a
+//! manifest; this file is the verdict.
 //!
 //! The oracle reads the whole log topic with `isolation.level=read_committed` (aborted
 //! records never show), sorts every message into "bad" (undecodable, invalid, keyed by
@@ -11,22 +13,26 @@
 //! (`sluice::materialize::model`). Then:
 //! - the bad messages are exactly the hostile records the driver sent (and that were
 //!   committed), by partition and offset;
-//! - every collection in the sysdb holds exactly the model's records;
+//! - every collection in the sysdb holds exactly the model's records, both as `sluice
+//!   records` lists them and as the HTTP API pages them out;
 //! - the DLQ holds, by source partition and offset, exactly the bad messages plus the
 //!   model's dimension rejections, each at least once, with the expected kind, and nothing
 //!   that was applied;
 //! - every attached and not detached function is ready and its output equals the function
 //!   over the final records; detached ones say so, dropped outputs are gone;
 //! - each partition's sysdb `next_offset` equals its high watermark (lag 0);
-//! - no replica logged a halted partition or a panic, none exited by itself, each one
-//!   stopped by SIGTERM exited 0.
+//! - no replica logged a halted partition or a panic, none exited by itself (one that
+//!   fails to start is named with the tail of its log), each one stopped by SIGTERM
+//!   exited 0; every page the reader got was in id order after its cursor with its large
+//!   values whole.
 //!
 //! All failures are collected and reported together, each naming the partition, offsets
 //! and records concerned.
 //!
-//! `chaos_on_postgres` is the CI-sized run (`SLUICE_CHAOS_SECONDS`, default 45 s of chaos);
-//! `scripts/chaos.sh --minutes N` runs the same test for longer. `check_manifest` (ignored)
-//! re-checks a finished run: `SLUICE_CHAOS_MANIFEST=/tmp/.../manifest.json`.
+//! `chaos_on_postgres` and `chaos_on_sqlite` are the CI-sized runs (`SLUICE_CHAOS_SECONDS`,
+//! default 45 s and 30 s of chaos); `scripts/chaos.sh` runs them for a number of cycles
+//! (`SLUICE_CHAOS_CYCLES`) or minutes. `check_manifest` (ignored) re-checks a finished
+//! run: `SLUICE_CHAOS_MANIFEST=/tmp/.../manifest.json`.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::process::{Command, Stdio};
@@ -47,7 +53,7 @@ use sluice::record::validate::{validate, Limits};
 use sluice::record::{LogRecord, MetaValue, Operation, Record};
 use sluice_integration_tests::venv_python;
 use sluice_integration_tests::{
-    brokers, consume_all, repo_root, require_kafka, require_postgres, sluice_bin, Env, TopicGuard,
+    brokers, consume_all, free_port, repo_root, require_kafka, require_postgres, sluice_bin, Env, TopicGuard,
 };
 
 /// How many differing items a failure message lists before "... and N more".
@@ -57,14 +63,57 @@ fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
     std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
 }
 
+/// The largest message the log, backfill and DLQ topics take, and that Sluice's clients
+/// send: the records with large values (up to the validation limits, about 1.6 MB) pass
+/// the broker's default `message.max.bytes` (1 MiB).
+const MAX_MESSAGE: &str = "4194304";
+
+/// The CI-sized run on PostgreSQL: three replicas, `SLUICE_CHAOS_SECONDS` (default 45) of
+/// chaos, or `SLUICE_CHAOS_CYCLES` actions on the replicas (`scripts/chaos.sh`).
 #[tokio::test(flavor = "multi_thread")]
 async fn chaos_on_postgres() {
     if !require_kafka() || !require_postgres().await {
         return;
     }
     let env = Env::postgres("chaos").await;
-    let seconds: f64 = env_or("SLUICE_CHAOS_SECONDS", 45.0);
+    run_chaos(env, "POSTGRES", 3, 45.0).await;
+}
+
+/// The CI-sized run on SQLite: two replicas sharing one sysdb file, `SLUICE_CHAOS_SECONDS`
+/// (default 30) of chaos, or `SLUICE_CHAOS_CYCLES` actions on the replicas.
+#[tokio::test(flavor = "multi_thread")]
+async fn chaos_on_sqlite() {
+    if !require_kafka() {
+        return;
+    }
+    let env = Env::sqlite("chaos");
+    run_chaos(env, "SQLITE", 2, 30.0).await;
+}
+
+/// `NAME_BACKEND` (e.g. `SLUICE_CHAOS_CYCLES_SQLITE`: both tests run in one process at
+/// once), else `NAME`, else `default`.
+fn backend_var<T: std::str::FromStr>(name: &str, backend: &str, default: T) -> T {
+    std::env::var(format!("{name}_{backend}"))
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| env_or(name, default))
+}
+
+async fn run_chaos(env: Env, backend: &str, replicas: usize, default_seconds: f64) {
+    let env = env.with_sections(&format!("[librdkafka]\n\"message.max.bytes\" = \"{MAX_MESSAGE}\"\n"));
+    let partitions = 4;
+    let settings = sluice::kafka::ClientSettings::new(brokers());
+    for topic in [env.log_topic(), env.dlq_topic(), format!("{}.backfill", env.prefix)] {
+        sluice::kafka::cluster::ensure_topic(&settings, &topic, partitions, 1, &[("max.message.bytes", MAX_MESSAGE)])
+            .await
+            .expect("create a topic for large messages");
+    }
+    let cycles: u64 = backend_var("SLUICE_CHAOS_CYCLES", backend, 0);
+    // With a number of cycles, the time is only a bound (an action every 3-4 s on average).
+    let seconds: f64 =
+        backend_var("SLUICE_CHAOS_SECONDS", backend, if cycles > 0 { cycles as f64 * 15.0 } else { default_seconds });
     let stall: f64 = env_or("SLUICE_CHAOS_STALL_SECONDS", 20.0);
+    let ports: Vec<String> = (0..replicas).map(|_| free_port().to_string()).collect();
     let config = env.config_path();
     let py = venv_python();
     let mut driver = Command::new(py);
@@ -75,9 +124,12 @@ async fn chaos_on_postgres() {
         .args(["--brokers", &brokers(), "--sysdb", &env.sysdb, "--prefix", &env.prefix, "--group", &env.group])
         .args(["--dir", env.dir.to_str().expect("utf8")])
         .args(["--seconds", &seconds.to_string(), "--stall-seconds", &stall.to_string()])
+        .args(["--cycles", &cycles.to_string(), "--replicas", &replicas.to_string()])
+        .args(["--partitions", &partitions.to_string(), "--http-ports", &ports.join(",")])
         .args(["--seed", &env_or("SLUICE_CHAOS_SEED", 1u64).to_string()])
         .stderr(Stdio::inherit());
-    eprintln!("chaos run in {} ({seconds} s of chaos)", env.dir.display());
+    let bound = if cycles > 0 { format!("{cycles} cycles, at most {seconds} s") } else { format!("{seconds} s") };
+    eprintln!("chaos run in {} ({bound} of chaos, {replicas} replicas on {})", env.dir.display(), env.sysdb);
     let out = tokio::task::spawn_blocking(move || driver.output().expect("run scripts/chaos/driver.py")).await.unwrap();
     assert!(out.status.success(), "scripts/chaos/driver.py failed ({}); see its stderr above", out.status);
     let manifest = String::from_utf8(out.stdout).unwrap().trim().to_string();
@@ -276,14 +328,32 @@ fn check(manifest_path: &str) {
     for l in run.m["halted_or_panicked"].as_array().unwrap() {
         failures.push(format!("replica log: {}", l.as_str().unwrap()));
     }
+    let mut sigterm_before_start = 0;
     for x in run.m["exits"].as_array().unwrap() {
         let how = x["how"].as_str().unwrap();
+        // SIGTERM sent as the process was spawned, before it had logged a line: the
+        // default action of the signal ended it (no program can catch a signal before its
+        // handler exists); a clean stop, counted.
+        if how == "SIGTERM" && x["code"] == -15 && x["log_tail"].as_array().is_some_and(Vec::is_empty) {
+            sigterm_before_start += 1;
+            continue;
+        }
         if how == "exited by itself" || (how == "SIGTERM" && x["code"] != 0) || how.starts_with("SIGTERM timed out") {
+            let tail: Vec<&str> = x["log_tail"].as_array().into_iter().flatten().filter_map(Value::as_str).collect();
             failures.push(format!(
-                "replica {} generation {}: {how}, exit code {}",
-                x["replica"], x["generation"], x["code"]
+                "replica {} generation {}: {how}, exit code {}, {} s after it was started ({}); its last log lines:\n    {}",
+                x["replica"],
+                x["generation"],
+                x["code"],
+                x["seconds_alive"],
+                x["log"].as_str().unwrap_or("?"),
+                tail.join("\n    ")
             ));
         }
+    }
+    // The reader: every page in id order after its cursor, large values whole, no error.
+    for e in run.m["reader_errors"].as_array().into_iter().flatten() {
+        failures.push(format!("reader: {}", e.as_str().unwrap_or_default()));
     }
     // The chaos happened: at least one of every kind of event.
     for event in [
@@ -298,6 +368,10 @@ fn check(manifest_path: &str) {
         "hostile_records",
         "attaches",
         "detaches",
+        "cycles",
+        "big_records",
+        "reader_pages",
+        "reader_cli_reads",
     ] {
         if run.m["figures"][event].as_u64().unwrap_or(0) == 0 {
             failures.push(format!("the run had no {event}: figures {}", run.m["figures"]));
@@ -329,7 +403,7 @@ fn check(manifest_path: &str) {
     }
 
     // The oracle: the committed log, classified and folded.
-    let (log, highs) = read_committed(&run.topic, run.partitions, Duration::from_secs(300));
+    let (log, highs) = read_committed(&run.topic, run.partitions, Duration::from_secs(1200));
     let limits = Limits::default();
     let mut good: Vec<(i64, LogRecord)> = Vec::new();
     let mut expected_dlq: BTreeMap<(i32, i64), &'static str> = BTreeMap::new();
@@ -484,6 +558,38 @@ fn check(manifest_path: &str) {
         }
     }
 
+    // The collections as the HTTP API pages them out after the run (limit 37, following
+    // `next`): the same records as the model, without the `offset` the API adds.
+    let mut paged_checked = 0;
+    if let Some(path) = run.m["final_pages"].as_str() {
+        let pages: BTreeMap<String, Vec<Value>> =
+            serde_json::from_str(&std::fs::read_to_string(path).expect("read final pages")).expect("final pages JSON");
+        for (cid, cm) in &model.collections {
+            let Some(rows) = pages.get(cid) else {
+                failures.push(format!("final pages: {cid} was not read"));
+                continue;
+            };
+            let expected: BTreeMap<String, Value> =
+                cm.records.values().map(|r| (r.id.clone(), record_to_json(r))).collect();
+            let actual = by_id(
+                rows.iter()
+                    .cloned()
+                    .map(|mut v| {
+                        v.as_object_mut().map(|o| o.remove("offset"));
+                        v
+                    })
+                    .collect(),
+            );
+            paged_checked += rows.len();
+            if rows.len() != actual.len() {
+                failures.push(format!("final pages of {cid}: {} rows for {} distinct ids", rows.len(), actual.len()));
+            }
+            if let Some(d) = diff(&format!("records of {cid} paged over HTTP"), &expected, &actual) {
+                failures.push(d);
+            }
+        }
+    }
+
     // Functions: status, and outputs equal to the function over the final records.
     let views = run.json(&["functions", "list", "--format", "json"]);
     let views: BTreeMap<String, Value> =
@@ -580,13 +686,30 @@ fn check(manifest_path: &str) {
 
     let figures = &run.m["figures"];
     eprintln!("chaos figures: {}", serde_json::to_string_pretty(figures).unwrap());
+    eprintln!(
+        "chaos exits: {sigterm_before_start} replicas sent SIGTERM before they had logged a line, ended by the signal"
+    );
+    // SQLite: how many times the records delta was merged into `records` over the run (the
+    // file's own counter; large records force merges by bytes).
+    if let Some(path) = run.m["sysdb"].as_str().and_then(|u| u.strip_prefix("sqlite://")) {
+        let merges: Option<i64> =
+            rusqlite::Connection::open_with_flags(path, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
+                .and_then(|c| c.query_row("SELECT delta_merges FROM value_log", [], |r| r.get(0)))
+                .ok();
+        let size = |p: &str| std::fs::metadata(p).map(|m| m.len() >> 20).unwrap_or(0);
+        eprintln!(
+            "chaos sqlite: {merges:?} delta merges over the run, file {} MiB, WAL {} MiB",
+            size(path),
+            size(&format!("{path}-wal"))
+        );
+    }
     let rejected: usize = model.collections.values().map(|c| c.rejected.len()).sum();
     let tails: Vec<String> = highs
         .iter()
         .map(|(p, h)| format!("p{p}: last record {:?}, high watermark {h}", last_delivered.get(p)))
         .collect();
     eprintln!(
-        "chaos check: {} committed log messages: {} decodable and on their partition (incl. {markers} BACKFILL_FN markers and {rejected} dimension rejections), {} undecodable, invalid or misrouted; {}; {} collections / {records_checked} records compared, {outputs_checked} function outputs compared; {} DLQ messages ({} distinct source offsets, {duplicated} delivered more than once); {} failures; check took {:.1?}",
+        "chaos check: {} committed log messages: {} decodable and on their partition (incl. {markers} BACKFILL_FN markers and {rejected} dimension rejections), {} undecodable, invalid or misrouted; {}; {} collections / {records_checked} records compared ({paged_checked} read again over HTTP, page by page), {outputs_checked} function outputs compared; {} DLQ messages ({} distinct source offsets, {duplicated} delivered more than once); {} failures; check took {:.1?}",
         log.len(),
         good.len(),
         log.len() - good.len(),

@@ -433,3 +433,87 @@ fn a_static_member_restarted_after_kill9_resumes_before_the_session_timeout() {
     let all: Vec<LogRecord> = first.into_iter().chain(second).collect();
     assert_records_match_model(&env, &all);
 }
+
+// ---------------------------------------------------------------------------------------
+// A broker that does not answer at start-up (restarting, or too loaded to answer within
+// the request timeout): the replica waits for it instead of exiting. The chaos run met
+// this on a loaded machine: a replica restarted after a kill exited with 1 after its
+// 10 s connection check.
+
+/// Accepts connections on a local port and, for `silent`, holds them without a word (a
+/// broker that does not answer); after that, forwards each new connection to the real
+/// broker.
+fn silent_then_forwarding(silent: Duration) -> (u16, std::thread::JoinHandle<()>) {
+    use std::io::copy;
+    use std::net::{TcpListener, TcpStream};
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let port = listener.local_addr().unwrap().port();
+    let upstream = brokers().split(',').next().unwrap().to_string();
+    let t = std::thread::spawn(move || {
+        let until = Instant::now() + silent;
+        let mut held = Vec::new();
+        for conn in listener.incoming() {
+            let Ok(conn) = conn else { continue };
+            if Instant::now() < until {
+                held.push(conn);
+                continue;
+            }
+            held.clear();
+            let Ok(up) = TcpStream::connect(&upstream) else { continue };
+            let (mut a, b) = (conn.try_clone().unwrap(), up.try_clone().unwrap());
+            std::thread::spawn(move || {
+                let _ = copy(&mut a, &mut b.try_clone().unwrap());
+                let _ = b.shutdown(std::net::Shutdown::Both);
+            });
+            let (mut c, d) = (up, conn);
+            std::thread::spawn(move || {
+                let _ = copy(&mut c, &mut d.try_clone().unwrap());
+                let _ = d.shutdown(std::net::Shutdown::Both);
+            });
+        }
+    });
+    (port, t)
+}
+
+#[test]
+fn a_replica_started_while_the_broker_does_not_answer_waits_for_it() {
+    if !require_kafka() {
+        return;
+    }
+    let env = Env::sqlite("silent-broker");
+    env.run(&["init", "--partitions", "2"]);
+    let data = small_workload(200, 81, "silent-broker", 4);
+    env.produce(&jsonl_lines(&data));
+    // Longer than the connection check's 10 s request timeout.
+    let (port, _proxy) = silent_then_forwarding(Duration::from_secs(14));
+    let bootstrap = format!("127.0.0.1:{port}");
+    let started = Instant::now();
+    let mut r = env.spawn_replica("r1", &[("SLUICE_BROKERS", &bootstrap)]);
+    r.wait_for_log("no answer from the broker at start-up; retrying", Duration::from_secs(30));
+    env.wait_caught_up(WAIT);
+    assert!(started.elapsed() >= Duration::from_secs(14), "caught up before the broker answered");
+    assert!(r.wait_exit(Duration::from_millis(100)).is_none(), "the replica exited:\n{}", r.log_text());
+    assert_records_match_model(&env, &data);
+    assert_eq!(r.terminate(Duration::from_secs(30)), Some(0), "{}", r.log_text());
+}
+
+/// The processor's first sysdb read fails as unavailable (a loaded PostgreSQL that hands
+/// out no connection within the timeout: the chaos run met it): the processor retries it
+/// instead of ending the replica, and then catches up.
+#[test]
+fn the_processor_retries_a_sysdb_unavailable_as_it_starts() {
+    if !require_kafka() {
+        return;
+    }
+    let env = Env::sqlite("start-sysdb");
+    env.run(&["init", "--partitions", "2"]);
+    let data = small_workload(200, 82, "start-sysdb", 4);
+    env.produce(&jsonl_lines(&data));
+    let mut r = env.spawn_replica("r1", &[("SLUICE_FAILPOINT", "fail_processor_start_sysdb:1")]);
+    r.wait_for_log("fail point fail_processor_start_sysdb reached", Duration::from_secs(30));
+    env.wait_caught_up(WAIT);
+    assert!(r.wait_exit(Duration::from_millis(100)).is_none(), "the replica exited:\n{}", r.log_text());
+    assert!(r.log_text().contains("sysdb unavailable; retrying"), "{}", r.log_text());
+    assert_records_match_model(&env, &data);
+    assert_eq!(r.terminate(Duration::from_secs(30)), Some(0), "{}", r.log_text());
+}

@@ -695,6 +695,23 @@ async fn a_write_lock_held_elsewhere_is_unavailable_after_the_busy_timeout() {
     assert_eq!(db.positions("t").await.unwrap(), HashMap::from([(0, 3)]));
 }
 
+/// A second replica opens a file at the current schema while another connection holds
+/// the write lock (a busy or frozen replica): opening needs no write, so it does not wait.
+#[tokio::test]
+async fn opening_a_current_file_does_not_wait_for_the_write_lock() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("sysdb.sqlite");
+    let path = path.to_str().unwrap();
+    drop(SqliteSysdb::open(path).await.unwrap());
+    let holder = Connection::open(path).unwrap();
+    holder.execute_batch("BEGIN IMMEDIATE").unwrap();
+    let started = std::time::Instant::now();
+    let second = SqliteSysdb::open(path).await.expect("opened while another connection held the write lock");
+    assert!(started.elapsed() < BUSY_TIMEOUT / 2, "opening waited {:?} for the write lock", started.elapsed());
+    holder.execute_batch("ROLLBACK").unwrap();
+    drop(second);
+}
+
 #[tokio::test]
 async fn an_unopenable_path_is_unavailable_not_a_panic() {
     match SqliteSysdb::open("/nonexistent-dir-for-sluice-tests/sub/sysdb.sqlite").await {
