@@ -10,10 +10,11 @@
 # file for that side (SLUICE_CONFIG). AB_PREFIX reuses a log produced by an earlier run
 # (its prefix is printed), so that a series of A/Bs drains the same records (each run
 # with a consumer group of its own: a group with committed offsets would start at them).
-# In a config file, @RUN@ is replaced by the run's name (a1, b1, a2, ...): a side that
-# turns the change feed on gives each run a topic of its own with
-# `topic_suffix = "changes-@RUN@"` (a fresh sysdb must not meet an earlier run's progress
-# topic); each run's `sluice init` with its config creates that topic first.
+# In a config file, @RUN@ is replaced by the run's name (a1, b1, a2, ...) and this
+# invocation's id: a side that turns the change feed on gives each run a topic of its
+# own with `topic_suffix = "changes-@RUN@"` (a fresh sysdb must not meet the progress
+# topic of another run, which says its changes were published already); each run's
+# `sluice init` with its config creates that topic first.
 #
 # AB_BACKEND=postgres drains into a fresh PostgreSQL database per run (on the local
 # cluster, deploy/local/postgres.sh start; dropped after the run) instead of SQLite.
@@ -50,7 +51,7 @@ drain() { # BIN RUN CONFIG -> prints records/s, checks the checksum
     local db="sqlite://$dir/$run.db" pgdb="ab_${dir##*-}_$run"
     local start end
     if [ -n "$cfg" ]; then
-        sed "s/@RUN@/$run/g" "$cfg" >"$dir/$run.toml"
+        sed "s/@RUN@/$run-${dir##*-}/g" "$cfg" >"$dir/$run.toml"
         cfg="$dir/$run.toml"
     fi
     if [ -n "$PG_ADMIN" ]; then
@@ -92,5 +93,7 @@ done
 median() { printf '%s\n' "$@" | sort -n | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2)}'; }
 ma=$(median "${ra[@]}"); mb=$(median "${rb[@]}")
 echo "bench-ab: A $A median $ma records/s; B $B median $mb records/s; B/A = $(python3 -c "print(f'{$mb/$ma:.3f}')"); checksums equal"
+# One line for scripts (the suite's changefeed phase reads it).
+python3 -c "import json,sys; a=[float(x) for x in sys.argv[1].split()]; b=[float(x) for x in sys.argv[2].split()]; print('JSON: ' + json.dumps({'records': $N, 'rounds': $ROUNDS, 'backend': '${AB_BACKEND:-sqlite}', 'a_records_per_s': a, 'b_records_per_s': b, 'a_median': $ma, 'b_median': $mb, 'ratio': round($mb / $ma, 3)}))" "${ra[*]}" "${rb[*]}"
 # The sysdbs take gigabytes; a failed run keeps them (and its logs) for inspection.
 rm -rf "$dir"

@@ -69,6 +69,11 @@
 #             drain rate's drop against the spread of the drain alone; then the time from a
 #             write's acknowledgement (`POST .../records`) to its token read answering, p50
 #             / p99, at half the W1 SQLite rate of this run.
+#   changefeed after W1: the change feed's cost (docs/changes.md). scripts/bench-ab.sh on W1's
+#             log with one binary, A with the feed off and B with `[changelog] enabled` (each
+#             B run publishing to a topic of its own), 3 rounds interleaved (--quick: 1), on
+#             SQLite and on PostgreSQL: records/s to lag 0 and, for B, nothing left
+#             unpublished. The goal: B >= 0.8x A on each backend.
 #   recovery  Sluice (SQLite) caught up under the paced load at 50%, kill -9, restart at
 #             once: restart -> first "batch committed" log line (or, without it, the
 #             sysdb position moving, polled every 50 ms), with the default
@@ -109,7 +114,8 @@
 #   MB        key + value bytes (kcat %K %S), MB = 2^20 bytes.
 #
 # Usage: scripts/bench-suite.sh [--quick] [--workloads W1,W2,...] [--peer-workloads LIST]
-#            [--no-latency] [--no-reads] [--no-recovery] [--no-backfill] [--peer-jvm-opts "OPTS"] [--keep]
+#            [--no-latency] [--no-reads] [--no-changefeed] [--no-recovery] [--no-backfill]
+#            [--peer-jvm-opts "OPTS"] [--keep]
 #            [--phase-timeout SECONDS] [--no-page]
 #   --workloads       which of W1..W5 to run (default all; latency/recovery need W1)
 #   --peer-workloads  where the peer runs too (default W1,W2,W3; W4 is left out for time;
@@ -139,6 +145,7 @@ PEER_WORKLOADS="W1,W2,W3"
 RAW_WORKLOADS="W1,W2,W3"
 DO_LATENCY=true
 DO_READS=true
+DO_CHANGEFEED=true
 DO_RECOVERY=true
 DO_BACKFILL=true
 PEER_JVM_OPTS=""
@@ -158,6 +165,7 @@ while (($#)); do
     --peer-workloads) PEER_WORKLOADS="${2?}"; shift 2 ;;
     --no-latency) DO_LATENCY=false; shift ;;
     --no-reads) DO_READS=false; shift ;;
+    --no-changefeed) DO_CHANGEFEED=false; shift ;;
     --no-recovery) DO_RECOVERY=false; shift ;;
     --no-backfill) DO_BACKFILL=false; shift ;;
     --peer-jvm-opts) PEER_JVM_OPTS="${2?}"; shift 2 ;;
@@ -171,7 +179,7 @@ done
 is_uint "$PHASE_TIMEOUT" || die "--phase-timeout must be a number of seconds"
 in_list() { [[ ",$2," == *",$1,"* ]]; }
 for w in ${WORKLOADS//,/ }; do [[ "$w" =~ ^W[1-5]$ ]] || die "--workloads: unknown workload '$w'"; done
-if ! in_list W1 "$WORKLOADS"; then DO_LATENCY=false; DO_READS=false; DO_RECOVERY=false; fi
+if ! in_list W1 "$WORKLOADS"; then DO_LATENCY=false; DO_READS=false; DO_CHANGEFEED=false; DO_RECOVERY=false; fi
 ! in_list W5 "$PEER_WORKLOADS" || die "--peer-workloads: the peer cannot run W5 (its seeded state exists only in the sysdbs)"
 # Why this run will not become BENCHMARKS.md's latest run ("" = it will, if its checksums match).
 PAGE_SKIP=""
@@ -179,7 +187,7 @@ $NO_PAGE && PAGE_SKIP="--no-page"
 $QUICK && PAGE_SKIP="--quick"
 for w in W1 W2 W3 W4 W5; do in_list "$w" "$WORKLOADS" || PAGE_SKIP="not every workload"; done
 for w in W1 W2 W3; do in_list "$w" "$PEER_WORKLOADS" || PAGE_SKIP="the peer not on W1-W3"; done
-$DO_LATENCY && $DO_READS && $DO_RECOVERY && $DO_BACKFILL || PAGE_SKIP="not every phase"
+$DO_LATENCY && $DO_READS && $DO_CHANGEFEED && $DO_RECOVERY && $DO_BACKFILL || PAGE_SKIP="not every phase"
 [[ -z "$PEER_JVM_OPTS" ]] || PAGE_SKIP="--peer-jvm-opts"
 
 # Sizes: records dim collections ids_per_collection seeded_rows_per_collection
@@ -818,6 +826,20 @@ reads_phase() {
     grep -E 'drain alone|produce -> read at' "$out" >&2 || true
 }
 
+# changefeed_phase BACKEND: the feed off (A) against on (B) on W1's log; its row joins RESULTS
+changefeed_phase() {
+    local backend="$1" rounds=3 out="$LOG_DIR/changefeed-$1.log" json
+    $QUICK && rounds=1
+    printf '[changelog]\nenabled = true\ntopic_suffix = "changes-@RUN@"\n' >"$WORK/changefeed-on.toml"
+    SLUICE_BROKERS="$BS" AB_PREFIX="$BASE-w1" AB_BACKEND="$backend" AB_CONFIG_B="$WORK/changefeed-on.toml" \
+        "${UNPINNED[@]}" timeout "$PHASE_TIMEOUT" "$REPO/scripts/bench-ab.sh" "$SLUICE" "$SLUICE" "${WL_TOTAL[W1]}" "$rounds" \
+        >"$out" 2>&1 || { tail -30 "$out" >&2; die "changefeed phase ($backend) failed (log: $out)"; }
+    json="$(sed -n 's/^JSON: //p' "$out" | tail -1)"
+    [[ -n "$json" ]] || die "changefeed phase ($backend): no JSON line in $out"
+    jq -c '{kind: "changefeed"} + .' <<<"$json" >>"$RESULTS"
+    grep -E '^bench-ab: A ' "$out" >&2 || true
+}
+
 # latency_sluice RATE [append|create] [sqlite|postgres]: with "append", the topic stamps
 # its records with LogAppendTime, so the figures run from the broker's append to the
 # commit: Sluice's own share, without the paced producer's delays (result kind
@@ -1031,6 +1053,12 @@ for w in W1 W2 W3 W4 W5; do
         if $DO_READS; then
             phase "reads: waiting readers' cost, produce -> token read at 50% load (SQLite)"
             reads_phase "$((WL_RATE[W1_sqlite] / 2))"
+        fi
+        if $DO_CHANGEFEED; then
+            phase "changefeed: W1 with the change feed on against off (SQLite)"
+            changefeed_phase sqlite
+            phase "changefeed: W1 with the change feed on against off (PostgreSQL)"
+            changefeed_phase postgres
         fi
         if $DO_RECOVERY; then
             # Half the W1 rate, but never faster than the W1 log lasts through the kill

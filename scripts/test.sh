@@ -27,6 +27,14 @@ deploy/local/kafka.sh start
 deploy/local/kafka-auth.sh start # SASL_SSL/SCRAM broker on 29192 (integration-tests/tests/it/auth_broker.rs)
 deploy/local/postgres.sh start
 deploy/local/python-env.sh >/dev/null
+# The example functions as WebAssembly components (docs/functions.md): their toolchains
+# (Debian's clang, lld and wasi-libc, componentize-py from PyPI, componentize-js and jco
+# from the npm registry: under a minute on a fresh machine, a second after), the tests of
+# the reference of their logic, then the three built into target/functions/ (where the
+# tests of the WebAssembly host find them) and each checked against that reference.
+deploy/local/wasm-toolchain.sh >/dev/null
+python3 -m unittest discover -s examples/functions -p 'test_*.py'
+scripts/build-functions.sh --check
 cargo build --locked --bin sluice
 # Bounded sizes of the long randomized unit tests (defaults in the tests): the backfill
 # protocol simulation (SLUICE_SIM_INTERLEAVINGS, 4,000; 20,000 for the full run), the

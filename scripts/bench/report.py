@@ -17,7 +17,9 @@ Goals:
   - reads, when the results hold a row of kind "reads" (scripts/bench-reads.sh): the W1
     drain rate with 100 readers waiting on tokens drops by no more than the spread of the
     drain alone between repeats (the same run); the produce -> token read p50/p99 is
-    printed beside it (a figure to plan with, no goal).
+    printed beside it (a figure to plan with, no goal);
+  - the change feed, per row of kind "changefeed" (scripts/bench-ab.sh, the feed off
+    against on, on W1's log): records/s with the feed on >= 0.8x off, per backend.
 
 The page (--write-page): renders a suite JSON's run (date, commit, machine, wall time,
 checksum verdict, JSON and chart paths) and its goal table as Markdown, and puts it between
@@ -67,6 +69,7 @@ GOAL_PEER = [("records_per_s", ">=", 3.0, "records/s"), ("cpu_s_per_1m_records",
 GOAL_STEADY_VS_W1 = 0.9
 GOAL_BACKFILL_RECORDS_PER_S = 300_000
 GOAL_BACKFILL_LIVE_DROP_PCT = 10
+GOAL_CHANGEFEED_VS_OFF = 0.8
 METRIC_FMT = {"records_per_s": (",.0f", " records/s"), "steady_records_per_s": (",.0f", " records/s"),
               "cpu_s_per_1m_records": (".1f", " CPU-s/1M"), "peak_rss_mb": (".0f", " MB")}
 BACKEND = {"sluice-sqlite": "SQLite", "sluice-postgres": "PostgreSQL", "sqlite": "SQLite", "postgres": "PostgreSQL"}
@@ -188,6 +191,14 @@ def evaluate_goals(by, lat, res):
                 f'p50 {fmt_ms(p.get("p50_ms"))}, p99 {fmt_ms(p.get("p99_ms"))}')
         goal("reads-waiters-cost", f'drain records/s drop with {r["waiters"]} readers waiting on tokens', r["waiter_cost_pct"],
              "<=", round(spread, 1), "%", note=note)
+    for r in res:
+        if r.get("kind") != "changefeed":
+            continue
+        name = BACKEND.get(r["backend"], r["backend"])
+        note = (f'feed on {r["b_median"]:,.0f} vs off {r["a_median"]:,.0f} records/s (medians of {r["rounds"]} '
+                f'interleaved rounds, {r["records"]:,} W1 records, caught up and every change published)')
+        goal(f'changefeed-{r["backend"]}-vs-off', f"W1 records/s with the change feed on vs off ({name})", r["ratio"],
+             ">=", GOAL_CHANGEFEED_VS_OFF, "x", note=note)
     return goals
 
 
@@ -577,6 +588,12 @@ def report(a):
         print(f'  produce ack -> token read at {p.get("paced_rate", 0):,} records/s ({p.get("samples")} reads): '
               f'p50 {fmt_ms(p.get("p50_ms"))}, p90 {fmt_ms(p.get("p90_ms"))}, p99 {fmt_ms(p.get("p99_ms"))}, max {fmt_ms(p.get("max_ms"))}')
 
+    for r in (r for r in res if r["kind"] == "changefeed"):
+        print()
+        print(f'Change feed (scripts/bench-ab.sh, {BACKEND.get(r["backend"], r["backend"])}, {r["records"]:,} W1 records): '
+              f'off {", ".join(f"{x:,.0f}" for x in r["a_records_per_s"])} records/s, '
+              f'on {", ".join(f"{x:,.0f}" for x in r["b_records_per_s"])} (on/off {r["ratio"]}x)')
+
     goals = evaluate_goals(by, lat, res)
     print()
     print("Goals")
@@ -610,6 +627,7 @@ def report(a):
     doc.update({"workloads": workloads, "rows": drains, "checksums": checks_by_w, "latency": lat, "latency_log_append": lat_append, "recovery": rec,
                 "backfill": [r for r in res if r["kind"] in ("backfill", "live")],
                 "reads": [r for r in res if r["kind"] == "reads"],
+                "changefeed": [r for r in res if r["kind"] == "changefeed"],
                 "rebuild_s_per_1m": rebuild, "goals": goals, "checks": checks, "phases": phases, "phases_total_s": round(total, 1)})
     json.dump(doc, open(a.out, "w"), indent=2)
     return 0

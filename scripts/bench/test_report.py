@@ -272,6 +272,23 @@ class ReportPartial(unittest.TestCase):
             doc, _, _ = run_report(tmp, results() + [worse])
             self.assertFalse({g["id"]: g for g in doc["goals"]}["reads-waiters-cost"]["met"])
 
+    def test_changefeed_goal_per_backend(self):
+        rows = [{"kind": "changefeed", "records": 300000, "rounds": 3, "backend": "sqlite",
+                 "a_records_per_s": [80000, 82000, 79000], "b_records_per_s": [70000, 66000, 68000],
+                 "a_median": 80000, "b_median": 68000, "ratio": 0.85},
+                {"kind": "changefeed", "records": 300000, "rounds": 3, "backend": "postgres",
+                 "a_records_per_s": [50000, 52000, 51000], "b_records_per_s": [20000, 21000, 19000],
+                 "a_median": 51000, "b_median": 20000, "ratio": 0.392}]
+        with tempfile.TemporaryDirectory() as tmp:
+            doc, out, _ = run_report(tmp, results() + rows)
+            goals = {g["id"]: g for g in doc["goals"]}
+            self.assertTrue(goals["changefeed-sqlite-vs-off"]["met"])
+            self.assertFalse(goals["changefeed-postgres-vs-off"]["met"])
+            self.assertEqual(goals["changefeed-postgres-vs-off"]["target"], 0.8)
+            self.assertIn("feed on 20,000 vs off 51,000 records/s", goals["changefeed-postgres-vs-off"]["note"])
+            self.assertIn("on 70,000, 66,000, 68,000 (on/off 0.85x)", out)
+            self.assertEqual(doc["changefeed"], rows)
+
     def test_backfill_drop_over_repeats(self):
         res = [r for r in results() if r["kind"] != "live"]
         for r in res:

@@ -29,7 +29,7 @@ use super::roles;
 pub(crate) use super::state::{Admin, DEFAULT_PAGE, MAX_PAGE};
 use crate::backfill::attach::{attach, AttachError, AttachSpec, FunctionView};
 use crate::offsets::OffsetsError;
-use crate::record::jsonl::record_to_json;
+use crate::record::jsonl::RecordJson;
 use crate::sysdb::{CollectionRow, FunctionRow};
 
 /// The `/api/v1` router (to be nested there).
@@ -113,7 +113,7 @@ async fn list_records(
     State(admin): State<Arc<Admin>>,
     path: Result<Path<String>, PathRejection>,
     query: Result<Query<RecordsQuery>, QueryRejection>,
-) -> Result<Json<Value>, HttpError> {
+) -> Result<Response, HttpError> {
     let Path(id) = path?;
     let Query(q) = query?;
     let limit = q.limit.unwrap_or(DEFAULT_PAGE);
@@ -133,15 +133,15 @@ async fn list_records(
     } else {
         None
     };
-    let records: Vec<Value> = page
-        .iter()
-        .map(|r| {
-            let mut v = record_to_json(r);
-            v["offset"] = json!(r.offset);
-            v
-        })
-        .collect();
-    Ok(Json(json!({"collection": id, "records": records, "next": next})))
+    // Written straight from the records: no JSON tree of the page (docs/reading.md).
+    #[derive(serde::Serialize)]
+    struct Page<'a> {
+        collection: &'a str,
+        next: Option<String>,
+        records: Vec<RecordJson<'a>>,
+    }
+    let records = page.iter().map(|record| RecordJson { record, with_offset: true }).collect();
+    Ok(Json(Page { collection: &id, next, records }).into_response())
 }
 
 #[derive(Debug, Deserialize)]
