@@ -133,7 +133,13 @@ pub(crate) async fn attach(
         params,
         request_id: uuid::Uuid::new_v4().to_string(),
     };
-    match sysdb.attach_function(&new).await? {
+    // A replica holding the sysdb (SQLite's write lock, a frozen one past its session
+    // timeout) must not make the operator's attach fail: nothing was written until it
+    // commits.
+    let outcome =
+        crate::sysdb::retry_unavailable(crate::sysdb::OPERATOR_WRITE_BUDGET, "attach", || sysdb.attach_function(&new))
+            .await?;
+    match outcome {
         AttachOutcome::Existing(row) => {
             info!(function = %row.id, "function already attached; nothing published");
             Ok(Attached {

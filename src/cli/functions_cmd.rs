@@ -106,7 +106,11 @@ pub async fn run(config: &Config, cmd: super::FunctionsCmd) -> Result<()> {
         }
         FunctionsCmd::Detach { function_id, drop_output, format } => {
             let sysdb = open_sysdb(config).await?;
-            match sysdb.detach_function_feeding(&function_id, drop_output, config.changelog.enabled).await? {
+            let detached = crate::sysdb::retry_unavailable(crate::sysdb::OPERATOR_WRITE_BUDGET, "detach", || {
+                sysdb.detach_function_feeding(&function_id, drop_output, config.changelog.enabled)
+            })
+            .await?;
+            match detached {
                 Some(row) => {
                     let v = json!({
                         "function_id": row.id,

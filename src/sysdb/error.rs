@@ -63,6 +63,35 @@ impl SysdbError {
 
 pub type Result<T, E = SysdbError> = std::result::Result<T, E>;
 
+/// How long an operator's write (attach, detach) tries again while the sysdb is
+/// unavailable: longer than a replica frozen past its session timeout holds SQLite's
+/// write lock before it is woken or killed.
+pub const OPERATOR_WRITE_BUDGET: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// An operator's write that met the sysdb unavailable — on SQLite, the write lock held
+/// past the busy timeout by a replica (a frozen one holds it until it is woken or
+/// killed) — tried again with the replica's backoff until `budget` has passed since the
+/// first try; then the last error. A try that failed so wrote nothing (the transaction
+/// never began or was rolled back), so trying again cannot write twice.
+pub async fn retry_unavailable<T, F, Fut>(budget: std::time::Duration, what: &str, mut op: F) -> Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T>>,
+{
+    let started = std::time::Instant::now();
+    let mut delays = crate::retry::default_backoff();
+    loop {
+        match op().await {
+            Err(e @ SysdbError::Unavailable { .. }) if started.elapsed() < budget => {
+                let delay = delays.next().unwrap_or(std::time::Duration::from_secs(1));
+                tracing::warn!(what, error = %e, waited_ms = started.elapsed().as_millis() as u64, "sysdb unavailable; trying again");
+                tokio::time::sleep(delay).await;
+            }
+            other => return other,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

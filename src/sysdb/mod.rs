@@ -37,7 +37,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 pub use attach_rules::{AttachConflict, AttachOutcome};
-pub use error::{ErrorClass, Result, SysdbError};
+pub use error::{retry_unavailable, ErrorClass, Result, SysdbError, OPERATOR_WRITE_BUDGET};
 pub use types::*;
 
 use crate::functions::Function;

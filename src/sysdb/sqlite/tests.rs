@@ -695,6 +695,44 @@ async fn a_write_lock_held_elsewhere_is_unavailable_after_the_busy_timeout() {
     assert_eq!(db.positions("t").await.unwrap(), HashMap::from([(0, 3)]));
 }
 
+/// An operator's write (here an attach) while another connection holds the write lock
+/// longer than the busy timeout: alone it fails `Unavailable`; through
+/// `retry_unavailable` it waits and succeeds once the lock is released, once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_write_waits_out_a_write_lock_held_past_the_busy_timeout() {
+    use crate::sysdb::{retry_unavailable, AttachOutcome, NewFunction};
+    let dir = tempfile::tempdir().unwrap();
+    let (db, _) = open_file(&dir).await;
+    let new = |id: &str| NewFunction {
+        id: id.into(),
+        collection_id: "c".into(),
+        partition: 0,
+        function: "record_counter".into(),
+        output_collection: format!("{id}-out"),
+        params: Default::default(),
+        request_id: format!("{id}-req"),
+    };
+    let holder = Connection::open(dir.path().join("sysdb.sqlite")).unwrap();
+    holder.execute_batch("BEGIN IMMEDIATE").unwrap();
+    let err = db.attach_function(&new("f1")).await.expect_err("attached while the lock was held");
+    assert!(matches!(err, SysdbError::Unavailable { .. }), "{err:?}");
+
+    let release = std::thread::spawn(move || {
+        std::thread::sleep(BUSY_TIMEOUT + Duration::from_secs(2));
+        holder.execute_batch("ROLLBACK").unwrap();
+    });
+    let started = std::time::Instant::now();
+    let f2 = new("f2");
+    let outcome = retry_unavailable(BUSY_TIMEOUT * 4, "attach", || db.attach_function(&f2))
+        .await
+        .expect("attached once the lock was released");
+    assert!(started.elapsed() > BUSY_TIMEOUT, "the lock was held past the busy timeout");
+    assert!(matches!(outcome, AttachOutcome::Created(..)), "{outcome:?}");
+    release.join().unwrap();
+    let ids: Vec<String> = db.functions(None).await.unwrap().into_iter().map(|f| f.id).collect();
+    assert_eq!(ids, vec!["f2".to_string()], "the failed try wrote nothing, the retried one wrote once");
+}
+
 /// A second replica opens a file at the current schema while another connection holds
 /// the write lock (a busy or frozen replica): opening needs no write, so it does not wait.
 #[tokio::test]
