@@ -210,14 +210,28 @@ impl Relay {
                 .await
                 .map_err(|e| e.to_string())?
                 .map_err(|e| e.to_string())?;
-        let stored = self
+        let position = self
             .sysdb
             .changelog_positions()
             .await
             .map_err(|e| e.to_string())?
             .into_iter()
-            .find(|p| p.partition == partition)
-            .map_or(-1, |p| p.published_seq);
+            .find(|p| p.partition == partition);
+        let stored = position.as_ref().map_or(-1, |p| p.published_seq);
+        let next_seq = position.as_ref().map_or(0, |p| p.next_seq);
+        if let Some(k) = kafka_progress.filter(|k| *k >= next_seq) {
+            // The topic says more was published than this sysdb ever numbered: it was
+            // written from another sysdb (a new one, or another deployment on the same
+            // prefix), or this one was restored from an older backup (then the re-applied
+            // changes take the same numbers and skipping them is right).
+            warn!(
+                partition,
+                kafka_progress = k,
+                next_seq,
+                topic = %self.topic,
+                "changelog relay: the changes topic's progress is ahead of this sysdb's outbox; the changes numbered up to it will not be published. If this sysdb is not a restore of the one that wrote the topic, give the feed a topic of its own (changelog.topic_suffix) or delete the topic and its progress topic"
+            );
+        }
         let mut last = kafka_progress.unwrap_or(-1).max(stored);
         if kafka_progress.is_some_and(|k| k > stored) {
             // The previous owner committed to Kafka and stopped before telling the sysdb.
