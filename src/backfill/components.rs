@@ -160,3 +160,40 @@ fn sample_record() -> Record {
         offset: 0,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeMap;
+
+    fn params(sha: &str, init: &str) -> BTreeMap<String, String> {
+        BTreeMap::from([
+            (wasm::PARAM_SHA256.to_string(), sha.to_string()),
+            (wasm::PARAM_PARAMS.to_string(), init.to_string()),
+        ])
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn components_are_stored_by_hash_once_checked_and_functions_built_from_the_stored_bytes() {
+        let Some(fx) = crate::functions::wasm::tests::fixtures() else { return };
+        let (limits, _) = crate::config::Config::default().wasm_host();
+        Host::configure(limits, Some(fx.dir.join("cache"))).expect("host");
+        let db = Sysdb::open("sqlite::memory:").await.expect("sysdb");
+        let bytes = fx.bytes("fixture.wasm");
+        let stored = store_component(&db, bytes.clone()).await.expect("stored");
+        assert_eq!(stored.sha256, wasm::sha256_hex(&bytes));
+        assert!(stored.new && stored.world_version == "1.0.0" && stored.size == bytes.len(), "{stored:?}");
+        assert!(!store_component(&db, bytes.clone()).await.expect("again").new, "the same bytes are stored once");
+        assert_eq!(db.component(&stored.sha256).await.expect("read").as_deref(), Some(bytes.as_slice()));
+        // Refused components are not stored.
+        let wasi = fx.bytes("fixture-wasi.wasm");
+        assert!(matches!(store_component(&db, wasi.clone()).await, Err(StoreError::Wasm(WasmError::Imports(_)))));
+        assert_eq!(db.component(&wasm::sha256_hex(&wasi)).await.expect("read"), None);
+        // A function of the stored component runs; bad params or a sample failure refuse it.
+        check_function(&db, &params(&stored.sha256, r#"{"mode": "count_by", "key": "sample"}"#)).await.expect("runs");
+        let refused = check_function(&db, &params(&stored.sha256, r#"{"mode": "err"}"#)).await.unwrap_err();
+        assert!(refused.to_string().contains("sample change"), "{refused}");
+        let unknown = check_function(&db, &params(&"0".repeat(64), "{}")).await.unwrap_err();
+        assert!(unknown.to_string().contains("not stored in the sysdb"), "{unknown}");
+    }
+}
