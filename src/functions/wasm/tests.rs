@@ -272,3 +272,37 @@ fn params_of_an_attached_function_are_checked() {
     assert!(params_of(&extra).unwrap_err().contains("window"));
     assert!(params_of(&Default::default()).is_err());
 }
+
+/// The cost of one change through the fixture (CPython in a component) against native
+/// code of the same logic; prints the numbers (`--ignored --nocapture`). Not a gate: a
+/// debug build's host side is unoptimized.
+#[test]
+#[ignore]
+fn cost_per_change_against_native() {
+    let Some(fx) = fixtures() else { return };
+    let f = fx.function(r#"{"mode": "count_by", "key": "color"}"#).expect("instantiates");
+    let native = crate::functions::statistics::build(&Default::default()).expect("statistics");
+    let records: Vec<Record> = (0..2_000)
+        .map(|i| {
+            let color = ["red", "green", "blue"][i % 3];
+            rec(
+                &format!("r{i}"),
+                &[("color", MetaValue::String(color.into())), ("rank", MetaValue::Long(i as i64))],
+                None,
+                i as i64,
+            )
+        })
+        .collect();
+    let time = |f: &dyn Function| {
+        let started = std::time::Instant::now();
+        let mut out = Vec::new();
+        for r in &records {
+            out.clear();
+            f.try_deltas(&ChangeRef { id: &r.id, before: None, after: Some(r), offset: r.offset }, &mut out)
+                .expect("runs");
+        }
+        started.elapsed() / records.len() as u32
+    };
+    let (wasm, native) = (time(&f), time(native.as_ref()));
+    eprintln!("per change: wasm (componentize-py count_by) {wasm:?}, native statistics {native:?}");
+}
