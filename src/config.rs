@@ -46,6 +46,7 @@ pub struct Config {
     pub http: HttpConfig,
     pub backfill: BackfillConfig,
     pub changelog: ChangelogConfig,
+    pub wasm: WasmConfig,
     pub metrics: MetricsConfig,
     pub schema_registry: SchemaRegistryConfig,
     pub telemetry: TelemetryConfig,
@@ -393,6 +394,65 @@ pub enum OtlpProtocol {
     /// Protobuf over HTTP (OTLP/HTTP, port 4318 by convention).
     #[serde(rename = "http/protobuf")]
     HttpProtobuf,
+}
+
+/// Attached functions as WebAssembly components (`sluice functions attach --wasm`): the
+/// limits of each instance, the same on every replica (a replica
+/// with other limits could fail a change another one passes). A function that exceeds one
+/// is marked `failed` with the limit named; the collection and the other functions go on.
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields, default)]
+pub struct WasmConfig {
+    /// Fuel of one call of a component (`deltas` of one change, or `init`): about one
+    /// WebAssembly instruction each. Deterministic: a change that needs more fails the
+    /// same way on every replica and in every backfill. The default, 2e9, is seconds of
+    /// work for a change; a component that loops forever fails after it.
+    pub fuel_per_change: u64,
+    /// Wall-clock bound of one call, in milliseconds: the backstop for a host too slow
+    /// for the fuel bound. The one limit that depends on the machine, so that a change
+    /// could pass on one replica and fail on another: keep it well above what the fuel
+    /// allows.
+    pub epoch_deadline_ms: u64,
+    /// Linear memory one instance may grow to, in bytes (default 256 MiB). Each worker
+    /// (one per assigned partition) and each running backfill holds an instance of every
+    /// WebAssembly function of its collections; a component built with componentize-py
+    /// starts at about 20 MB.
+    pub max_memory_bytes: usize,
+    /// Where compiled components are kept between runs, by the SHA-256 of their bytes.
+    /// Empty: beside a SQLite sysdb file (`<file>.wasm-cache`), else
+    /// `sluice-wasm-cache` in the temporary directory. As trusted as the binary: the files
+    /// hold machine code.
+    pub cache_dir: String,
+}
+
+impl Default for WasmConfig {
+    fn default() -> Self {
+        let limits = crate::functions::wasm::Limits::DEFAULT;
+        WasmConfig {
+            fuel_per_change: limits.fuel_per_change,
+            epoch_deadline_ms: limits.epoch_deadline_ms,
+            max_memory_bytes: limits.max_memory_bytes,
+            cache_dir: String::new(),
+        }
+    }
+}
+
+impl Config {
+    /// The WebAssembly host's limits and cache directory (`[wasm]`).
+    pub fn wasm_host(&self) -> (crate::functions::wasm::Limits, std::path::PathBuf) {
+        let limits = crate::functions::wasm::Limits {
+            fuel_per_change: self.wasm.fuel_per_change,
+            epoch_deadline_ms: self.wasm.epoch_deadline_ms,
+            max_memory_bytes: self.wasm.max_memory_bytes,
+        };
+        let dir = if !self.wasm.cache_dir.is_empty() {
+            std::path::PathBuf::from(&self.wasm.cache_dir)
+        } else {
+            let file = self.sysdb.url.strip_prefix("sqlite://").map(std::path::Path::new);
+            crate::functions::wasm::default_cache_dir(file)
+        };
+        (limits, dir)
+    }
 }
 
 /// The backfill worker (a role of `sluice process`).
@@ -886,6 +946,13 @@ impl Config {
         if self.backfill.chunk_size == 0 || self.backfill.chunk_max_bytes == 0 || self.backfill.concurrency == 0 {
             return Err(ConfigError::Invalid(
                 "backfill.chunk_size, backfill.chunk_max_bytes and backfill.concurrency must be > 0".into(),
+            ));
+        }
+        if self.wasm.fuel_per_change == 0 || self.wasm.epoch_deadline_ms == 0 || self.wasm.max_memory_bytes < (1 << 20)
+        {
+            return Err(ConfigError::Invalid(
+                "wasm.fuel_per_change and wasm.epoch_deadline_ms must be > 0, wasm.max_memory_bytes at least 1 MiB"
+                    .into(),
             ));
         }
         if !(self.backfill.live_share > 0.0 && self.backfill.live_share <= 1.0) {

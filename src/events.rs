@@ -105,6 +105,33 @@ impl GroupOffsetAhead {
     }
 }
 
+/// An attached function failed (a WebAssembly trap, an exhausted limit, an error it
+/// returned, a component that cannot run): it is marked `failed` with `reason`, its
+/// deltas stop, the collection and the other functions go on
+/// (`sluice_function_failures_total{function, kind}` and an error line).
+pub(crate) struct FunctionFailed<'a> {
+    pub function: &'a str,
+    /// A [`crate::functions::FailureKind::as_str`], or `load` (the component cannot be
+    /// loaded or instantiated).
+    pub kind: &'static str,
+    /// `live` (a batch found it) or `backfill`.
+    pub during: &'static str,
+    pub reason: &'a str,
+}
+
+impl FunctionFailed<'_> {
+    pub(crate) fn emit(self, m: &Metrics) {
+        m.function_failure(self.function, self.kind);
+        tracing::error!(
+            function = self.function,
+            kind = self.kind,
+            during = self.during,
+            reason = self.reason,
+            "attached function failed: marked failed, its output stops (detach it and attach a fixed version)"
+        );
+    }
+}
+
 /// What happened to a backfill (`sluice_backfill_tasks_total{status}` and its log line).
 pub(crate) enum Backfill<'a> {
     /// A task arrived from the backfill topic.

@@ -384,7 +384,7 @@ impl Collector for FunctionsCollector {
         let label = |f: &FunctionGauge| FunctionLabel { function: f.id.clone(), collection: f.collection.clone() };
         let mut m = encoder.encode_descriptor(
             "function_status",
-            "1 for the current status of each attached function (awaiting_marker, backfilling, ready); one series per function",
+            "1 for the current status of each attached function (awaiting_marker, backfilling, ready, failed); one series per function",
             None,
             MetricType::Gauge,
         )?;
@@ -543,6 +543,9 @@ pub struct Metrics {
     sysdb_commit_duration: Histogram,
     end_to_end_latency: Histogram,
     backfill_tasks: Family<StatusLabel, Counter>,
+    /// `sluice_function_failures_total{function, kind}`: attached functions found failing
+    /// by this replica (one series per failed function: there are few).
+    function_failures: Family<FunctionFailureLabel, Counter>,
     records_backfilled: Counter,
     /// Per partition, removed on revoke like the partition gauges (so no series without the
     /// feed).
@@ -586,6 +589,12 @@ pub(crate) mod backfill_status {
     /// A backfill step failed (it is retried by the next scan).
     pub(crate) const FAILED: &str = "failed";
     pub(crate) const ALL: [&str; 5] = [RECEIVED, STARTED, FINISHED, SKIPPED, FAILED];
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, PartialOrd, Ord, EncodeLabelSet)]
+struct FunctionFailureLabel {
+    function: String,
+    kind: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, PartialOrd, Ord, EncodeLabelSet)]
@@ -662,6 +671,7 @@ impl Metrics {
             sysdb_commit_duration: Histogram::new(SYSDB_COMMIT_BUCKETS),
             end_to_end_latency: Histogram::new(END_TO_END_BUCKETS),
             backfill_tasks: Family::default(),
+            function_failures: Family::default(),
             records_backfilled: Counter::default(),
             changelog_snapshot_records: Family::default(),
             backfill_duration: Histogram::new(BACKFILL_BUCKETS),
@@ -682,6 +692,12 @@ impl Metrics {
             "backfill_tasks",
             "Backfill tasks and runs, by status (received, started, finished, skipped, failed)",
             m.backfill_tasks.clone(),
+        );
+        r.register(
+            "function_failures",
+            "Attached functions this replica found failing (a WebAssembly trap, fuel, memory or deadline exhausted, an \
+             error it returned, a component that cannot be loaded), by function id and kind; each is marked failed",
+            m.function_failures.clone(),
         );
         r.register(
             "records_backfilled",
@@ -858,6 +874,11 @@ impl Metrics {
     /// `status` is one of [`backfill_status`].
     pub fn backfill_task(&self, status: &'static str) {
         self.backfill_tasks.get_or_create(&StatusLabel { status }).inc();
+    }
+
+    /// `kind`: a [`crate::functions::FailureKind::as_str`] or `load`.
+    pub fn function_failure(&self, function: &str, kind: &'static str) {
+        self.function_failures.get_or_create(&FunctionFailureLabel { function: function.to_string(), kind }).inc();
     }
 
     pub fn records_backfilled(&self, n: u64) {

@@ -68,6 +68,9 @@ impl Roles {
 /// Run a replica until SIGTERM / Ctrl-C (then stop cleanly and return Ok) or a fatal
 /// error.
 pub async fn run(config: Config, roles: Roles) -> Result<()> {
+    let (limits, cache_dir) = config.wasm_host();
+    crate::functions::wasm::Host::configure(limits, Some(cache_dir))
+        .context("cannot start the WebAssembly host of attached functions")?;
     let stop = CancellationToken::new();
     // Registered before anything else: from here on SIGTERM is ours, not the default
     // action that would kill the process mid-start.

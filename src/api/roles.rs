@@ -38,6 +38,7 @@ pub(crate) const ROUTES: &[(&str, &str, Role)] = &[
     ("POST", "/api/v1/functions", Role::Admin),
     ("GET", "/api/v1/functions/{id}", Role::Read),
     ("DELETE", "/api/v1/functions/{id}", Role::Admin),
+    ("POST", "/api/v1/components", Role::Admin),
     ("GET", "/api/v1/offsets", Role::Read),
     ("GET", "/api/v1/offsets/history", Role::Read),
     ("POST", "/api/v1/offsets/reset", Role::Admin),

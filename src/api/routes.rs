@@ -42,6 +42,7 @@ pub(crate) fn routes(admin: Arc<Admin>) -> Router {
         .route("/collections/{id}/records", get(list_records).post(ingest::post_records))
         .route("/functions", get(list_functions).post(attach_function))
         .route("/functions/{id}", get(show_function).delete(detach_function))
+        .route("/components", post(store_component).layer(DefaultBodyLimit::max(MAX_COMPONENT_BYTES)))
         .route("/offsets", get(offsets))
         .route("/offsets/history", get(offsets_history))
         .route("/offsets/reset", post(offsets_reset))
@@ -198,6 +199,24 @@ impl From<AttachError> for HttpError {
             AttachError::NotInitialised(_) => HttpError::new(ErrorCode::Unavailable, e.to_string()),
         }
     }
+}
+
+/// The largest component `POST /components` takes (a Python component is about 20 MB).
+const MAX_COMPONENT_BYTES: usize = 64 << 20;
+
+/// 201 with the stored component (200 when its bytes were stored already).
+async fn store_component(
+    State(admin): State<Arc<Admin>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, HttpError> {
+    let body = body?;
+    let stored =
+        crate::backfill::components::store_component(&admin.sysdb, body.to_vec()).await.map_err(|e| match e {
+            crate::backfill::components::StoreError::Sysdb(e) => HttpError::from(e),
+            e => HttpError::bad_request(e.to_string()),
+        })?;
+    let status = if stored.new { StatusCode::CREATED } else { StatusCode::OK };
+    Ok((status, Json(json!(stored))).into_response())
 }
 
 /// 201 with the new function (its marker `published`, or `pending` for the outbox relay),

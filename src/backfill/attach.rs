@@ -20,8 +20,9 @@ use serde::Serialize;
 use thiserror::Error;
 use tracing::{info, warn};
 
+use super::components;
 use crate::config::{Config, UnknownCollections};
-use crate::functions::{build, FunctionError};
+use crate::functions::{build, wasm, FunctionError};
 use crate::kafka::producer::{Outgoing, Producer};
 use crate::kafka::KafkaError;
 use crate::record::framing::encode_framed;
@@ -107,7 +108,18 @@ pub(crate) async fn attach(
     if collection == output {
         return Err(AttachError::Invalid("the output collection must differ from the input".into()));
     }
-    build(function, &params)?; // validate the name and the parameters before writing
+    // Validate the name and the parameters before writing; a WebAssembly function runs
+    // once on a sample change (its component stored beforehand: `components.rs`).
+    if function == wasm::NAME {
+        wasm::params_of(&params).map_err(AttachError::Invalid)?;
+        match components::check_function(sysdb, &params).await {
+            Ok(()) => {}
+            Err(components::BuildError::Sysdb(e)) => return Err(e.into()),
+            Err(e) => return Err(AttachError::Refused(format!("the WebAssembly function does not run: {e}"))),
+        }
+    } else {
+        build(function, &params)?;
+    }
     let topic = config.kafka.log_topic();
     let partition = match sysdb.collection(collection).await? {
         Some(row) => row.partition,
@@ -184,6 +196,8 @@ pub(crate) struct FunctionView {
     pub marker_offset: Option<i64>,
     pub backfill_done: i64,
     pub backfill_total: Option<i64>,
+    /// Why it failed (status `failed`).
+    pub failed_reason: Option<String>,
 }
 
 impl From<&FunctionRow> for FunctionView {
@@ -197,6 +211,7 @@ impl From<&FunctionRow> for FunctionView {
             marker_offset: r.marker_offset,
             backfill_done: r.backfill_done,
             backfill_total: r.backfill_total,
+            failed_reason: r.failed_reason.clone(),
         }
     }
 }

@@ -9,6 +9,7 @@
 //! chunks. Concurrency and chunk size are bounded (`[backfill]` config).
 
 pub mod attach;
+pub(crate) mod components;
 pub(crate) mod marker_relay;
 
 use std::collections::HashSet;
@@ -20,8 +21,8 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use crate::config::Config;
-use crate::events::Backfill;
-use crate::functions::{build, FunctionStatus};
+use crate::events::{Backfill, FunctionFailed};
+use crate::functions::FunctionStatus;
 use crate::kafka::tasks::TaskConsumer;
 use crate::metrics::Metrics;
 use crate::sysdb::{StepResult, Sysdb};
@@ -138,8 +139,23 @@ impl Worker {
                 return;
             }
         };
-        let f = match build(&row.function, &row.params) {
+        let f = match components::build_function(&self.sysdb, &row).await {
             Ok(f) => f,
+            Err(components::BuildError::Component(reason)) => {
+                // Deterministic: another try would fail alike. Marked failed, not retried.
+                match self.sysdb.mark_function_failed(function_id, &reason).await {
+                    Ok(true) => {
+                        FunctionFailed { function: function_id, kind: "load", during: "backfill", reason: &reason }
+                            .emit(&self.metrics)
+                    }
+                    Ok(false) => {}
+                    Err(e) => {
+                        Backfill::Failed { function: function_id, what: "cannot mark the function failed", error: &e }
+                            .emit(&self.metrics)
+                    }
+                }
+                return;
+            }
             Err(e) => {
                 Backfill::Failed { function: function_id, what: "function cannot be built", error: &e }
                     .emit(&self.metrics);
@@ -195,6 +211,17 @@ impl Worker {
                     // over again if it dies).
                     Backfill::Skipped { function: function_id, why: "another worker moved the cursor" }
                         .emit(&self.metrics);
+                    return;
+                }
+                Ok(StepResult::Failed { failure }) => {
+                    // The step marked it failed in its own transaction.
+                    FunctionFailed {
+                        function: function_id,
+                        kind: failure.kind.as_str(),
+                        during: "backfill",
+                        reason: &failure.reason,
+                    }
+                    .emit(&self.metrics);
                     return;
                 }
                 Ok(StepResult::NotBackfilling) => {

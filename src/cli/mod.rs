@@ -96,7 +96,8 @@ pub enum Cmd {
         #[arg(long, default_value = "processor,backfill,relay", env = "SLUICE_ROLES")]
         roles: String,
     },
-    /// Attached functions: attach, list, detach.
+    /// Attached functions: attach (a built-in or a WebAssembly component), list, show,
+    /// detach, and test a component locally.
     Functions {
         #[command(subcommand)]
         command: FunctionsCmd,
@@ -391,15 +392,51 @@ pub enum FunctionsCmd {
     Attach {
         /// The input collection.
         collection: String,
-        /// record_counter, statistics or normalize.
-        #[arg(long)]
-        function: String,
+        /// A built-in function: record_counter, statistics or normalize.
+        #[arg(long, required_unless_present = "wasm", conflicts_with = "wasm")]
+        function: Option<String>,
+        /// A WebAssembly component of the `sluice:function` world (schemas/function.wit).
+        /// It is checked (imports nothing, exports the world's major version), run once
+        /// on a sample change, and stored in the sysdb by its SHA-256: every replica runs
+        /// those bytes, not this file.
+        #[arg(long, value_name = "FILE.wasm")]
+        wasm: Option<PathBuf>,
         /// The output collection.
         #[arg(long)]
         output: String,
-        /// Function parameter KEY=VALUE (repeatable).
-        #[arg(long)]
+        /// A built-in function's parameter KEY=VALUE (repeatable).
+        #[arg(long, conflicts_with = "wasm")]
         param: Vec<String>,
+        /// With --wasm: the JSON text given to the component's `init` (default `{}`).
+        #[arg(long, value_name = "JSON", requires = "wasm")]
+        params: Option<String>,
+        #[command(flatten)]
+        format: FormatArg,
+    },
+    /// Show one function in full: status, failed reason, parameters, times.
+    Show {
+        /// The function id (see `sluice functions list`).
+        function_id: String,
+        #[command(flatten)]
+        format: FormatArg,
+    },
+    /// Run a WebAssembly component over records, without a broker or a sysdb: the
+    /// records are folded into changes as the processor folds them, the component's
+    /// deltas applied as to an output collection; prints the deltas and the output.
+    Test {
+        /// The component (FILE.wasm).
+        file: PathBuf,
+        /// Records as JSON lines, the format `sluice produce` reads (- for stdin). The
+        /// line number (from 0) is each record's offset.
+        #[arg(long)]
+        input: PathBuf,
+        /// The JSON text given to the component's `init` (default `{}`).
+        #[arg(long, value_name = "JSON")]
+        params: Option<String>,
+        /// Only the records of this collection (default: each collection of the input,
+        /// on its own).
+        #[arg(long)]
+        collection: Option<String>,
         #[command(flatten)]
         format: FormatArg,
     },

@@ -72,7 +72,7 @@ pub fn apply_deltas(store: &mut OutputStore, deltas: &[OutputDelta], versioned: 
     for delta in deltas {
         let applied = match delta {
             OutputDelta::Count { output_id, fields, count_field, delta, remove_at_zero } => {
-                let current = match store.records.get(output_id).and_then(|r| r.metadata.get(*count_field)) {
+                let current = match store.records.get(output_id).and_then(|r| r.metadata.get(count_field.as_ref())) {
                     Some(MetaValue::Long(n)) => *n,
                     _ => 0,
                 };
@@ -160,7 +160,7 @@ mod tests {
         OutputDelta::Count {
             output_id: id.into(),
             fields: Metadata::from_iter([("key".to_string(), MetaValue::String("k".into()))]),
-            count_field: "count",
+            count_field: "count".into(),
             delta,
             remove_at_zero,
         }

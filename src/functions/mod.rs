@@ -10,7 +10,10 @@
 //! Adding a function = one new module with a [`Function`] impl and a `build(params)` +
 //! one line in [`registry::FUNCTIONS`].
 //!
-//! - [`record_counter`], [`statistics`], [`normalize`]: the functions.
+//! - [`record_counter`], [`statistics`], [`normalize`]: the built-in functions.
+//! - [`wasm`]: a user's function as a WebAssembly component (`schemas/function.wit`),
+//!   run by wasmtime with fuel, memory and deadline limits; its failures are
+//!   [`FunctionFailure`]s, which mark it [`FunctionStatus::Failed`].
 //! - [`registry`]: name → function.
 //! - [`apply`]: how deltas change an output collection (the semantics the sysdb
 //!   implements), pure; the property tests and the protocol simulation use it.
@@ -20,6 +23,7 @@
 //!   backfill worker interleaved at random — ends at the reference outputs, and each
 //!   known mistake of the protocol makes it fail.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 
 use thiserror::Error;
@@ -38,6 +42,11 @@ pub enum FunctionStatus {
     Ready,
     /// Stopped; nothing is applied any more.
     Detached,
+    /// Stopped by a failure of the function itself (a WebAssembly trap, fuel or memory
+    /// exhausted, the wall-clock deadline, or an error it returned): nothing is applied
+    /// any more, the reason is stored beside the status. The collection and the other
+    /// functions go on; detach it and attach a fixed version.
+    Failed,
 }
 
 impl FunctionStatus {
@@ -47,6 +56,7 @@ impl FunctionStatus {
             FunctionStatus::Backfilling => "backfilling",
             FunctionStatus::Ready => "ready",
             FunctionStatus::Detached => "detached",
+            FunctionStatus::Failed => "failed",
         }
     }
 
@@ -56,6 +66,7 @@ impl FunctionStatus {
             "backfilling" => FunctionStatus::Backfilling,
             "ready" => FunctionStatus::Ready,
             "detached" => FunctionStatus::Detached,
+            "failed" => FunctionStatus::Failed,
             _ => return None,
         })
     }
@@ -77,7 +88,8 @@ pub enum OutputDelta {
     /// Add `delta` to the counter behind output record `output_id`. The output record's
     /// metadata is `fields` plus `count_field` = the new count. When the count reaches 0
     /// the output record is removed if `remove_at_zero`, else kept with count 0.
-    Count { output_id: String, fields: Metadata, count_field: &'static str, delta: i64, remove_at_zero: bool },
+    /// `count_field` is borrowed for the built-in functions, owned for a WebAssembly one.
+    Count { output_id: String, fields: Metadata, count_field: Cow<'static, str>, delta: i64, remove_at_zero: bool },
     /// Versioned upsert: `record.offset` is the source offset (the version).
     Put { record: Record },
     /// Versioned removal at source offset `offset` (leaves a tombstone while a backfill
@@ -87,10 +99,18 @@ pub enum OutputDelta {
 
 /// A function over changes.
 pub trait Function: Send + Sync {
-    /// The registry name (`record_counter`, `statistics`, `normalize`).
+    /// The registry name (`record_counter`, `statistics`, `normalize`, `wasm`).
     fn name(&self) -> &'static str;
     /// Append the output deltas of one change to `out`.
     fn deltas(&self, change: &ChangeRef<'_>, out: &mut Vec<OutputDelta>);
+    /// [`Function::deltas`] for a function that can fail (a WebAssembly component: a
+    /// trap, fuel or memory exhausted, the deadline, an error it returns). On `Err` the
+    /// function is marked [`FunctionStatus::Failed`] with the reason and `out` is
+    /// discarded. The built-in functions cannot fail: the default calls `deltas`.
+    fn try_deltas(&self, change: &ChangeRef<'_>, out: &mut Vec<OutputDelta>) -> Result<(), FunctionFailure> {
+        self.deltas(change, out);
+        Ok(())
+    }
     /// Which stored fields of a record [`Function::deltas`] reads, besides its id, its
     /// offset and whether it exists. A backfill reads only these from the sysdb (the
     /// others arrive empty), so a function must not depend on a field it leaves out:
@@ -98,6 +118,43 @@ pub trait Function: Send + Sync {
     /// holds every function to it). The default reads everything.
     fn reads(&self) -> Reads {
         Reads::ALL
+    }
+}
+
+/// Why a function failed on a change (see [`Function::try_deltas`]).
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[error("{reason}")]
+pub struct FunctionFailure {
+    pub kind: FailureKind,
+    /// What happened and what to do, stored as the function's failed reason.
+    pub reason: String,
+}
+
+/// The kinds of [`FunctionFailure`] (the `kind` label of `sluice_function_failures_total`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum FailureKind {
+    /// The change used up its fuel (`wasm.fuel_per_change`): deterministic.
+    Fuel,
+    /// The instance grew its memory past `wasm.max_memory_bytes`: deterministic.
+    Memory,
+    /// The wall-clock backstop (`wasm.epoch_deadline_ms`): the one kind that
+    /// depends on the machine, not only on the change.
+    Deadline,
+    /// Any other trap (`unreachable`, an out-of-bounds access, a stack overflow).
+    Trap,
+    /// The function returned an error, or output the host refuses.
+    Error,
+}
+
+impl FailureKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FailureKind::Fuel => "fuel",
+            FailureKind::Memory => "memory",
+            FailureKind::Deadline => "deadline",
+            FailureKind::Trap => "trap",
+            FailureKind::Error => "error",
+        }
     }
 }
 
@@ -134,7 +191,10 @@ impl Reads {
 
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 pub enum FunctionError {
-    #[error("unknown function {0:?}: available functions are record_counter, statistics, normalize")]
+    #[error(
+        "unknown function {0:?}: available functions are record_counter, statistics, normalize, and a WebAssembly \
+         component attached with --wasm FILE"
+    )]
     Unknown(String),
     #[error("function {function}: invalid parameter {param:?}: {message}")]
     BadParam { function: String, param: String, message: String },
@@ -151,6 +211,7 @@ pub mod normalize;
 pub mod record_counter;
 pub mod registry;
 pub mod statistics;
+pub mod wasm;
 
 #[cfg(test)]
 mod proptests;

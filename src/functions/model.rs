@@ -86,6 +86,46 @@ pub fn reference_outputs(log: &[(i64, LogRecord)], collection: &str, function: &
     outputs
 }
 
+/// The expected output of the WebAssembly test fixture (`testdata/wasm/fixture.py`) in
+/// mode `count_by` with `key`, computed from the final records: per string value `v` of
+/// metadata `key`, one record `key=v` with `key` = `v` and `count` = the number of final
+/// records holding it. Other values, and values held by no record, have no output.
+pub fn reference_count_by(log: &[(i64, LogRecord)], collection: &str, key: &str) -> BTreeMap<String, ModelOutput> {
+    let state = reference(log);
+    let mut outputs = BTreeMap::new();
+    let Some(c) = state.collections.get(collection) else { return outputs };
+    for record in c.records.values() {
+        if let Some(MetaValue::String(v)) = record.metadata.get(key) {
+            let output = outputs.entry(format!("{key}={v}")).or_insert_with(|| ModelOutput {
+                metadata: Metadata::from_iter([
+                    ("count".to_string(), MetaValue::Long(0)),
+                    (key.to_string(), MetaValue::String(v.clone())),
+                ]),
+                ..ModelOutput::default()
+            });
+            if let Some(MetaValue::Long(n)) = output.metadata.get_mut("count") {
+                *n += 1;
+            }
+        }
+    }
+    outputs
+}
+
+/// The expected output of the fixture in mode `project` with `keep`: per final record,
+/// the same id with only the metadata keys in `keep`, its document, no embedding.
+pub fn reference_project(log: &[(i64, LogRecord)], collection: &str, keep: &[&str]) -> BTreeMap<String, ModelOutput> {
+    let state = reference(log);
+    let Some(c) = state.collections.get(collection) else { return BTreeMap::new() };
+    c.records
+        .iter()
+        .map(|(id, r)| {
+            let metadata =
+                r.metadata.iter().filter(|(k, _)| keep.contains(&k.as_str())).map(|(k, v)| (k.clone(), v.clone()));
+            (id.clone(), ModelOutput { embedding: None, metadata: metadata.collect(), document: r.document.clone() })
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -10,7 +10,7 @@ use proptest::prelude::*;
 
 use super::apply::{apply_deltas, OutputStore};
 use super::registry::{self, NAMES};
-use super::{record_counter, ChangeRef, Reads};
+use super::{record_counter, ChangeRef, Function, Reads};
 use crate::functions::model::{reference_outputs, ModelOutput};
 use crate::materialize::fold_batch;
 use crate::record::{Embedding, LogRecord, MetaValue, Metadata, Operation, Record};
@@ -255,5 +255,151 @@ fn generated_logs_exercise_the_function_cases() {
         "count above one",
     ] {
         assert!(seen.get(case).copied().unwrap_or(0) >= 20, "case {case:?} too rare: {seen:?}");
+    }
+}
+
+/// Native Rust code of the same logic as the WebAssembly fixture's two modes
+/// (`testdata/wasm/fixture.py`): the reference its deltas are held to.
+mod native {
+    use super::super::{ChangeRef, Function, OutputDelta, Reads};
+    use crate::record::{MetaValue, Metadata, Record};
+
+    pub(super) struct CountBy(pub &'static str);
+
+    impl Function for CountBy {
+        fn name(&self) -> &'static str {
+            "native_count_by"
+        }
+        fn reads(&self) -> Reads {
+            Reads { metadata: true, ..Reads::NOTHING }
+        }
+        fn deltas(&self, change: &ChangeRef<'_>, out: &mut Vec<OutputDelta>) {
+            for (record, delta) in [(change.before, -1), (change.after, 1)] {
+                if let Some(MetaValue::String(v)) = record.and_then(|r| r.metadata.get(self.0)) {
+                    out.push(OutputDelta::Count {
+                        output_id: format!("{}={v}", self.0),
+                        fields: Metadata::from_iter([(self.0.to_string(), MetaValue::String(v.clone()))]),
+                        count_field: "count".into(),
+                        delta,
+                        remove_at_zero: true,
+                    });
+                }
+            }
+        }
+    }
+
+    pub(super) struct Project(pub &'static [&'static str]);
+
+    impl Function for Project {
+        fn name(&self) -> &'static str {
+            "native_project"
+        }
+        fn reads(&self) -> Reads {
+            Reads { metadata: true, document: true, embedding: false }
+        }
+        fn deltas(&self, change: &ChangeRef<'_>, out: &mut Vec<OutputDelta>) {
+            out.push(match change.after {
+                None => OutputDelta::Remove { id: change.id.to_string(), offset: change.offset },
+                Some(a) => OutputDelta::Put {
+                    record: Record {
+                        id: a.id.clone(),
+                        embedding: None,
+                        metadata: a
+                            .metadata
+                            .iter()
+                            .filter(|(k, _)| self.0.contains(&k.as_str()))
+                            .map(|(k, v)| (k.clone(), v.clone()))
+                            .collect(),
+                        document: a.document.clone(),
+                        offset: change.offset,
+                    },
+                },
+            });
+        }
+    }
+}
+
+/// The fixture's functions beside their native references, built once per process
+/// (`None`: componentize-py is missing outside CI).
+#[allow(clippy::type_complexity)]
+fn wasm_pairs() -> Option<&'static [(super::wasm::WasmFunction, Box<dyn super::Function>, &'static str); 2]> {
+    use std::sync::OnceLock;
+    static PAIRS: OnceLock<Option<[(super::wasm::WasmFunction, Box<dyn super::Function>, &'static str); 2]>> =
+        OnceLock::new();
+    PAIRS
+        .get_or_init(|| {
+            let fx = super::wasm::tests::fixtures()?;
+            Some([
+                (
+                    fx.function(r#"{"mode": "count_by", "key": "k"}"#).expect("count_by"),
+                    Box::new(native::CountBy("k")) as Box<dyn super::Function>,
+                    "count_by",
+                ),
+                (
+                    fx.function(r#"{"mode": "project", "keep": ["k", "a=b"]}"#).expect("project"),
+                    Box::new(native::Project(&["k", "a=b"])) as Box<dyn super::Function>,
+                    "project",
+                ),
+            ])
+        })
+        .as_ref()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+
+    /// A WebAssembly function (the fixture component) gives, change by change, the deltas
+    /// of native Rust code of the same logic, reads no field it leaves out, and its
+    /// output over random logs in random batch splits equals the reference model's.
+    #[test]
+    fn wasm_function_deltas_equal_the_native_reference_and_the_model(
+        entries in vec(arb_entry(), 0..60),
+        versioned in any::<bool>(),
+    ) {
+        let Some(pairs) = wasm_pairs() else { return Ok(()) };
+        let log = with_offsets(&entries);
+        let records: Vec<_> = log.iter().filter(|(_, r)| r.collection_id == "c0").map(|(o, r)| (*o, r)).collect();
+        let mut store: BTreeMap<String, Record> = BTreeMap::new();
+        let mut dimension = None;
+        let mut outputs = vec![OutputStore::default(); pairs.len()];
+        let cuts: Vec<bool> = entries.iter().filter(|e| e.record.collection_id == "c0").map(|e| e.cut).collect();
+        let mut batch = Vec::new();
+        for (i, (offset, record)) in records.iter().enumerate() {
+            batch.push((*offset, *record));
+            if !cuts[i] && i + 1 < records.len() {
+                continue;
+            }
+            let out = fold_batch(&store, dimension, batch.drain(..)).expect("ordered");
+            for c in &out.changes {
+                let change = ChangeRef { id: &c.id, before: c.before.as_ref(), after: c.after.as_ref(), offset: c.offset };
+                for ((wasm, native, mode), output) in pairs.iter().zip(&mut outputs) {
+                    let (mut got, mut want) = (Vec::new(), Vec::new());
+                    wasm.try_deltas(&change, &mut got).expect("the fixture does not fail");
+                    native.deltas(&change, &mut want);
+                    prop_assert_eq!(&got, &want, "{} on {:?}", mode, c);
+                    let reads = wasm.reads();
+                    prop_assert_eq!(reads, native.reads());
+                    let (b, a) = (c.before.as_ref().map(|r| reads.project(r)), c.after.as_ref().map(|r| reads.project(r)));
+                    let mut projected = Vec::new();
+                    wasm.try_deltas(&ChangeRef { before: b.as_ref(), after: a.as_ref(), ..change }, &mut projected).expect("no failure");
+                    prop_assert_eq!(&got, &projected, "{} reads a field it leaves out", mode);
+                    apply_deltas(output, &got, versioned);
+                }
+            }
+            for (id, after) in out.final_states() {
+                match after {
+                    Some(record) => store.insert(id.to_string(), record.clone()),
+                    None => store.remove(id),
+                };
+            }
+            dimension = out.dimension;
+        }
+        let expected = [
+            crate::functions::model::reference_count_by(&log, "c0", "k"),
+            crate::functions::model::reference_project(&log, "c0", &["k", "a=b"]),
+        ];
+        for (((_, _, mode), output), want) in pairs.iter().zip(&outputs).zip(expected) {
+            prop_assert_eq!(output.contents(), want, "{}", mode);
+        }
     }
 }

@@ -52,7 +52,7 @@ impl Function for RecordCounter {
         out.push(OutputDelta::Count {
             output_id: OUTPUT_ID.to_string(),
             fields: Metadata::new(),
-            count_field: COUNT_FIELD,
+            count_field: COUNT_FIELD.into(),
             delta,
             remove_at_zero: false,
         });
@@ -84,7 +84,7 @@ mod tests {
         OutputDelta::Count {
             output_id: "function_output".into(),
             fields: Metadata::new(),
-            count_field: "total_count",
+            count_field: "total_count".into(),
             delta,
             remove_at_zero: false,
         }

@@ -101,7 +101,7 @@ fn count_delta(key: &str, value: &MetaValue, delta: i64) -> OutputDelta {
     OutputDelta::Count {
         output_id: output_id(key, value),
         fields: pair_fields(key, value),
-        count_field: COUNT_FIELD,
+        count_field: COUNT_FIELD.into(),
         delta,
         remove_at_zero: true,
     }

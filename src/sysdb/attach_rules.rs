@@ -182,6 +182,7 @@ mod tests {
             backfill_total: None,
             created_at_ms: 0,
             updated_at_ms: 0,
+            failed_reason: None,
         }
     }
 

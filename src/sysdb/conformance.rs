@@ -859,7 +859,7 @@ pub async fn a_batch_of_many_megabytes_is_written_whole(db: &Sysdb) {
         id: format!("r{i:05}"),
         embedding: Some((0..1536).map(|j| ((i * 1536 + j) as f32 * 1e-4).cos() + offset as f32).collect()),
         metadata: Metadata::from_iter([("i".to_string(), MetaValue::Long(i as i64))]),
-        document: (i % 3 == 0).then(|| format!("document {i} at {offset}")),
+        document: i.is_multiple_of(3).then(|| format!("document {i} at {offset}")),
         offset,
     };
     // 1,500 records of ~6 KiB: about 9 MiB in one batch.

@@ -113,6 +113,17 @@
 //! pending snapshot, or by the last one) and `snapshot_finished_at_ms`; the outbox's
 //! `operation` also takes `snapshot` (SQLite cannot change a CHECK constraint, so its
 //! outbox is copied into a new table: it holds only the changes not yet deleted).
+//!
+//! Step 14, functions as WebAssembly components (`src/functions/wasm/`):
+//! `function_components(sha256, bytes, size, world_version, created_at_ms)` — a
+//! component's bytes, named by their SHA-256 (lowercase hex), stored once however many
+//! functions run it: every replica and the backfill worker load them by hash, never a
+//! file; `world_version` is the `sluice:function/guest` version it exports. And
+//! `functions.failed_reason` / `functions.failed_at_ms`: a function that failed (a trap,
+//! a limit, an error it returned) keeps its status column as it was in the protocol and
+//! is `failed` while a reason is stored (a detach wins); the transaction that found the
+//! failure writes them. `sluice_functions` is defined again: its `status` says `failed`,
+//! and `failed_reason` is added at the end (the views' contract, version 2).
 
 use super::error::SysdbError;
 
@@ -520,6 +531,29 @@ DROP TABLE changelog_outbox;
 ALTER TABLE changelog_outbox_13 RENAME TO changelog_outbox;
 "#,
     },
+    Migration {
+        version: 14,
+        description: "functions as WebAssembly components: stored components, failed functions",
+        sql: r#"
+CREATE TABLE function_components (
+    sha256        TEXT    NOT NULL PRIMARY KEY,
+    bytes         BLOB    NOT NULL,
+    size          INTEGER NOT NULL,
+    world_version TEXT    NOT NULL,
+    created_at_ms INTEGER NOT NULL
+);
+ALTER TABLE functions ADD COLUMN failed_reason TEXT NULL;
+ALTER TABLE functions ADD COLUMN failed_at_ms INTEGER NULL;
+DROP VIEW sluice_functions;
+CREATE VIEW sluice_functions AS
+SELECT id, collection_id AS collection, function, output_collection, params,
+       CASE WHEN failed_reason IS NOT NULL AND status <> 'detached' THEN 'failed' ELSE status END AS status,
+       marker_offset, backfill_done, backfill_total, created_at_ms, updated_at_ms, failed_reason
+FROM functions;
+DROP VIEW sluice_views_version;
+CREATE VIEW sluice_views_version AS SELECT 2 AS version;
+"#,
+    },
 ];
 
 /// PostgreSQL steps.
@@ -779,6 +813,27 @@ ALTER TABLE changelog_outbox
         CHECK (operation IN ('insert', 'update', 'delete', 'snapshot'));
 "#,
     },
+    Migration {
+        version: 14,
+        description: "functions as WebAssembly components: stored components, failed functions",
+        sql: r#"
+CREATE TABLE function_components (
+    sha256        TEXT COLLATE "C" NOT NULL PRIMARY KEY,
+    bytes         BYTEA   NOT NULL,
+    size          BIGINT  NOT NULL,
+    world_version TEXT    NOT NULL,
+    created_at_ms BIGINT  NOT NULL
+);
+ALTER TABLE functions ADD COLUMN failed_reason TEXT NULL;
+ALTER TABLE functions ADD COLUMN failed_at_ms BIGINT NULL;
+CREATE OR REPLACE VIEW sluice_functions AS
+SELECT id, collection_id AS collection, function, output_collection, params,
+       CASE WHEN failed_reason IS NOT NULL AND status <> 'detached' THEN 'failed' ELSE status END AS status,
+       marker_offset, backfill_done, backfill_total, created_at_ms, updated_at_ms, failed_reason
+FROM functions;
+CREATE OR REPLACE VIEW sluice_views_version AS SELECT 2::integer AS version;
+"#,
+    },
 ];
 
 /// `CREATE TABLE` of the bookkeeping table, valid in both dialects.
@@ -837,7 +892,7 @@ mod tests {
 
     /// The version of the views' contract (step 11 and the module docs): what
     /// `sluice_views_version` returns.
-    const VIEWS_VERSION: i64 = 1;
+    const VIEWS_VERSION: i64 = 2;
 
     #[test]
     fn versions_are_contiguous_from_one_and_the_same_on_both_backends() {

@@ -276,6 +276,29 @@ impl Sysdb {
         dispatch!(self, s => s.detach_function(id, drop_output, changelog).await)
     }
 
+    /// Store a WebAssembly component's bytes under their SHA-256 (lowercase hex), which
+    /// the caller computed and checked; `world_version` is the `sluice:function/guest`
+    /// version it exports. Storing the same hash again changes nothing: returns whether
+    /// the bytes were new.
+    pub async fn put_component(&self, sha256: &str, bytes: Vec<u8>, world_version: &str) -> Result<bool> {
+        if crate::functions::wasm::sha256_hex(&bytes) != sha256 {
+            return Err(self.invalid(format!("component {sha256}: the bytes have another SHA-256")));
+        }
+        dispatch!(self, s => s.put_component(sha256, bytes, world_version).await)
+    }
+
+    /// The bytes of the stored component `sha256`, `None` if none is stored.
+    pub async fn component(&self, sha256: &str) -> Result<Option<Vec<u8>>> {
+        dispatch!(self, s => s.component(sha256).await)
+    }
+
+    /// Mark a live function failed with `reason` outside a batch (its component cannot be
+    /// loaded or instantiated where it must run): returns false, changing nothing, if it
+    /// is detached, failed already or unknown. Its preimages are deleted.
+    pub async fn mark_function_failed(&self, id: &str, reason: &str) -> Result<bool> {
+        dispatch!(self, s => s.mark_function_failed(id, reason).await)
+    }
+
     /// Outbox rows not marked sent, oldest first.
     pub async fn outbox_pending(&self, limit: usize) -> Result<Vec<OutboxRow>> {
         dispatch!(self, s => s.outbox_pending(limit).await)

@@ -25,13 +25,15 @@ use std::collections::HashMap;
 use super::error::SysdbError;
 use super::stored_fields::decode_params;
 use super::types::{ChunkLimit, CommitReport, FunctionBatch, FunctionChange, FunctionRow};
-use crate::functions::{ChangeRef, Function, FunctionStatus, OutputDelta, Reads};
+use crate::functions::{ChangeRef, Function, FunctionFailure, FunctionStatus, OutputDelta, Reads};
 use crate::record::{MetaValue, Metadata, Record};
 
 /// The stored state of a function that decides what a batch does, read inside the batch
 /// transaction.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct FunctionState {
+    /// [`FunctionStatus::Failed`] when a failed reason is stored (the status column keeps
+    /// where the protocol was).
     pub status: FunctionStatus,
     pub request_id: String,
     pub marker_offset: Option<i64>,
@@ -41,7 +43,7 @@ pub(crate) struct FunctionState {
 /// Columns of a `functions` row, in [`RawFunction`] order.
 pub(crate) const FUNCTION_COLUMNS: &str =
     "id, collection_id, function, output_collection, params, status, request_id, \
-     marker_offset, backfill_cursor, backfill_done, backfill_total, created_at_ms, updated_at_ms";
+     marker_offset, backfill_cursor, backfill_done, backfill_total, created_at_ms, updated_at_ms, failed_reason";
 
 /// A `functions` row as read, before decoding.
 pub(crate) struct RawFunction {
@@ -58,6 +60,16 @@ pub(crate) struct RawFunction {
     pub backfill_total: Option<i64>,
     pub created_at_ms: i64,
     pub updated_at_ms: i64,
+    pub failed_reason: Option<String>,
+}
+
+/// The status a function has: the stored status, unless it is live and a failed reason
+/// is stored (step 14 of the migrations keeps the reason beside the status column).
+pub(crate) fn effective_status(status: FunctionStatus, failed_reason: Option<&str>) -> FunctionStatus {
+    match (status, failed_reason) {
+        (FunctionStatus::Detached, _) | (_, None) => status,
+        (_, Some(_)) => FunctionStatus::Failed,
+    }
 }
 
 impl RawFunction {
@@ -67,6 +79,7 @@ impl RawFunction {
         let status =
             FunctionStatus::parse(&self.status).ok_or_else(|| bad(format!("unknown status {:?}", self.status)))?;
         let params = decode_params(&self.params).map_err(bad)?;
+        let status = effective_status(status, self.failed_reason.as_deref());
         Ok(FunctionRow {
             id: self.id,
             collection_id: self.collection_id,
@@ -81,6 +94,7 @@ impl RawFunction {
             backfill_total: self.backfill_total,
             created_at_ms: self.created_at_ms,
             updated_at_ms: self.updated_at_ms,
+            failed_reason: self.failed_reason,
         })
     }
 }
@@ -91,7 +105,7 @@ pub(crate) struct CountWrite {
     pub output_id: String,
     pub delta: i64,
     pub fields: Metadata,
-    pub count_field: &'static str,
+    pub count_field: std::borrow::Cow<'static, str>,
     pub remove_at_zero: bool,
     /// Greatest change offset among the folded deltas: the output record's `last_offset`
     /// (kept as the max with the stored one).
@@ -166,7 +180,7 @@ impl OutputPlan {
                         let c = &mut self.counts[i];
                         c.delta += delta;
                         c.fields.clone_from(fields);
-                        c.count_field = count_field;
+                        c.count_field.clone_from(count_field);
                         c.remove_at_zero = *remove_at_zero;
                         c.offset = c.offset.max(offset);
                     }
@@ -176,7 +190,7 @@ impl OutputPlan {
                             output_id: output_id.clone(),
                             delta: *delta,
                             fields: fields.clone(),
-                            count_field,
+                            count_field: count_field.clone(),
                             remove_at_zero: *remove_at_zero,
                             offset,
                         });
@@ -214,6 +228,9 @@ pub(crate) struct Decision<'a> {
     /// `(record id, record as of the marker)` to save unless a preimage exists.
     pub preimages: Vec<(&'a str, &'a Record)>,
     pub plan: OutputPlan,
+    /// The function failed in this batch: mark it failed with this reason (and apply
+    /// nothing of it). Only for a live function (not detached, not failed already).
+    pub fail: Option<&'a str>,
 }
 
 /// Apply the rules of [`FunctionBatch`] to the function's stored `state` (`None`: gone).
@@ -225,12 +242,20 @@ pub(crate) fn decide<'a>(state: Option<&FunctionState>, fb: &'a FunctionBatch) -
         ignored_markers: fb.markers.len(),
         preimages: Vec::new(),
         plan: OutputPlan::new(false),
+        fail: None,
     };
     let Some(state) = state else { return d };
+    if let Some(reason) = fb.failure.as_deref() {
+        // A failed function applies nothing of the batch; its markers are ignored.
+        if !matches!(state.status, FunctionStatus::Detached | FunctionStatus::Failed) {
+            d.fail = Some(reason);
+        }
+        return d;
+    }
     // `Some(None)`: every change, unversioned; `Some(Some(o))`: changes after `o`,
     // versioned, with preimages.
     let applies: Option<Option<i64>> = match state.status {
-        FunctionStatus::Detached => None,
+        FunctionStatus::Detached | FunctionStatus::Failed => None,
         FunctionStatus::Ready => Some(None),
         FunctionStatus::Backfilling => match state.marker_offset {
             Some(o) => Some(Some(o)),
@@ -276,11 +301,14 @@ pub(crate) fn decide_all<'a>(
 ) -> Vec<Decision<'a>> {
     let mut out = Vec::with_capacity(batches.len());
     for fb in batches {
-        let state = states.get_mut(&fb.function_id).and_then(Option::as_mut);
+        let mut state = states.get_mut(&fb.function_id).and_then(Option::as_mut);
         let d = decide(state.as_deref(), fb);
-        if let (Some(state), Some(o)) = (state, d.accepted_marker) {
+        if let (Some(state), Some(o)) = (state.as_deref_mut(), d.accepted_marker) {
             state.status = FunctionStatus::Backfilling;
             state.marker_offset = Some(o);
+        }
+        if let (Some(state), Some(_)) = (state, d.fail) {
+            state.status = FunctionStatus::Failed;
         }
         out.push(d);
     }
@@ -319,18 +347,19 @@ pub(crate) fn chunk_columns(reads: Reads, aliases: [&str; 3], nulls: [&str; 3]) 
 }
 
 /// The plan of one backfill chunk: each as-of-marker record as an insert at its own
-/// offset, versioned.
-pub(crate) fn backfill_plan(records: &[Record], f: &dyn Function) -> OutputPlan {
+/// offset, versioned. `Err`: the function failed on one of them (the chunk then applies
+/// nothing and the function is marked failed with the reason).
+pub(crate) fn backfill_plan(records: &[Record], f: &dyn Function) -> Result<OutputPlan, FunctionFailure> {
     let mut plan = OutputPlan::new(true);
     let mut out = Vec::new();
     for r in records {
         out.clear();
-        f.deltas(&ChangeRef { id: &r.id, before: None, after: Some(r), offset: r.offset }, &mut out);
+        f.try_deltas(&ChangeRef { id: &r.id, before: None, after: Some(r), offset: r.offset }, &mut out)?;
         for d in &out {
             plan.add(r.offset, d);
         }
     }
-    plan
+    Ok(plan)
 }
 
 /// The bytes a backfill chunk counts for a record toward [`ChunkLimit`]:
@@ -427,7 +456,7 @@ mod tests {
             (ids.clone(), -2i64..3, any::<bool>(), 0u8..2).prop_map(|(id, delta, rz, f)| OutputDelta::Count {
                 output_id: format!("n{id}"),
                 fields: Metadata::from_iter([("f".to_string(), MetaValue::Long(i64::from(f)))]),
-                count_field: "count",
+                count_field: "count".into(),
                 delta,
                 remove_at_zero: rz,
             }),
@@ -495,6 +524,7 @@ mod tests {
         let fb = FunctionBatch {
             function_id: "f".into(),
             markers: vec![(5, "other".into()), (6, "req".into()), (8, "req".into())],
+            failure: None,
             changes: vec![
                 change(4, "a", Some(1)),
                 change(7, "a", Some(4)),

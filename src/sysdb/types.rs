@@ -186,6 +186,10 @@ pub struct FunctionBatch {
     pub markers: Vec<(i64, String)>,
     /// The input collection's changes in offset order, with this function's deltas.
     pub changes: Vec<FunctionChange>,
+    /// The function failed on one of the batch's changes (`changes` is then empty): the
+    /// batch transaction marks it failed with this reason, unless it is detached or
+    /// failed already.
+    pub failure: Option<String>,
 }
 
 /// One input change as a function sees it.
@@ -228,6 +232,8 @@ pub struct FunctionRow {
     pub backfill_total: Option<i64>,
     pub created_at_ms: i64,
     pub updated_at_ms: i64,
+    /// Why the function failed (status [`FunctionStatus::Failed`]); kept after a detach.
+    pub failed_reason: Option<String>,
 }
 
 /// A function to attach.
@@ -270,6 +276,9 @@ pub enum StepResult {
     /// writer), without the wait for it; the worker's yield to live batches is measured
     /// from it.
     Applied { processed: usize, cursor: Option<String>, finished: bool, held: std::time::Duration },
+    /// The function failed on a record of the chunk: the step applied nothing of the
+    /// chunk and marked the function failed with `failure`'s reason.
+    Failed { failure: crate::functions::FunctionFailure },
 }
 
 /// How large one backfill chunk may be: `records` records, and it closes after the

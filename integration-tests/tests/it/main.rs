@@ -45,3 +45,4 @@ mod sysdb_outage;
 mod sysdb_postgres;
 mod traces;
 mod unclean_faults;
+mod wasm_functions;

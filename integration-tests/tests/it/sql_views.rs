@@ -7,7 +7,7 @@
 //!   as docs/reading.md describes the columns, and for every collection, function outputs
 //!   included, exactly what `sluice records` prints;
 //! - `sluice_collections`, `sluice_positions` and `sluice_functions` equal `collections
-//!   list`, `offsets show` and `functions list`; `sluice_views_version` answers 1;
+//!   list`, `offsets show` and `functions list`; `sluice_views_version` answers 2;
 //! - every view has the columns, column order and types of docs/reading.md's tables (on
 //!   SQLite, the storage class of every value);
 //! - the SQL of every panel of the Grafana dashboard over the views
@@ -549,7 +549,7 @@ fn views_equal_what_sluice_reads(env: Env) {
                 "id": f["id"].text(), "collection": f["collection"].text(), "function": f["function"].text(),
                 "output": f["output_collection"].text(), "status": f["status"].text(),
                 "marker_offset": f["marker_offset"].int(), "backfill_done": f["backfill_done"].int(),
-                "backfill_total": f["backfill_total"].int(),
+                "backfill_total": f["backfill_total"].int(), "failed_reason": f["failed_reason"].text(),
             })
         })
         .collect();
@@ -562,7 +562,7 @@ fn views_equal_what_sluice_reads(env: Env) {
     assert_eq!(status[&stats], "ready");
     assert_eq!(status[&normalized], "detached");
 
-    assert_eq!(version.rows, vec![vec![Cell::Int(1)]], "sluice_views_version");
+    assert_eq!(version.rows, vec![vec![Cell::Int(2)]], "sluice_views_version");
 
     // The Grafana dashboard's panels: their SQL, read from the dashboard, gives Sluice's
     // own answers.

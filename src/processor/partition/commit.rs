@@ -279,6 +279,7 @@ impl Worker {
         let mut function_batches = Vec::new();
         let mut tasks = Vec::new();
         let mut applied = Vec::new();
+        let mut failures = Vec::new();
         let now_ms = crate::sysdb::now_ms();
         // The functions attached to each collection, read once: the same list decides
         // which records are read whole (their preimages) and which deltas are computed.
@@ -299,6 +300,7 @@ impl Worker {
             ));
             attached_by.push(attached);
         }
+        report_unbuildable(&self.shared.sysdb, &self.shared.metrics, self.functions.take_unbuildable()).await?;
         let mut current_all = self.shared.sysdb.get_records_many(wanted).await?;
         let mut changes: Option<Vec<crate::sysdb::OutboxChange>> = cfg.changelog.enabled.then(Vec::new);
         for ((id, (row, records)), attached) in routed.collections.into_iter().zip(&attached_by) {
@@ -323,7 +325,12 @@ impl Worker {
                     batch::outbox_changes(&id, &outcome, changes);
                 }
                 let markers = function_batches::markers(&records);
-                function_batches.extend(function_batches::function_batches(attached, &outcome, &markers));
+                function_batches.extend(function_batches::function_batches(
+                    attached,
+                    &outcome,
+                    &markers,
+                    &mut failures,
+                ));
                 tasks.extend(function_batches::tasks(attached, &markers, &self.shared.topic, self.partition, now_ms));
                 folded
             };
@@ -331,6 +338,10 @@ impl Worker {
                 applied.push((id, folded.applied));
                 updates.push(u);
             }
+        }
+        for f in &failures {
+            crate::events::FunctionFailed { function: &f.function_id, kind: f.kind, during: "live", reason: &f.reason }
+                .emit(&self.shared.metrics);
         }
         dlq.sort_by_key(|d| d.offset);
         let commit = batch::commit(&self.shared.topic, delta, updates, function_batches, changes);
@@ -594,4 +605,20 @@ impl Worker {
             }
         }
     }
+}
+
+/// Functions a worker could not build (their component cannot run here, and would not on
+/// another try): marked failed, so that no replica keeps trying.
+async fn report_unbuildable(
+    sysdb: &crate::sysdb::Sysdb,
+    metrics: &metrics::Metrics,
+    failures: Vec<function_batches::NewFailure>,
+) -> Result<(), BatchError> {
+    for f in failures {
+        if sysdb.mark_function_failed(&f.function_id, &f.reason).await? {
+            crate::events::FunctionFailed { function: &f.function_id, kind: f.kind, during: "load", reason: &f.reason }
+                .emit(metrics);
+        }
+    }
+    Ok(())
 }

@@ -40,7 +40,7 @@ pub async fn run_all(db: &Sysdb) {
 // ---- test functions ----
 
 fn count(output_id: &str, fields: Metadata, delta: i64, remove_at_zero: bool) -> OutputDelta {
-    OutputDelta::Count { output_id: output_id.into(), fields, count_field: "count", delta, remove_at_zero }
+    OutputDelta::Count { output_id: output_id.into(), fields, count_field: "count".into(), delta, remove_at_zero }
 }
 
 /// Counts live records (`total`, kept at 0) and live records per `color` (`color=<c>`,
@@ -195,6 +195,7 @@ impl Log {
         let functions = fns
             .iter()
             .map(|(fid, f)| FunctionBatch {
+                failure: None,
                 function_id: fid.to_string(),
                 markers: markers.iter().filter(|(_, m, _)| m == fid).map(|(o, _, r)| (*o, r.clone())).collect(),
                 changes: changes
@@ -277,7 +278,12 @@ impl Log {
             topic: self.topic.clone(),
             delta: PositionDelta::new(self.partition, self.next, to).expect("delta"),
             collections: Vec::new(),
-            functions: vec![FunctionBatch { function_id: fid.to_string(), markers: Vec::new(), changes }],
+            functions: vec![FunctionBatch {
+                function_id: fid.to_string(),
+                markers: Vec::new(),
+                changes,
+                failure: None,
+            }],
             changelog: false,
             changes: Vec::new(),
         };

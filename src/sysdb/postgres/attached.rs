@@ -59,6 +59,7 @@ fn raw_function(r: &Row) -> RawFunction {
         backfill_total: r.get(10),
         created_at_ms: r.get(11),
         updated_at_ms: r.get(12),
+        failed_reason: r.get(13),
     }
 }
 
@@ -85,12 +86,17 @@ const LOST_MARKERS: &str =
      FROM functions f
      JOIN outbox o ON o.function_id = f.id AND o.request_id = f.request_id
      JOIN partitions p ON p.topic = $1 AND p.partition = o.partition
-     WHERE f.status = 'awaiting_marker' AND o.sent_at_ms IS NOT NULL AND o.published_offset IS NOT NULL
+     WHERE f.status = 'awaiting_marker' AND f.failed_reason IS NULL AND o.sent_at_ms IS NOT NULL AND o.published_offset IS NOT NULL
        AND p.next_offset > o.published_offset
      ORDER BY o.id LIMIT $2";
 
 const LOCK_FUNCTIONS: &str =
-    "SELECT id, status, request_id, marker_offset, output_collection FROM functions WHERE id = ANY($1::text[]) ORDER BY id FOR SHARE";
+    "SELECT id, status, request_id, marker_offset, output_collection, failed_reason FROM functions WHERE id = ANY($1::text[]) ORDER BY id FOR SHARE";
+/// Marks a function failed in the batch (or backfill) transaction that found it failing;
+/// its preimages are of no more use.
+const MARK_FAILED: &str =
+    "UPDATE functions SET failed_reason = $2, failed_at_ms = $3, updated_at_ms = $3 WHERE id = $1 AND status <> 'detached'";
+const DROP_PREIMAGES: &str = "DELETE FROM preimages WHERE function_id = $1";
 const START_BACKFILL: &str =
     "UPDATE functions SET status = 'backfilling', marker_offset = $2, updated_at_ms = $3 WHERE id = $1";
 const INSERT_PREIMAGES: &str =
@@ -181,6 +187,8 @@ pub(super) async fn lock_functions(
         let status: String = r.get(1);
         let status = FunctionStatus::parse(&status)
             .ok_or_else(|| invalid(format!("function {id:?}: unknown status {status:?}")))?;
+        let failed_reason: Option<String> = r.get(5);
+        let status = outputs::effective_status(status, failed_reason.as_deref());
         let state =
             FunctionState { status, request_id: r.get(2), marker_offset: r.get(3), output_collection: r.get(4) };
         states.insert(id, Some(state));
@@ -203,6 +211,12 @@ pub(super) async fn commit_functions(
     let decisions = outputs::decide_all(&mut states, &batch.functions);
     for d in decisions.iter().filter(|d| d.accepted_marker.is_some()) {
         tx.execute(&tx.prepare_cached(START_BACKFILL).await?, &[&d.function_id, &d.accepted_marker, &now]).await?;
+    }
+    for d in &decisions {
+        if let Some(reason) = d.fail {
+            tx.execute(&tx.prepare_cached(MARK_FAILED).await?, &[&d.function_id, &reason, &now]).await?;
+            tx.execute(&tx.prepare_cached(DROP_PREIMAGES).await?, &[&d.function_id]).await?;
+        }
     }
     let mut pre = (
         Vec::<&str>::new(),
@@ -411,7 +425,7 @@ async fn backfill_once(
         tx.rollback().await?;
         return Ok(StepResult::NotBackfilling);
     };
-    let partition: Option<i32> = r.get(13);
+    let partition: Option<i32> = r.get(14);
     let row = raw_function(&r).decode(BACKEND)?;
     if row.status != FunctionStatus::Backfilling {
         tx.rollback().await?;
@@ -457,7 +471,17 @@ async fn backfill_once(
         }
         (records, cut)
     };
-    let plan = outputs::backfill_plan(&records, f);
+    let plan = match outputs::backfill_plan(&records, f) {
+        Ok(plan) => plan,
+        Err(failure) => {
+            // The chunk applies nothing; the function is failed from this transaction on.
+            let now = now_ms();
+            tx.execute(&tx.prepare_cached(MARK_FAILED).await?, &[&function_id, &failure.reason, &now]).await?;
+            tx.execute(&tx.prepare_cached(DROP_PREIMAGES).await?, &[&function_id]).await?;
+            tx.commit().await?;
+            return Ok(StepResult::Failed { failure });
+        }
+    };
     if !plan.is_empty() {
         // Records exist, so the input collection has a row; 0 is never used in practice.
         let partition = partition.unwrap_or(0);
@@ -533,7 +557,7 @@ async fn attach_once(tx: &Transaction<'_>, new: &NewFunction, now: i64) -> Resul
         .query_opt(
             &format!(
                 "INSERT INTO functions ({FUNCTION_COLUMNS})
-                 SELECT $1, $2, $3, $4, $5, 'awaiting_marker', $6, NULL, NULL, 0, NULL, s.at, s.at
+                 SELECT $1, $2, $3, $4, $5, 'awaiting_marker', $6, NULL, NULL, 0, NULL, s.at, s.at, NULL
                  FROM (SELECT GREATEST($7::int8, COALESCE(MAX(created_at_ms) + 1, $7::int8)) AS at FROM functions) s
                  ON CONFLICT DO NOTHING
                  RETURNING {FUNCTION_COLUMNS}"
@@ -691,6 +715,43 @@ impl PostgresSysdb {
         Ok(client.query(&stmt, &[&limit]).await?.iter().map(outbox_row).collect())
     }
 
+    pub async fn put_component(&self, sha256: &str, bytes: Vec<u8>, world_version: &str) -> Result<bool> {
+        let client = self.client().await?;
+        let size = i64::try_from(bytes.len()).unwrap_or(i64::MAX);
+        let n = client
+            .execute(
+                "INSERT INTO function_components (sha256, bytes, size, world_version, created_at_ms)
+                 VALUES ($1, $2, $3, $4, $5) ON CONFLICT (sha256) DO NOTHING",
+                &[&sha256, &bytes, &size, &world_version, &now_ms()],
+            )
+            .await?;
+        Ok(n == 1)
+    }
+
+    pub async fn component(&self, sha256: &str) -> Result<Option<Vec<u8>>> {
+        let client = self.client().await?;
+        let row = client.query_opt("SELECT bytes FROM function_components WHERE sha256 = $1", &[&sha256]).await?;
+        Ok(row.map(|r| r.get(0)))
+    }
+
+    pub async fn mark_function_failed(&self, id: &str, reason: &str) -> Result<bool> {
+        let mut client = self.client().await?;
+        let tx = client.transaction().await?;
+        let now = now_ms();
+        let n = tx
+            .execute(
+                "UPDATE functions SET failed_reason = $2, failed_at_ms = $3, updated_at_ms = $3
+                 WHERE id = $1 AND status <> 'detached' AND failed_reason IS NULL",
+                &[&id, &reason, &now],
+            )
+            .await?;
+        if n == 1 {
+            tx.execute(DROP_PREIMAGES, &[&id]).await?;
+        }
+        tx.commit().await?;
+        Ok(n == 1)
+    }
+
     pub async fn mark_outbox_sent(&self, id: i64, published_offset: Option<i64>) -> Result<()> {
         let client = self.client().await?;
         client
@@ -723,7 +784,10 @@ impl PostgresSysdb {
     pub async fn oldest_awaiting_marker_ms(&self) -> Result<Option<i64>> {
         let client = self.client().await?;
         Ok(client
-            .query_one("SELECT MIN(created_at_ms) FROM functions WHERE status = 'awaiting_marker'", &[])
+            .query_one(
+                "SELECT MIN(created_at_ms) FROM functions WHERE status = 'awaiting_marker' AND failed_reason IS NULL",
+                &[],
+            )
             .await?
             .get(0))
     }

@@ -14,7 +14,7 @@ use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 use super::rows::{decode_raw, raw_record, RawRecord};
 use super::store::{invalid, SqliteSysdb, Writing, BACKEND};
 use super::values::{self, Account, RecordWriter, RECORDS_WITH_VALUES};
-use crate::functions::{Function, FunctionStatus, Reads};
+use crate::functions::{Function, FunctionFailure, FunctionStatus, Reads};
 use crate::record::Record;
 use crate::sysdb::attach_rules::{self, AttachFacts, AttachOutcome, Decision};
 use crate::sysdb::changelog;
@@ -40,6 +40,7 @@ fn raw_function(r: &rusqlite::Row<'_>) -> rusqlite::Result<RawFunction> {
         backfill_total: r.get(10)?,
         created_at_ms: r.get(11)?,
         updated_at_ms: r.get(12)?,
+        failed_reason: r.get(13)?,
     })
 }
 
@@ -77,7 +78,7 @@ const LOST_MARKERS: &str =
      FROM functions f
      JOIN outbox o ON o.function_id = f.id AND o.request_id = f.request_id
      JOIN partitions p ON p.topic = ?1 AND p.partition = o.partition
-     WHERE f.status = 'awaiting_marker' AND o.sent_at_ms IS NOT NULL AND o.published_offset IS NOT NULL
+     WHERE f.status = 'awaiting_marker' AND f.failed_reason IS NULL AND o.sent_at_ms IS NOT NULL AND o.published_offset IS NOT NULL
        AND p.next_offset > o.published_offset
      ORDER BY o.id LIMIT ?2";
 
@@ -109,6 +110,17 @@ fn attach_facts(tx: &Connection, new: &NewFunction) -> Result<AttachFacts> {
     })
 }
 
+/// Mark a function failed (unless detached) in the transaction that found it failing;
+/// its preimages are of no more use.
+fn mark_failed(tx: &Connection, function_id: &str, reason: &str, now: i64) -> Result<()> {
+    tx.prepare_cached(
+        "UPDATE functions SET failed_reason = ?2, failed_at_ms = ?3, updated_at_ms = ?3 WHERE id = ?1 AND status <> 'detached'",
+    )?
+    .execute(params![function_id, reason, now])?;
+    tx.prepare_cached("DELETE FROM preimages WHERE function_id = ?1")?.execute([function_id])?;
+    Ok(())
+}
+
 /// The function batches of a commit, inside its transaction (after the CAS and the
 /// record writes): status transitions, preimages, output writes.
 /// With `changes`, the output records' changes are appended to it (the change feed).
@@ -125,19 +137,22 @@ pub(super) fn commit_functions(
     let mut states: HashMap<String, Option<FunctionState>> = HashMap::new();
     {
         let mut stmt = tx.prepare_cached(
-            "SELECT status, request_id, marker_offset, output_collection FROM functions WHERE id = ?1",
+            "SELECT status, request_id, marker_offset, output_collection, failed_reason FROM functions WHERE id = ?1",
         )?;
         for fb in &batch.functions {
             if states.contains_key(&fb.function_id) {
                 continue;
             }
             let row = stmt
-                .query_row([&fb.function_id], |r| Ok((r.get::<_, String>(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))
+                .query_row([&fb.function_id], |r| {
+                    Ok((r.get::<_, String>(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get::<_, Option<String>>(4)?))
+                })
                 .optional()?;
             let state = row
-                .map(|(status, request_id, marker_offset, output_collection)| {
+                .map(|(status, request_id, marker_offset, output_collection, failed_reason)| {
                     let status = FunctionStatus::parse(&status)
                         .ok_or_else(|| invalid(format!("function {:?}: unknown status {status:?}", fb.function_id)))?;
+                    let status = outputs::effective_status(status, failed_reason.as_deref());
                     Ok::<_, crate::sysdb::error::SysdbError>(FunctionState {
                         status,
                         request_id,
@@ -160,6 +175,9 @@ pub(super) fn commit_functions(
     for d in &decisions {
         if let Some(o) = d.accepted_marker {
             start.execute(params![d.function_id, o, now])?;
+        }
+        if let Some(reason) = d.fail {
+            mark_failed(tx, d.function_id, reason, now)?;
         }
         for (id, r) in &d.preimages {
             let emb = r.embedding.as_ref().map(encode_embedding);
@@ -338,7 +356,7 @@ fn backfill_step_sync(
     expected: Option<&str>,
     limit: ChunkLimit,
     reads: Reads,
-    compute: impl FnOnce(Vec<Record>) -> Option<OutputPlan>,
+    compute: impl FnOnce(Vec<Record>) -> Option<std::result::Result<OutputPlan, FunctionFailure>>,
 ) -> Result<StepResult> {
     let limit = ChunkLimit { records: limit.records.max(1), bytes: limit.bytes.max(1), ..limit };
     let began = std::time::Instant::now();
@@ -383,8 +401,16 @@ fn backfill_step_sync(
     let processed = records.len();
     let cursor = records.last().map(|r| r.id.clone()).or(row.backfill_cursor);
     let finished = !cut && processed < limit.records;
-    let Some(plan) = compute(records) else {
-        return Err(invalid(format!("backfill step of {function_id:?} abandoned by its caller")));
+    let plan = match compute(records) {
+        Some(Ok(plan)) => plan,
+        Some(Err(failure)) => {
+            // The chunk applies nothing; the function is failed from this transaction on.
+            w.flush_and_compact(&tx, &mut acct)?;
+            mark_failed(&tx, function_id, &failure.reason, now)?;
+            tx.commit()?;
+            return Ok(StepResult::Failed { failure });
+        }
+        None => return Err(invalid(format!("backfill step of {function_id:?} abandoned by its caller"))),
     };
     if !plan.is_empty() {
         let partition: Option<i32> = tx
@@ -436,7 +462,7 @@ impl SqliteSysdb {
             }
             let now = creation_stamp(&tx)?;
             tx.prepare_cached(&format!(
-                "INSERT INTO functions ({FUNCTION_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, 'awaiting_marker', ?6, NULL, NULL, 0, NULL, ?7, ?7)"
+                "INSERT INTO functions ({FUNCTION_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, 'awaiting_marker', ?6, NULL, NULL, 0, NULL, ?7, ?7, NULL)"
             ))?
             .execute(params![new.id, new.collection_id, new.function, new.output_collection, encode_params(&new.params), new.request_id, now])?;
             tx.prepare_cached(
@@ -552,6 +578,49 @@ impl SqliteSysdb {
         .await
     }
 
+    pub async fn put_component(&self, sha256: &str, bytes: Vec<u8>, world_version: &str) -> Result<bool> {
+        let (sha256, world_version) = (sha256.to_string(), world_version.to_string());
+        self.write(move |c, _w| {
+            let size = i64::try_from(bytes.len()).unwrap_or(i64::MAX);
+            let n = c
+                .prepare_cached(
+                    "INSERT INTO function_components (sha256, bytes, size, world_version, created_at_ms)
+                     VALUES (?1, ?2, ?3, ?4, ?5) ON CONFLICT (sha256) DO NOTHING",
+                )?
+                .execute(params![sha256, bytes, size, world_version, now_ms()])?;
+            Ok(n == 1)
+        })
+        .await
+    }
+
+    pub async fn component(&self, sha256: &str) -> Result<Option<Vec<u8>>> {
+        let sha256 = sha256.to_string();
+        self.read(move |c| {
+            Ok(c.prepare_cached("SELECT bytes FROM function_components WHERE sha256 = ?1")?
+                .query_row([&sha256], |r| r.get(0))
+                .optional()?)
+        })
+        .await
+    }
+
+    pub async fn mark_function_failed(&self, id: &str, reason: &str) -> Result<bool> {
+        let (id, reason) = (id.to_string(), reason.to_string());
+        self.write(move |c, _w| {
+            let tx = c.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            let live: bool = tx
+                .prepare_cached(
+                    "SELECT EXISTS (SELECT 1 FROM functions WHERE id = ?1 AND status <> 'detached' AND failed_reason IS NULL)",
+                )?
+                .query_row([&id], |r| r.get(0))?;
+            if live {
+                mark_failed(&tx, &id, &reason, now_ms())?;
+            }
+            tx.commit()?;
+            Ok(live)
+        })
+        .await
+    }
+
     pub async fn mark_outbox_sent(&self, id: i64, published_offset: Option<i64>) -> Result<()> {
         self.write(move |c, _w| {
             c.prepare_cached(
@@ -584,8 +653,10 @@ impl SqliteSysdb {
 
     pub async fn oldest_awaiting_marker_ms(&self) -> Result<Option<i64>> {
         self.read(|c| {
-            Ok(c.prepare_cached("SELECT MIN(created_at_ms) FROM functions WHERE status = 'awaiting_marker'")?
-                .query_row([], |r| r.get(0))?)
+            Ok(c.prepare_cached(
+                "SELECT MIN(created_at_ms) FROM functions WHERE status = 'awaiting_marker' AND failed_reason IS NULL",
+            )?
+            .query_row([], |r| r.get(0))?)
         })
         .await
     }
@@ -603,7 +674,7 @@ impl SqliteSysdb {
     ) -> Result<StepResult> {
         let (function_id, expected) = (function_id.to_string(), expected_cursor.map(str::to_string));
         let (records_tx, records_rx) = tokio::sync::oneshot::channel::<Vec<Record>>();
-        let (plan_tx, plan_rx) = tokio::sync::oneshot::channel::<OutputPlan>();
+        let (plan_tx, plan_rx) = tokio::sync::oneshot::channel::<std::result::Result<OutputPlan, FunctionFailure>>();
         let reads = f.reads();
         let step = self.write(move |c, w| {
             backfill_step_sync(c, w, &function_id, expected.as_deref(), limit, reads, move |records| {

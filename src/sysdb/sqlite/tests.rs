@@ -152,7 +152,7 @@ fn the_value_log_keeps_every_record_exact_and_stays_bounded_in_bytes() {
         Record {
             id: id.into(),
             // Some records have no value at all, some only a document (of varied sizes).
-            embedding: (kind % 3 == 0).then(|| [offset as f32, 1.5, -2.0].into()),
+            embedding: kind.is_multiple_of(3).then(|| [offset as f32, 1.5, -2.0].into()),
             metadata,
             document: (kind % 3 != 2).then(|| format!("{id} at {offset}").repeat(1 + (offset % 7) as usize)),
             offset,

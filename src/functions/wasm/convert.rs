@@ -1,0 +1,211 @@
+//! Between Sluice's records and deltas and the types of the `sluice:function` world
+//! (`schemas/function.wit`): a change goes in, output deltas come out, checked before
+//! they reach the sysdb.
+
+use std::borrow::Cow;
+
+use super::world::sluice::function::types as wit;
+use crate::functions::{ChangeRef, OutputDelta};
+use crate::record::validate::{validate, Limits};
+use crate::record::{Embedding, LogRecord, MetaValue, Metadata, Operation, Record};
+
+fn meta_value(v: &MetaValue) -> Option<wit::MetaValue> {
+    Some(match v {
+        MetaValue::String(s) => wit::MetaValue::Str(s.clone()),
+        MetaValue::Long(n) => wit::MetaValue::Long(*n),
+        MetaValue::Double(d) => wit::MetaValue::Double(*d),
+        MetaValue::Bool(b) => wit::MetaValue::Boolean(*b),
+        // A stored record never holds a null (validation drops them).
+        MetaValue::Null => return None,
+    })
+}
+
+fn metadata(m: &Metadata) -> Vec<wit::MetaEntry> {
+    m.iter().filter_map(|(k, v)| Some(wit::MetaEntry { key: k.clone(), value: meta_value(v)? })).collect()
+}
+
+fn stored_record(r: &Record) -> wit::StoredRecord {
+    wit::StoredRecord {
+        id: r.id.clone(),
+        embedding: r.embedding.as_ref().map(Embedding::to_vec),
+        metadata: metadata(&r.metadata),
+        document: r.document.clone(),
+        offset: r.offset,
+    }
+}
+
+/// A change as the component sees it.
+pub(super) fn change(c: &ChangeRef<'_>) -> wit::Change {
+    wit::Change {
+        id: c.id.to_string(),
+        before: c.before.map(stored_record),
+        after: c.after.map(stored_record),
+        offset: c.offset,
+    }
+}
+
+/// Metadata from the component: keys unique (the last of a repeated key wins, as in a
+/// log record's map), never empty.
+fn metadata_back(entries: Vec<wit::MetaEntry>, what: &str) -> Result<Metadata, String> {
+    let mut m = Metadata::new();
+    for e in entries {
+        if e.key.is_empty() {
+            return Err(format!("{what}: a metadata key is empty"));
+        }
+        let v = match e.value {
+            wit::MetaValue::Str(s) => MetaValue::String(s),
+            wit::MetaValue::Long(n) => MetaValue::Long(n),
+            wit::MetaValue::Double(d) if d.is_finite() => MetaValue::Double(d),
+            wit::MetaValue::Double(d) => {
+                return Err(format!("{what}: metadata {:?} is {d}, not a finite number", e.key))
+            }
+            wit::MetaValue::Boolean(b) => MetaValue::Bool(b),
+        };
+        m.insert(e.key, v);
+    }
+    Ok(m)
+}
+
+/// A record the component puts, checked with the limits of a log record (an output
+/// record is stored like any other).
+fn record_back(r: wit::StoredRecord) -> Result<Record, String> {
+    let what = format!("put of output record {:?}", r.id);
+    if r.id.is_empty() {
+        return Err("a put has an empty record id".into());
+    }
+    if let Some(e) = &r.embedding {
+        if let Some(bad) = e.iter().find(|x| !x.is_finite()) {
+            return Err(format!("{what}: the embedding holds {bad}, not a finite number"));
+        }
+    }
+    let record = Record {
+        metadata: metadata_back(r.metadata, &what)?,
+        embedding: r.embedding.as_deref().map(Embedding::from_f32s),
+        document: r.document,
+        id: r.id,
+        offset: r.offset,
+    };
+    let mut log = LogRecord::data("output", record.id.clone(), Operation::Upsert);
+    log.embedding = record.embedding.clone();
+    log.metadata = Some(record.metadata.clone());
+    log.document = record.document.clone();
+    validate(&log, &Limits::DEFAULT).map_err(|e| format!("{what}: {e}"))?;
+    Ok(record)
+}
+
+/// The deltas the component returned for the change at `offset`, checked: a put or a
+/// removal carries the change's own offset as its version (a component cannot write
+/// into another change's version), ids are not empty, values within the log's limits.
+pub(super) fn deltas_back(
+    deltas: Vec<wit::OutputDelta>,
+    offset: i64,
+    out: &mut Vec<OutputDelta>,
+) -> Result<(), String> {
+    for d in deltas {
+        out.push(match d {
+            wit::OutputDelta::Count(c) => {
+                if c.output_id.is_empty() || c.count_field.is_empty() {
+                    return Err("a count has an empty output id or count field".into());
+                }
+                let fields = metadata_back(c.fields, &format!("count of output record {:?}", c.output_id))?;
+                OutputDelta::Count {
+                    output_id: c.output_id,
+                    fields,
+                    count_field: Cow::Owned(c.count_field),
+                    delta: c.delta,
+                    remove_at_zero: c.remove_at_zero,
+                }
+            }
+            wit::OutputDelta::Put(r) => {
+                if r.offset != offset {
+                    return Err(format!(
+                        "put of output record {:?} has version {} but the change is at offset {offset}: a put's \
+                         offset must be the change's",
+                        r.id, r.offset
+                    ));
+                }
+                OutputDelta::Put { record: record_back(r)? }
+            }
+            wit::OutputDelta::Remove(r) => {
+                if r.id.is_empty() {
+                    return Err("a remove has an empty record id".into());
+                }
+                if r.offset != offset {
+                    return Err(format!(
+                        "remove of output record {:?} has version {} but the change is at offset {offset}: a \
+                         removal's offset must be the change's",
+                        r.id, r.offset
+                    ));
+                }
+                OutputDelta::Remove { id: r.id, offset: r.offset }
+            }
+        });
+    }
+    Ok(())
+}
+
+/// The fields a component reads.
+pub(super) fn reads(f: wit::StoredFields) -> crate::functions::Reads {
+    crate::functions::Reads {
+        embedding: f.contains(wit::StoredFields::EMBEDDING),
+        metadata: f.contains(wit::StoredFields::METADATA),
+        document: f.contains(wit::StoredFields::DOCUMENT),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rec(id: &str, offset: i64) -> wit::StoredRecord {
+        wit::StoredRecord {
+            id: id.into(),
+            embedding: Some(vec![1.0, 2.0]),
+            metadata: vec![wit::MetaEntry { key: "k".into(), value: wit::MetaValue::Long(3) }],
+            document: Some("d".into()),
+            offset,
+        }
+    }
+
+    #[test]
+    fn a_record_goes_through_and_back_unchanged() {
+        let r = Record {
+            id: "a".into(),
+            embedding: Some(Embedding::from_f32s(&[1.0, 2.0])),
+            metadata: Metadata::from_iter([
+                ("b".to_string(), MetaValue::Bool(true)),
+                ("d".to_string(), MetaValue::Double(-0.0)),
+                ("k".to_string(), MetaValue::Long(3)),
+                ("s".to_string(), MetaValue::String("x".into())),
+            ]),
+            document: Some("doc".into()),
+            offset: 7,
+        };
+        let mut out = Vec::new();
+        deltas_back(vec![wit::OutputDelta::Put(stored_record(&r))], 7, &mut out).unwrap();
+        assert_eq!(out, vec![OutputDelta::Put { record: r }]);
+    }
+
+    #[test]
+    fn output_the_host_refuses_is_an_error_naming_it() {
+        let mut out = Vec::new();
+        let err = deltas_back(vec![wit::OutputDelta::Put(rec("a", 3))], 4, &mut out).unwrap_err();
+        assert!(err.contains("version 3") && err.contains("offset 4"), "{err}");
+        let err = deltas_back(vec![wit::OutputDelta::Put(rec("", 4))], 4, &mut out).unwrap_err();
+        assert!(err.contains("empty record id"), "{err}");
+        let mut nan = rec("a", 4);
+        nan.embedding = Some(vec![f32::NAN]);
+        let err = deltas_back(vec![wit::OutputDelta::Put(nan)], 4, &mut out).unwrap_err();
+        assert!(err.contains("not a finite number"), "{err}");
+        let long = rec(&"x".repeat(5000), 4);
+        assert!(deltas_back(vec![wit::OutputDelta::Put(long)], 4, &mut out).is_err());
+        let count = wit::Counter {
+            output_id: "o".into(),
+            fields: vec![],
+            count_field: String::new(),
+            delta: 1,
+            remove_at_zero: false,
+        };
+        assert!(deltas_back(vec![wit::OutputDelta::Count(count)], 4, &mut out).is_err());
+    }
+}
