@@ -262,3 +262,61 @@ fn stored_bytes(env: Env) {
     drop(processor);
     let _ = std::fs::remove_file(&file);
 }
+
+/// The example functions of docs/functions.md — in Python, JavaScript and C, built by
+/// `scripts/build-functions.sh` into `target/functions/` (the test command builds them
+/// first) — run by this host through `sluice functions test` over the sample log: each
+/// one's output records equal what `examples/functions/reference.py` computes for the
+/// same log and parameters. So the examples a user copies run here as documented, and
+/// the host agrees with the languages' own toolchains on the WIT world.
+#[test]
+fn the_example_components_match_their_reference() {
+    let dir = repo_root().join("target").join("functions");
+    let sample = repo_root().join("examples").join("functions").join("sample.jsonl");
+    let cases = [
+        ("project_keys", r#"{"keep":["genre","year"]}"#),
+        ("word_count", r#"{"key":"genre"}"#),
+        ("norm_guard", r#"{"min":0.5,"max":2}"#),
+    ];
+    if !dir.join("project_keys.wasm").exists() {
+        assert!(
+            !sluice_integration_tests::in_ci(),
+            "{} has no example components: run scripts/build-functions.sh",
+            dir.display()
+        );
+        eprintln!("no example components in {}: skipped (scripts/build-functions.sh builds them)", dir.display());
+        return;
+    }
+    for (name, params) in cases {
+        let wasm = dir.join(format!("{name}.wasm"));
+        let out = std::process::Command::new(sluice_integration_tests::sluice_bin())
+            .args(["functions", "test"])
+            .arg(&wasm)
+            .arg("--input")
+            .arg(&sample)
+            .args(["--params", params, "--format", "json"])
+            .env("SLUICE_CONFIG", "/dev/null")
+            .output()
+            .expect("run sluice functions test");
+        assert!(out.status.success(), "{name}: sluice functions test failed: {}", String::from_utf8_lossy(&out.stderr));
+        let doc: Value = serde_json::from_slice(&out.stdout).expect("functions test --format json");
+        assert!(doc["failure"].is_null(), "{name} failed: {}", doc["failure"]);
+        let got: BTreeMap<String, Value> = doc["outputs"]
+            .as_array()
+            .expect("outputs")
+            .iter()
+            .map(|r| (r["id"].as_str().expect("id").to_string(), r["metadata"].clone()))
+            .map(|(id, m)| (id, if m.is_null() { Value::Object(Default::default()) } else { m }))
+            .collect();
+        let reference = std::process::Command::new("python3")
+            .arg(repo_root().join("examples").join("functions").join("reference.py"))
+            .args(["outputs", name, "--params", params])
+            .arg(&sample)
+            .output()
+            .expect("run reference.py");
+        assert!(reference.status.success(), "reference.py {name}: {}", String::from_utf8_lossy(&reference.stderr));
+        let want: BTreeMap<String, Value> = serde_json::from_slice(&reference.stdout).expect("reference outputs");
+        assert!(!want.is_empty(), "{name}: the sample log gives the reference no output to compare");
+        assert_eq!(got, want, "{name}: the component's outputs differ from its reference");
+    }
+}
