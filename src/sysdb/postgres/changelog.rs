@@ -300,7 +300,7 @@ impl PostgresSysdb {
         }
         let (finished, records) = (!chunk.full(), chunk.changes.len() as i64);
         let (c, i) = if finished { (None, None) } else { chunk.cursor().unzip() };
-        append(&tx, partition, chunk.changes.iter()).await.map_err(crate::sysdb::SysdbError::from)?;
+        append(&tx, partition, chunk.changes.iter()).await.map_err(crate::sysdb::error::SysdbError::from)?;
         tx.execute(
             "UPDATE changelog_partitions SET snapshot_collection = $2, snapshot_id = $3,
                  snapshot_records = snapshot_records + $4,
