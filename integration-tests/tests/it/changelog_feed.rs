@@ -448,7 +448,12 @@ fn kafka_away(env: Env) {
     env.produce(&jsonl_lines(&workload(200, seed, &env.prefix, 6, 80)));
     r.wait_for_log("fail point sleep_before_sysdb_commit reached", WAIT);
     let held = Instant::now();
+    // Bounded in time, not in count: on a loaded machine eight `produce` calls took 21 s,
+    // and the broker must stop well before the held worker wakes (22 s).
     for _ in 0..8 {
+        if held.elapsed() > Duration::from_secs(8) {
+            break;
+        }
         seed += 1;
         env.produce(&jsonl_lines(&workload(300, seed, &env.prefix, 6, 80)));
         std::thread::sleep(Duration::from_millis(200));
