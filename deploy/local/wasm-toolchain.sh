@@ -7,7 +7,7 @@
 #   - the npm registry: componentize-js and jco (the JavaScript example; jco also makes
 #     the C example's component and lists every component's imports), by `npm ci` in
 #     examples/functions/js from its package-lock.json;
-#   - crates.io, only with --wit-bindgen: wit-bindgen-cli (C only), to regenerate the
+#   - the Rust crate registry, only with --wit-bindgen: wit-bindgen-cli (C only), to regenerate the
 #     C bindings checked in under examples/functions/c/bindings/ (a `cargo install` of
 #     about six CPU-minutes, too long for every CI run; the build does not need it).
 #

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Regenerates the C bindings of the example (bindings/) from schemas/function.wit with
 # wit-bindgen 0.63.0, the version they were made with (deploy/local/wasm-toolchain.sh
-# --wit-bindgen installs it from crates.io). scripts/build-functions.sh checks, whenever
+# --wit-bindgen installs it from the Rust crate registry). scripts/build-functions.sh checks, whenever
 # that wit-bindgen is on PATH, that the checked-in files equal its output.
 set -euo pipefail
 cd "$(dirname "$0")"
