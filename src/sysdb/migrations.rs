@@ -147,6 +147,18 @@ FROM functions;
     };
 }
 
+/// The body of `sluice_functions` from step 14 on (the same on both backends): `status`
+/// says `failed` while a reason is stored, and `failed_reason` is its last column.
+macro_rules! functions_view_v2 {
+    () => {
+        r#"SELECT id, collection_id AS collection, function, output_collection, params,
+       CASE WHEN failed_reason IS NOT NULL AND status <> 'detached' THEN 'failed' ELSE status END AS status,
+       marker_offset, backfill_done, backfill_total, created_at_ms, updated_at_ms, failed_reason
+FROM functions;
+"#
+    };
+}
+
 /// One migration step.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Migration {
@@ -534,7 +546,8 @@ ALTER TABLE changelog_outbox_13 RENAME TO changelog_outbox;
     Migration {
         version: 14,
         description: "functions as WebAssembly components: stored components, failed functions",
-        sql: r#"
+        sql: concat!(
+            r#"
 CREATE TABLE function_components (
     sha256        TEXT    NOT NULL PRIMARY KEY,
     bytes         BLOB    NOT NULL,
@@ -546,13 +559,12 @@ ALTER TABLE functions ADD COLUMN failed_reason TEXT NULL;
 ALTER TABLE functions ADD COLUMN failed_at_ms INTEGER NULL;
 DROP VIEW sluice_functions;
 CREATE VIEW sluice_functions AS
-SELECT id, collection_id AS collection, function, output_collection, params,
-       CASE WHEN failed_reason IS NOT NULL AND status <> 'detached' THEN 'failed' ELSE status END AS status,
-       marker_offset, backfill_done, backfill_total, created_at_ms, updated_at_ms, failed_reason
-FROM functions;
-DROP VIEW sluice_views_version;
-CREATE VIEW sluice_views_version AS SELECT 2 AS version;
 "#,
+            functions_view_v2!(),
+            r#"DROP VIEW sluice_views_version;
+CREATE VIEW sluice_views_version AS SELECT 2 AS version;
+"#
+        ),
     },
 ];
 
@@ -816,7 +828,8 @@ ALTER TABLE changelog_outbox
     Migration {
         version: 14,
         description: "functions as WebAssembly components: stored components, failed functions",
-        sql: r#"
+        sql: concat!(
+            r#"
 CREATE TABLE function_components (
     sha256        TEXT COLLATE "C" NOT NULL PRIMARY KEY,
     bytes         BYTEA   NOT NULL,
@@ -827,12 +840,11 @@ CREATE TABLE function_components (
 ALTER TABLE functions ADD COLUMN failed_reason TEXT NULL;
 ALTER TABLE functions ADD COLUMN failed_at_ms BIGINT NULL;
 CREATE OR REPLACE VIEW sluice_functions AS
-SELECT id, collection_id AS collection, function, output_collection, params,
-       CASE WHEN failed_reason IS NOT NULL AND status <> 'detached' THEN 'failed' ELSE status END AS status,
-       marker_offset, backfill_done, backfill_total, created_at_ms, updated_at_ms, failed_reason
-FROM functions;
-CREATE OR REPLACE VIEW sluice_views_version AS SELECT 2::integer AS version;
 "#,
+            functions_view_v2!(),
+            r#"CREATE OR REPLACE VIEW sluice_views_version AS SELECT 2::integer AS version;
+"#
+        ),
     },
 ];
 
