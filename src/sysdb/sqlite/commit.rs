@@ -232,8 +232,9 @@ impl SqliteSysdb {
         self.inner.pending.lock().unwrap_or_else(|p| p.into_inner()).push(PendingCommit { batch, reply });
         let inner = Arc::clone(&self.inner);
         tokio::task::spawn_blocking(move || {
-            let mut conn = match inner.writer() {
-                Ok(conn) => conn,
+            let writer = inner.writer().and_then(|conn| Ok((conn, inner.turn()?)));
+            let (mut conn, _turn) = match writer {
+                Ok(held) => held,
                 Err(e) => {
                     for pending in std::mem::take(&mut *inner.pending.lock().unwrap_or_else(|p| p.into_inner())) {
                         let _ = pending.reply.send(Err(e.clone()));

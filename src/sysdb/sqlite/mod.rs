@@ -7,8 +7,10 @@
 //! connection behind a `std::sync::Mutex`: one writer connection per process, plus one
 //! reader connection for a file database (WAL readers never block the writer and vice
 //! versa, so admin reads do not queue behind a batch commit). Several processes may share
-//! the file: writes take the database lock up front (`BEGIN IMMEDIATE`) and wait for it
-//! up to `busy_timeout`; a writer that still cannot get it gets `Unavailable` (retry).
+//! the file: a write first takes its turn in a queue of the file's Sluice writers
+//! (`write_queue.rs`: SQLite's own lock has none, and a short-lived writer could starve
+//! behind a busy replica), then the database lock (`BEGIN IMMEDIATE`); a writer that
+//! cannot get either within the busy timeout gets `Unavailable` (retry).
 //! What one file supports and what `synchronous = NORMAL` can cost: `docs/sqlite.md`.
 //!
 //! The compare-and-set of [`commit_batch`](SqliteSysdb::commit_batch) reads the
@@ -36,6 +38,7 @@ mod store;
 #[cfg(test)]
 mod tests;
 mod values;
+mod write_queue;
 
 pub use stats::SqliteStats;
 pub use store::SqliteSysdb;
@@ -56,7 +59,8 @@ impl SqliteSysdb {
         let inner = tokio::task::spawn_blocking(move || -> Result<Arc<Inner>> {
             let mut writer = open_connection(&path)?;
             configure(&writer, &path)?;
-            migrate(&mut writer)?;
+            let queue = if is_memory(&path) { None } else { Some(write_queue::WriteQueue::open(&path)?) };
+            migrate(&mut writer, queue.as_ref())?;
             let readers = if is_memory(&path) {
                 Vec::new()
             } else {
@@ -72,6 +76,7 @@ impl SqliteSysdb {
                 delta: Mutex::new(values::DeltaCache::new(tuning.delta_cache_bytes as usize)),
                 tuning,
                 stats: Arc::default(),
+                queue,
             });
             if !is_memory(&path) {
                 spawn_checkpointer(&path, Arc::downgrade(&inner))?;
@@ -121,6 +126,7 @@ impl SqliteSysdb {
                 delta: Mutex::new(values::DeltaCache::new(0)),
                 tuning,
                 stats: Arc::default(),
+                queue: None,
             }))
         })
         .await

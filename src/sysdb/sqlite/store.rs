@@ -10,6 +10,7 @@ use rusqlite::{params, Connection, ErrorCode, OpenFlags, TransactionBehavior};
 pub(super) use super::rows::BACKEND;
 use super::stats::SqliteStats;
 use super::values;
+use super::write_queue::{Turn, WriteQueue};
 use crate::config::SqliteConfig;
 use crate::sysdb::error::{Result, SysdbError};
 use crate::sysdb::migrations;
@@ -105,6 +106,9 @@ pub(super) struct Inner {
     pub(super) delta: Mutex<values::DeltaCache>,
     pub(super) tuning: SqliteConfig,
     pub(super) stats: Arc<SqliteStats>,
+    /// The queue in front of the file's write lock (`write_queue.rs`); `None` for
+    /// `:memory:` and for read-only opens.
+    pub(super) queue: Option<WriteQueue>,
 }
 
 impl Inner {
@@ -117,6 +121,12 @@ impl Inner {
         // A panic while holding the lock poisons it; the connection itself is still
         // consistent (an open transaction was rolled back when it was dropped).
         Ok(writer.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    /// This process's turn at the file's write lock, for one write transaction (taken
+    /// while holding [`Inner::writer`]); `None` where there is no file to share.
+    pub(super) fn turn(&self) -> Result<Option<Turn<'_>>> {
+        self.queue.as_ref().map(|q| q.turn(BUSY_TIMEOUT)).transpose()
     }
 }
 
@@ -179,10 +189,11 @@ pub(super) fn configure_reader(conn: &Connection) -> Result<()> {
 /// replica opening the file of another, busy replica queued for the lock just to learn
 /// that, and could miss it for over a minute while the other committed back to back
 /// (the chaos run saw one exit so, `database is locked`, after 60 s of retries).
-pub(super) fn migrate(conn: &mut Connection) -> Result<()> {
+pub(super) fn migrate(conn: &mut Connection, queue: Option<&WriteQueue>) -> Result<()> {
     if schema_is_current(conn)? {
         return Ok(());
     }
+    let _turn = queue.map(|q| q.turn(BUSY_TIMEOUT)).transpose()?;
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
     tx.execute_batch(migrations::CREATE_SCHEMA_MIGRATIONS)?;
     let current: i64 = tx.query_row("SELECT COALESCE(MAX(version), 0) FROM schema_migrations", [], |r| r.get(0))?;
@@ -340,6 +351,7 @@ impl SqliteSysdb {
         let inner = Arc::clone(&self.inner);
         tokio::task::spawn_blocking(move || {
             let mut conn = inner.writer()?;
+            let _turn = inner.turn()?;
             inner.stats.write_transaction();
             f(&mut conn, Writing::of(&inner))
         })

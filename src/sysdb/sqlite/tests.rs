@@ -132,7 +132,7 @@ fn the_value_log_keeps_every_record_exact_and_stays_bounded_in_bytes() {
     use crate::record::{MetaValue, Metadata};
     let mut conn = open_connection(":memory:").unwrap();
     configure(&conn, ":memory:").unwrap();
-    migrate(&mut conn).unwrap();
+    migrate(&mut conn, None).unwrap();
     write_next_offset(&conn, "values", 0, 0, 0).unwrap();
     let mut model = std::collections::BTreeMap::new();
     let mut rng = 0x9e37_79b9_7f4a_7c15u64;
@@ -335,7 +335,7 @@ fn step_6_moves_stored_values_into_the_value_log() {
         )
         .unwrap();
     }
-    migrate(&mut conn).unwrap();
+    migrate(&mut conn, None).unwrap();
     values::check_layout(&conn).unwrap();
     let stored = stored_records(&conn);
     assert_eq!(stored.len(), 3);
@@ -355,7 +355,7 @@ fn step_6_moves_stored_values_into_the_value_log() {
 fn group_connection() -> Connection {
     let mut conn = open_connection(":memory:").unwrap();
     configure(&conn, ":memory:").unwrap();
-    migrate(&mut conn).unwrap();
+    migrate(&mut conn, None).unwrap();
     for p in 0..4 {
         write_next_offset(&conn, "group", p, 0, 0).unwrap();
     }
@@ -731,6 +731,104 @@ async fn an_operator_write_waits_out_a_write_lock_held_past_the_busy_timeout() {
     release.join().unwrap();
     let ids: Vec<String> = db.functions(None).await.unwrap().into_iter().map(|f| f.id).collect();
     assert_eq!(ids, vec!["f2".to_string()], "the failed try wrote nothing, the retried one wrote once");
+}
+
+/// Two writers of one file (two replicas) write back to back, each holding the write lock
+/// 20 ms at a time with no pause between: an operator's write through a third handle (as
+/// another process would be) still gets its turn within a few of their transactions.
+/// Without the write queue, SQLite's busy handler (sleeping 1, 2, 5 … 100 ms between
+/// tries) missed every gap of a few microseconds and failed after the busy timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_operator_write_gets_its_turn_between_busy_writers() {
+    use crate::sysdb::{AttachOutcome, NewFunction};
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("sysdb.sqlite");
+    let path = path.to_str().unwrap();
+    let operator = SqliteSysdb::open(path).await.unwrap();
+    operator.write(|c, _| Ok(c.execute_batch("CREATE TABLE busy_writes (n INTEGER)")?)).await.unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let written = Arc::new(AtomicU64::new(0));
+    let mut busy = Vec::new();
+    for _ in 0..2 {
+        let replica = SqliteSysdb::open(path).await.unwrap();
+        let (stop, written) = (Arc::clone(&stop), Arc::clone(&written));
+        busy.push(tokio::spawn(async move {
+            while !stop.load(Ordering::Relaxed) {
+                replica
+                    .write(|c, _| {
+                        let tx = c.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+                        tx.execute("INSERT INTO busy_writes (n) VALUES (1)", [])?;
+                        std::thread::sleep(Duration::from_millis(20));
+                        Ok(tx.commit()?)
+                    })
+                    .await
+                    .expect("a busy writer's own write failed");
+                written.fetch_add(1, Ordering::Relaxed);
+            }
+        }));
+    }
+    // Let both busy writers settle into back-to-back transactions.
+    while written.load(Ordering::Relaxed) < 10 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let mut waits = Vec::new();
+    for i in 0..5 {
+        let new = NewFunction {
+            id: format!("f{i}"),
+            collection_id: "c".into(),
+            partition: 0,
+            function: "record_counter".into(),
+            output_collection: format!("f{i}-out"),
+            params: Default::default(),
+            request_id: format!("f{i}-req"),
+        };
+        let (before, started) = (written.load(Ordering::Relaxed), std::time::Instant::now());
+        let outcome = operator.attach_function(&new).await.expect("the operator's write starved behind busy writers");
+        assert!(matches!(outcome, AttachOutcome::Created(..)), "{outcome:?}");
+        waits.push((started.elapsed(), written.load(Ordering::Relaxed) - before));
+    }
+    stop.store(true, Ordering::Relaxed);
+    for b in busy {
+        b.await.unwrap();
+    }
+    for (waited, passed) in &waits {
+        // Each busy writer may finish the transaction it holds and one that passed the
+        // gate just before the operator closed it.
+        assert!(*passed <= 4, "{passed} busy transactions went first ({waits:?})");
+        assert!(*waited < Duration::from_secs(1), "waited {waited:?} ({waits:?})");
+    }
+    assert!(written.load(Ordering::Relaxed) > 20, "the busy writers were not busy");
+}
+
+/// A writer stopped while it held the queue's gate (SIGSTOP while it waited its turn)
+/// closes the gate for everyone; the others pass it by after `GATE_PATIENCE` instead of
+/// waiting until it wakes. A writer stopped while it held the turn itself holds up the
+/// others up to the busy timeout, then they report `Unavailable`, as with SQLite's lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_waiter_does_not_close_the_queue_for_good() {
+    use super::write_queue::GATE_PATIENCE;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("sysdb.sqlite");
+    let db = SqliteSysdb::open(path.to_str().unwrap()).await.unwrap();
+    let lock_file = |suffix: &str| std::fs::File::open(format!("{}-{suffix}.lock", path.display())).unwrap();
+
+    let gate = lock_file("queue");
+    gate.lock().unwrap();
+    let started = std::time::Instant::now();
+    db.init_position("t", 0, 0).await.expect("a write behind a stuck gate");
+    let waited = started.elapsed();
+    assert!(waited >= GATE_PATIENCE && waited < BUSY_TIMEOUT, "waited {waited:?} behind the stuck gate");
+    db.init_position("t", 1, 0).await.expect("a second write behind the same stuck gate");
+    gate.unlock().unwrap();
+
+    let turn = lock_file("write");
+    turn.lock().unwrap();
+    let err = db.init_position("t", 2, 0).await.expect_err("wrote while another writer held the turn");
+    assert!(matches!(err, SysdbError::Unavailable { .. }), "{err:?}");
+    turn.unlock().unwrap();
+    db.init_position("t", 2, 0).await.expect("a write once the turn is free");
+    assert_eq!(db.positions("t").await.unwrap(), HashMap::from([(0, 0), (1, 0), (2, 0)]));
 }
 
 /// A second replica opens a file at the current schema while another connection holds
