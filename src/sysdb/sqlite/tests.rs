@@ -831,6 +831,84 @@ async fn a_stopped_waiter_does_not_close_the_queue_for_good() {
     assert_eq!(db.positions("t").await.unwrap(), HashMap::from([(0, 0), (1, 0), (2, 0)]));
 }
 
+/// An operator waits at the gate behind a writer that holds the turn for longer than
+/// `GATE_PATIENCE` (a replica stopped mid-commit), while a busy replica keeps writing
+/// from three partitions: when the turn comes free, the operator gets it, not the busy
+/// replica (whose next commit asks for the turn the moment the previous one leaves it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_waiter_behind_a_long_turn_is_served_before_busy_writers() {
+    use crate::sysdb::{AttachOutcome, NewFunction};
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("sysdb.sqlite");
+    let path = path.to_str().unwrap();
+    let operator = SqliteSysdb::open(path).await.unwrap();
+    operator.write(|c, _| Ok(c.execute_batch("CREATE TABLE busy_writes (n INTEGER)")?)).await.unwrap();
+    let replica = SqliteSysdb::open(path).await.unwrap();
+    let (stop, written) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicU64::new(0)));
+    // Three partitions' commits of one replica: while one holds the writer, the next
+    // waits for it in the process and asks for the turn the moment it is released.
+    let busy: Vec<_> = (0..3)
+        .map(|_| {
+            let (stop, written, replica) = (Arc::clone(&stop), Arc::clone(&written), replica.clone());
+            tokio::spawn(async move {
+                while !stop.load(Ordering::Relaxed) {
+                    // Unavailable while the long turn lasts past the busy timeout: try again.
+                    let wrote = replica
+                        .write(|c, _| {
+                            let tx = c.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+                            tx.execute("INSERT INTO busy_writes (n) VALUES (1)", [])?;
+                            std::thread::sleep(Duration::from_millis(10));
+                            Ok(tx.commit()?)
+                        })
+                        .await;
+                    if wrote.is_ok() {
+                        written.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            })
+        })
+        .collect();
+    while written.load(Ordering::Relaxed) < 5 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // The stopped replica: the turn held from outside for 3 s.
+    let turn = std::fs::File::open(format!("{path}-write.lock")).unwrap();
+    let held = loop {
+        if turn.try_lock().is_ok() {
+            break std::time::Instant::now();
+        }
+        std::thread::sleep(Duration::from_micros(200));
+    };
+    let release = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_secs(3));
+        let before = written.load(Ordering::Relaxed);
+        turn.unlock().unwrap();
+        (before, written)
+    });
+    let new = NewFunction {
+        id: "f".into(),
+        collection_id: "c".into(),
+        partition: 0,
+        function: "record_counter".into(),
+        output_collection: "f-out".into(),
+        params: Default::default(),
+        request_id: "f-req".into(),
+    };
+    let outcome = operator.attach_function(&new).await.expect("the operator's write after the long turn");
+    let passed_after_release = {
+        let (before, written) = release.join().unwrap();
+        written.load(Ordering::Relaxed) - before
+    };
+    assert!(matches!(outcome, AttachOutcome::Created(..)), "{outcome:?}");
+    assert!(held.elapsed() >= Duration::from_secs(3), "the attach went through a held turn");
+    stop.store(true, Ordering::Relaxed);
+    for b in busy {
+        b.await.unwrap();
+    }
+    assert!(passed_after_release <= 2, "{passed_after_release} busy transactions went before the waiting operator");
+}
+
 /// A second replica opens a file at the current schema while another connection holds
 /// the write lock (a busy or frozen replica): opening needs no write, so it does not wait.
 #[tokio::test]

@@ -21,9 +21,16 @@
 //! kill -9 releases them); they are never taken on the database file itself, whose POSIX
 //! locks SQLite owns (closing any descriptor of it would drop them). Processes that are
 //! not Sluice (an `sqlite3` shell) do not queue here and still meet SQLite's own busy
-//! timeout, as before. A gate held for longer than [`GATE_PATIENCE`] — its holder frozen
-//! while it waited — is passed by, so a stopped process cannot stop the others beyond what
-//! holding the turn itself would.
+//! timeout, as before.
+//!
+//! A waiter stopped (SIGSTOP) while it holds the gate would close it for everyone. A live
+//! gate holder takes a free turn within a poll, and opens the gate as soon as it has it;
+//! so a gate that stays closed while the turn is seen *free* for [`GATE_PATIENCE`] has a
+//! holder that is not there, and the others pass it by until it opens again. A gate that
+//! stays closed because the turn is held (its holder waits, rightly, behind a long or
+//! stopped transaction) is never passed by: that was how a 1,000-cycle chaos run still
+//! starved operators behind a replica frozen mid-commit, when the gate was passed by
+//! after a second closed whatever the turn did.
 
 use std::fs::{File, OpenOptions, TryLockError};
 use std::sync::Mutex;
@@ -45,8 +52,9 @@ pub(super) const GATE_PATIENCE: Duration = Duration::from_secs(1);
 pub(super) struct WriteQueue {
     turn: File,
     gate: File,
-    /// Since when the gate has been seen closed without a break (reset when it opens).
-    gate_closed_since: Mutex<Option<Instant>>,
+    /// Since when the turn has been seen free while the gate stayed closed, without the
+    /// gate being seen open since (reset when it opens).
+    free_behind_closed_gate: Mutex<Option<Instant>>,
 }
 
 /// This process's turn at the write lock; released when dropped.
@@ -68,7 +76,7 @@ impl WriteQueue {
         Ok(WriteQueue {
             turn: open_lock_file(&format!("{db_path}-write.lock"))?,
             gate: open_lock_file(&format!("{db_path}-queue.lock"))?,
-            gate_closed_since: Mutex::new(None),
+            free_behind_closed_gate: Mutex::new(None),
         })
     }
 
@@ -92,8 +100,13 @@ impl WriteQueue {
                 // The turn is taken: close the gate behind the writer that holds it, unless
                 // another waiter already did (then wait behind that one).
                 holding_gate = try_flock(&self.gate, false, "queue")?;
-            } else if self.gate_stuck() && self.try_turn()? {
-                return Ok(self.taken(started));
+            } else if self.try_turn()? {
+                // The turn is free while a waiter holds the gate: that waiter takes it
+                // within a poll, unless it is stopped.
+                if self.gate_abandoned() {
+                    return Ok(self.taken(started));
+                }
+                let _ = self.turn.unlock();
             }
             if started.elapsed() >= timeout {
                 if holding_gate {
@@ -126,19 +139,17 @@ impl WriteQueue {
     /// Take the gate shared (the caller releases it) if no waiter holds it closed.
     fn gate_open(&self) -> Result<bool> {
         let open = try_flock(&self.gate, true, "queue")?;
-        let mut since = self.gate_closed_since.lock().unwrap_or_else(|p| p.into_inner());
         if open {
-            *since = None;
-        } else if since.is_none() {
-            *since = Some(Instant::now());
+            *self.free_behind_closed_gate.lock().unwrap_or_else(|p| p.into_inner()) = None;
         }
         Ok(open)
     }
 
-    /// Whether the gate has been closed for longer than [`GATE_PATIENCE`] without a break.
-    fn gate_stuck(&self) -> bool {
-        let since = self.gate_closed_since.lock().unwrap_or_else(|p| p.into_inner());
-        since.is_some_and(|t| t.elapsed() >= GATE_PATIENCE)
+    /// The turn was just found free behind the closed gate: whether it has been found so
+    /// for [`GATE_PATIENCE`] (the gate's holder is not taking it).
+    fn gate_abandoned(&self) -> bool {
+        let mut since = self.free_behind_closed_gate.lock().unwrap_or_else(|p| p.into_inner());
+        since.get_or_insert_with(Instant::now).elapsed() >= GATE_PATIENCE
     }
 }
 
