@@ -275,7 +275,9 @@ impl Relay {
             }
             self.drive_snapshot(partition, &mut snapshot).await;
             let (max_records, max_bytes) = (cfg.max_records_per_transaction, cfg.max_bytes_per_transaction);
-            let read = match self.handoff.take(partition, last, max_records, max_bytes) {
+            let handed = self.handoff.take(partition, last, max_records, max_bytes);
+            let from_memory = handed.is_some();
+            let read = match handed {
                 Some(rows) => Ok(rows),
                 None => self.sysdb.changelog_pending(partition, last, max_records, max_bytes).await,
             };
@@ -332,6 +334,7 @@ impl Relay {
                         from = rows[0].seq,
                         through,
                         changes = rows.len(),
+                        from_memory,
                         "changelog transaction committed"
                     );
                     last = through;
