@@ -51,7 +51,8 @@
 #
 # Usage: scripts/bench-backfill.sh [--records N] [--live-records M] [--partitions P]
 #            [--dim D] [--seed S] [--config FILE | --scan-interval-ms MS]
-#            [--no-statistics] [--backends LIST] [--repeats K] [--pin] [--phase-timeout SECONDS]
+#            [--no-statistics] [--wasm FILE [--wasm-params JSON]] [--backends LIST] [--repeats K]
+#            [--pin] [--phase-timeout SECONDS]
 #
 #   defaults: 1,000,000 records, M = N/5, 8 partitions, 384 dims, seed 42, 1200 s per
 #   phase; sluice's default config ([backfill] chunk_size 1000, concurrency 2, pause_ms 0)
@@ -59,6 +60,10 @@
 #   --config FILE         a sluice TOML file ([backfill], [processor]) used by every
 #                         replica, verbatim (no scan_interval_ms override).
 #   --scan-interval-ms MS the override without --config; 0 = sluice's default.
+#   --wasm FILE           after the built-ins, attach this WebAssembly component too (step 4
+#                         only: its backfill rate, row function "wasm"), with --wasm-params
+#                         (default {}), e.g. target/functions/project_keys.wasm with
+#                         '{"keep": ["genre"]}' (scripts/build-functions.sh builds it).
 #   --repeats K           the live runs (a), (r), (b) K times each, interleaved (default 1):
 #                         one run of each differs from the next by more than the 10% goal
 #   --pin                 each replica on CPU 1; the broker, this script and what it starts
@@ -86,6 +91,8 @@ CONFIG=""
 SCAN_MS=250
 SCAN_SET=0
 STATISTICS=1
+WASM=""
+WASM_PARAMS='{}'
 REPEATS=1
 PIN=0
 PHASE_TIMEOUT=1200
@@ -112,6 +119,8 @@ while (($#)); do
     --config) CONFIG="$(realpath "${2:?}")"; shift 2 ;;
     --scan-interval-ms) SCAN_MS="${2:?}"; SCAN_SET=1; shift 2 ;;
     --no-statistics) STATISTICS=0; shift ;;
+    --wasm) WASM="$(realpath "${2:?}")"; shift 2 ;;
+    --wasm-params) WASM_PARAMS="${2:?}"; shift 2 ;;
     --repeats) REPEATS="${2:?}"; shift 2 ;;
     --pin) PIN=1; shift ;;
     --backends) BACKENDS="${2:?}"; shift 2 ;;
@@ -449,7 +458,11 @@ wait_log() {
 # attach URL GROUP FUNCTION OUTPUT -> prints the function id
 attach() {
     local out
-    out="$(sl "$1" "$2" functions attach "$BIG" --function "$3" --output "$4" --format json)" || die "functions attach $3 failed"
+    if [[ "$3" == wasm ]]; then
+        out="$(sl "$1" "$2" functions attach "$BIG" --wasm "$WASM" --params "$WASM_PARAMS" --output "$4" --format json)" || die "functions attach --wasm $WASM failed"
+    else
+        out="$(sl "$1" "$2" functions attach "$BIG" --function "$3" --output "$4" --format json)" || die "functions attach $3 failed"
+    fi
     log "attach $3: $out"
     [[ "$(jq -r .marker <<<"$out")" == published ]] || die "the marker of $3 was not published: $out"
     jq -r .function_id <<<"$out"
@@ -508,6 +521,7 @@ for backend in "${BACKEND_LIST[@]}"; do
     sleep 1
     fns=(record_counter)
     if ((STATISTICS)); then fns+=(statistics); fi
+    if [[ -n "$WASM" ]]; then fns+=(wasm); fi
     for fn in "${fns[@]}"; do
         live="$(big_live_count "$main_url" "$group")"
         log "$backend: attaching $fn to $BIG ($live live records) with a replica running all roles"

@@ -536,6 +536,15 @@ pub struct ChangelogConfig {
     /// is away) the partition pauses before its next batch, named in `/readyz`, until
     /// the relay publishes again; nothing is dropped.
     pub outbox_max_bytes: u64,
+    /// Per owned partition, the bytes of committed changes a worker hands to the relay
+    /// in memory, so that a relay that keeps up publishes them without reading them back
+    /// from the outbox (it reads the outbox when it fell further behind, after a restart,
+    /// and for changes written elsewhere). 0: always read the outbox.
+    pub handoff_max_bytes: u64,
+    /// `compression.type` of the relay's producers: `none`, `gzip`, `snappy`, `lz4` or
+    /// `zstd`. Embeddings (random-looking floats) hardly compress; documents and
+    /// metadata do. Measured on W1 (384-dim embeddings): BENCHMARKS.md.
+    pub compression: String,
 }
 
 impl Default for ChangelogConfig {
@@ -551,6 +560,8 @@ impl Default for ChangelogConfig {
             poll_interval_ms: 50,
             delete_step_rows: 5_000,
             outbox_max_bytes: 1 << 30,
+            handoff_max_bytes: 8 << 20,
+            compression: "lz4".into(),
         }
     }
 }
@@ -983,6 +994,12 @@ impl Config {
             }
             if c.transaction_timeout_ms < 1_000 {
                 return Err(ConfigError::Invalid("changelog.transaction_timeout_ms must be at least 1000".into()));
+            }
+            if !matches!(c.compression.as_str(), "none" | "gzip" | "snappy" | "lz4" | "zstd") {
+                return Err(ConfigError::Invalid(format!(
+                    "changelog.compression must be none, gzip, snappy, lz4 or zstd, got {:?}",
+                    c.compression
+                )));
             }
         }
         let q = &self.sqlite;

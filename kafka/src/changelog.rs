@@ -77,6 +77,7 @@ impl TxnProducer {
         settings: &ClientSettings,
         transactional_id: &str,
         transaction_timeout_ms: u64,
+        compression: &str,
     ) -> Result<TxnProducer, KafkaError> {
         let mut c = settings.client_config();
         c.set("transactional.id", transactional_id);
@@ -84,7 +85,7 @@ impl TxnProducer {
         c.set("enable.idempotence", "true");
         c.set("acks", "all");
         c.set("linger.ms", "5");
-        c.set("compression.type", "lz4");
+        c.set("compression.type", compression);
         // The transaction's commit reports every failure of its messages: a report per
         // delivered message would only be polled and dropped (a profile of a replica
         // with the feed on had ~5% of its CPU in the producers' polling threads).

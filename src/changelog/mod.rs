@@ -21,12 +21,19 @@
 //! and its progress, or nothing), and at least once (progress only moves past a run in
 //! the transaction that holds it).
 //!
+//! The partition's worker hands each committed batch's changes to the relay in memory
+//! (`handoff.rs`), so a relay that keeps up publishes them without reading the outbox
+//! back; it reads the outbox after a restart, when it fell behind, or where another
+//! writer appended changes.
+//!
 //! While a snapshot of the partition's records is pending (the feed was first enabled
 //! for a partition that held records, or `sluice changes snapshot` asked for one), the
 //! loop also takes snapshot steps (`Sysdb::changelog_snapshot_step`): each appends the
 //! next chunk of records, as they are now, to the outbox, which the loop then publishes
 //! like any change. A step is taken only while less than one transaction's worth of
 //! changes waits, so the snapshot neither fills the outbox nor starves live changes.
+
+mod handoff;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -40,7 +47,8 @@ use crate::kafka::ClientSettings;
 use crate::metrics::Metrics;
 use crate::record::change::change_key;
 use crate::record::framing::{frame, Framing};
-use crate::sysdb::{ChangelogEntry, SnapshotStep, Sysdb};
+use crate::sysdb::{AppendedChanges, ChangelogEntry, OutboxChange, SnapshotStep, Sysdb};
+use handoff::Handoff;
 
 /// The subject the change record schema is registered under: `<changes topic>-value`.
 pub fn change_subject(config: &Config) -> String {
@@ -62,6 +70,8 @@ pub struct Relay {
     /// raised by the partition's worker after each commit. The worker pauses the
     /// partition while it is at `changelog.outbox_max_bytes`.
     backlog: std::sync::Mutex<std::collections::HashMap<i32, i64>>,
+    /// Committed changes handed over by the workers (`handoff.rs`).
+    handoff: Handoff,
 }
 
 /// Why the relay cannot start at all.
@@ -132,6 +142,7 @@ impl Relay {
             progress_topic: config.changes_progress_topic(),
             schema_id,
             backlog: std::sync::Mutex::default(),
+            handoff: Handoff::new(config.changelog.handoff_max_bytes as usize),
         }))
     }
 
@@ -144,6 +155,20 @@ impl Relay {
     /// A batch of `partition` committed changes of `bytes` bytes.
     pub fn add_backlog(&self, partition: i32, bytes: i64) {
         *self.backlog.lock().unwrap_or_else(|p| p.into_inner()).entry(partition).or_default() += bytes;
+    }
+
+    /// A batch of `partition` committed: its changes (`changes`, then its outputs' in
+    /// `appended`) count in the backlog and are handed to the relay.
+    pub fn committed(&self, partition: i32, changes: &[OutboxChange], appended: Option<AppendedChanges>) {
+        let bytes: usize = changes.iter().map(OutboxChange::bytes).sum();
+        if let Some(appended) = appended {
+            let outputs: usize = appended.outputs.iter().map(OutboxChange::bytes).sum();
+            self.add_backlog(partition, (bytes + outputs) as i64);
+            let all = changes.iter().cloned().chain(appended.outputs);
+            self.handoff.committed(partition, appended.first_seq, all, crate::sysdb::now_ms());
+        } else {
+            self.add_backlog(partition, bytes as i64);
+        }
     }
 
     /// Read `partition`'s unpublished bytes from the sysdb.
@@ -163,17 +188,18 @@ impl Relay {
         let mut delays = crate::retry::default_backoff();
         while !stop.is_cancelled() {
             match self.run_producer(partition, &stop).await {
-                Ok(()) => return,
+                Ok(()) => break,
                 Err(e) => {
                     warn!(partition, error = %e, "changelog relay: producer stopped; starting a new one");
                     let wait = delays.next().unwrap_or(Duration::from_secs(5));
                     tokio::select! {
                         _ = tokio::time::sleep(wait) => {}
-                        _ = stop.cancelled() => return,
+                        _ = stop.cancelled() => break,
                     }
                 }
             }
         }
+        self.handoff.forget(partition);
     }
 
     /// One producer's life: init (fencing the previous one), recover the progress, then
@@ -181,9 +207,10 @@ impl Relay {
     async fn run_producer(&self, partition: i32, stop: &CancellationToken) -> Result<(), String> {
         let cfg = &self.config.changelog;
         let txid = self.config.changelog_transactional_id(partition);
-        let (settings, timeout) = (self.settings.clone(), cfg.transaction_timeout_ms);
+        let (settings, timeout, compression) =
+            (self.settings.clone(), cfg.transaction_timeout_ms, cfg.compression.clone());
         let id = txid.clone();
-        let producer = tokio::task::spawn_blocking(move || TxnProducer::start(&settings, &id, timeout))
+        let producer = tokio::task::spawn_blocking(move || TxnProducer::start(&settings, &id, timeout, &compression))
             .await
             .map_err(|e| e.to_string())?
             .map_err(|e| e.to_string())?;
@@ -247,11 +274,14 @@ impl Relay {
                 return Ok(());
             }
             self.drive_snapshot(partition, &mut snapshot).await;
-            let rows = match self
-                .sysdb
-                .changelog_pending(partition, last, cfg.max_records_per_transaction, cfg.max_bytes_per_transaction)
-                .await
-            {
+            let (max_records, max_bytes) = (cfg.max_records_per_transaction, cfg.max_bytes_per_transaction);
+            let handed = self.handoff.take(partition, last, max_records, max_bytes);
+            let from_memory = handed.is_some();
+            let read = match handed {
+                Some(rows) => Ok(rows),
+                None => self.sysdb.changelog_pending(partition, last, max_records, max_bytes).await,
+            };
+            let rows = match read {
                 Ok(rows) => rows,
                 Err(e) => {
                     warn!(partition, error = %e, "changelog relay: cannot read the outbox; retrying");
@@ -304,6 +334,7 @@ impl Relay {
                         from = rows[0].seq,
                         through,
                         changes = rows.len(),
+                        from_memory,
                         "changelog transaction committed"
                     );
                     last = through;

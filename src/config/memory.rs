@@ -85,9 +85,9 @@ pub fn terms(config: &Config, partitions: u64, max_message_bytes: u64) -> Vec<Te
     if config.changelog.enabled {
         let run = config.changelog.max_bytes_per_transaction as u64 + m;
         out.push(Term {
-            what: "with [changelog] enabled, per owned partition: the encoded changes of the batch being committed, and the relay's run in flight (read from the outbox, framed, in librdkafka's queue)",
-            formula: "P x (B + 3 x (changelog.max_bytes_per_transaction + M))",
-            bytes: partitions * (batch + 3 * run),
+            what: "with [changelog] enabled, per owned partition: the encoded changes of the batch being committed, the committed changes handed to the relay in memory, and the relay's run in flight (read from the outbox, framed, in librdkafka's queue)",
+            formula: "P x (B + changelog.handoff_max_bytes + 3 x (changelog.max_bytes_per_transaction + M))",
+            bytes: partitions * (batch + config.changelog.handoff_max_bytes + 3 * run),
         });
     }
     if config.sysdb.url.starts_with("sqlite") {

@@ -323,6 +323,7 @@ pub(crate) fn report(decisions: &[Decision<'_>]) -> CommitReport {
             .filter_map(|d| d.accepted_marker.map(|o| (d.function_id.to_string(), o)))
             .collect(),
         markers_ignored: decisions.iter().map(|d| d.ignored_markers).sum(),
+        appended: None,
     }
 }
 

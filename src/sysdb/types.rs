@@ -210,6 +210,17 @@ pub struct CommitReport {
     pub markers_accepted: Vec<(String, i64)>,
     /// Markers that were duplicates, of unknown or detached functions.
     pub markers_ignored: usize,
+    /// With the change feed on and changes written: where they went in the outbox.
+    pub appended: Option<AppendedChanges>,
+}
+
+/// The changes a batch's transaction appended to its partition's outbox: the batch's own
+/// (`BatchCommit::changes`) numbered from `first_seq` on, then `outputs` (its function
+/// outputs' changes) right after them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AppendedChanges {
+    pub first_seq: i64,
+    pub outputs: Vec<OutboxChange>,
 }
 
 /// An attached function as stored.

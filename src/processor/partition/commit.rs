@@ -439,8 +439,7 @@ impl Worker {
     fn after_commit(&mut self, msgs: &[Msg], plan: &Plan, report: &CommitReport, started: Instant) {
         self.after_commit_position(plan.commit.delta.to);
         if let Some(relay) = &self.shared.relay {
-            // The function outputs' changes are counted when the relay next reads the size.
-            relay.add_backlog(self.partition, plan.commit.changes.iter().map(|c| c.bytes() as i64).sum());
+            relay.committed(self.partition, &plan.commit.changes, report.appended.clone());
         }
         for (function_id, offset) in &report.markers_accepted {
             info!(partition = self.partition, function = %function_id, marker_offset = offset, "backfill marker processed: function is backfilling");

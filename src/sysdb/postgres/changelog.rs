@@ -33,18 +33,21 @@ pub(super) async fn begin_in(tx: &Transaction<'_>, partition: i32) -> std::resul
 }
 
 /// `$1` partition, `$2` the number of changes, `$3..$7` their columns, `$8` now, `$9`
-/// their bytes.
+/// their bytes. Returns the first sequence number the changes took (a data-modifying
+/// `WITH` runs to completion whether or not the outer query reads it).
 pub(super) const APPEND: &str = "WITH s AS (
          INSERT INTO changelog_partitions AS c (partition, next_seq, outbox_bytes) VALUES ($1, $2, $9)
          ON CONFLICT (partition) DO UPDATE SET
              next_seq = c.next_seq + EXCLUDED.next_seq,
              outbox_bytes = c.outbox_bytes + EXCLUDED.outbox_bytes
          RETURNING c.next_seq - $2 AS first
+     ), rows AS (
+         INSERT INTO changelog_outbox (partition, seq, collection_id, record_id, operation, source_offset, value, created_at_ms)
+         SELECT $1, s.first + u.ord - 1, u.collection_id, u.record_id, u.operation, u.source_offset, u.value, $8
+         FROM s, UNNEST($3::text[], $4::text[], $5::text[], $6::int8[], $7::bytea[])
+              WITH ORDINALITY AS u(collection_id, record_id, operation, source_offset, value, ord)
      )
-     INSERT INTO changelog_outbox (partition, seq, collection_id, record_id, operation, source_offset, value, created_at_ms)
-     SELECT $1, s.first + u.ord - 1, u.collection_id, u.record_id, u.operation, u.source_offset, u.value, $8
-     FROM s, UNNEST($3::text[], $4::text[], $5::text[], $6::int8[], $7::bytea[])
-          WITH ORDINALITY AS u(collection_id, record_id, operation, source_offset, value, ord)";
+     SELECT first FROM s";
 
 /// A transaction's changes as the columns of [`APPEND`].
 pub(super) struct ChangeRows<'a> {
@@ -103,18 +106,19 @@ impl<'a> ChangeRows<'a> {
     }
 }
 
-/// Append `changes` to `partition`'s outbox inside `tx`.
+/// Append `changes` to `partition`'s outbox inside `tx`; returns the first sequence
+/// number they took (`None`: no change).
 pub(super) async fn append<'a>(
     tx: &Transaction<'_>,
     partition: i32,
     changes: impl Iterator<Item = &'a OutboxChange>,
-) -> std::result::Result<(), TxError> {
+) -> std::result::Result<Option<i64>, TxError> {
     let rows = ChangeRows::new(partition, changes);
     if rows.is_empty() {
-        return Ok(());
+        return Ok(None);
     }
-    tx.execute(&tx.prepare_cached(APPEND).await?, &rows.params()).await?;
-    Ok(())
+    let row = tx.query_one(&tx.prepare_cached(APPEND).await?, &rows.params()).await?;
+    Ok(Some(row.get(0)))
 }
 
 impl PostgresSysdb {

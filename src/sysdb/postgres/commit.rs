@@ -13,7 +13,7 @@ use crate::record::Record;
 use crate::sysdb::error::Result;
 use crate::sysdb::error::SysdbError;
 use crate::sysdb::stored_fields::{encode_embedding, encode_metadata};
-use crate::sysdb::types::{now_ms, BatchCommit, CommitReport};
+use crate::sysdb::types::{now_ms, AppendedChanges, BatchCommit, CommitReport};
 
 /// An `INSERT … UNNEST` statement carries records until their values reach this many
 /// bytes (or [`UPSERT_CHUNK_RECORDS`] records). Each connection keeps a buffer as large as
@@ -229,9 +229,10 @@ async fn commit_once(
     let tx = client.transaction().await?;
     if batch.functions.is_empty() {
         return match write_pipelined(&tx, batch, rows).await? {
-            Ok(()) => {
+            Ok(first) => {
                 tx.commit().await?;
-                Ok(Ok(CommitReport::default()))
+                let appended = first.map(|first_seq| AppendedChanges { first_seq, outputs: Vec::new() });
+                Ok(Ok(CommitReport { appended, ..CommitReport::default() }))
             }
             Err(conflict) => {
                 tx.rollback().await?;
@@ -257,8 +258,9 @@ async fn commit_once(
     let report = if batch.changelog {
         // The change feed: the batch's record changes, then its outputs' changes.
         let mut outputs = Vec::new();
-        let report = attached::commit_functions(&tx, batch, states, now, Some(&mut outputs)).await?;
-        changelog::append(&tx, batch.delta.partition, batch.changes.iter().chain(&outputs)).await?;
+        let mut report = attached::commit_functions(&tx, batch, states, now, Some(&mut outputs)).await?;
+        let first = changelog::append(&tx, batch.delta.partition, batch.changes.iter().chain(&outputs)).await?;
+        report.appended = first.map(|first_seq| AppendedChanges { first_seq, outputs });
         report
     } else {
         attached::commit_functions(&tx, batch, states, now, None).await?
@@ -277,12 +279,13 @@ async fn commit_once(
 /// collections, records, deletes and the position, as in the sequential path. If the
 /// read shows that the position moved, the answer is `Err(conflict)` (as
 /// [`PositionDelta::check`] says), even if a write failed as well, and the caller rolls
-/// back whatever the writes did.
+/// back whatever the writes did. `Ok(Some(first))`: the change feed's rows took the
+/// sequence numbers from `first` on.
 async fn write_pipelined(
     tx: &Transaction<'_>,
     batch: &BatchCommit,
     rows: &BatchRows<'_>,
-) -> std::result::Result<std::result::Result<(), IncompatibleDelta>, TxError> {
+) -> std::result::Result<std::result::Result<Option<i64>, IncompatibleDelta>, TxError> {
     let (topic, partition) = (&batch.topic, &batch.delta.partition);
     let select = tx.prepare_cached(SELECT_FOR_UPDATE).await?;
     let prepared = WriteStatements::prepare(tx).await?;
@@ -294,22 +297,26 @@ async fn write_pipelined(
     let changes = changelog::ChangeRows::new(batch.delta.partition, batch.changes.iter());
     let append =
         if batch.changelog && !changes.is_empty() { Some(tx.prepare_cached(changelog::APPEND).await?) } else { None };
-    if let Some(append) = &append {
-        statements.push((append, changes.params()));
-    }
     let to = batch.delta.to;
     statements.push((&update_position, vec![topic, partition, &to, &now]));
     let key: [&(dyn ToSql + Sync); 2] = [topic, partition];
     let read = tx.query_opt(&select, &key);
     let writes = futures_util::future::try_join_all(statements.iter().map(|(stmt, params)| tx.execute(*stmt, params)));
-    let (stored, written) = futures_util::future::join(read, writes).await;
+    let change_params = changes.params();
+    let appended = async {
+        match &append {
+            Some(stmt) => tx.query_one(stmt, &change_params).await.map(|r| Some(r.get::<_, i64>(0))),
+            None => Ok(None),
+        }
+    };
+    let (stored, written, first) = futures_util::future::join3(read, writes, appended).await;
     // A moved position is the answer even if a write failed too (a zombie's batch is a
     // conflict, not a bad record); otherwise the first failed write is.
     if let Err(conflict) = batch.delta.check(stored?.map(|r| r.get(0))) {
         return Ok(Err(conflict));
     }
     written?;
-    Ok(Ok(()))
+    Ok(Ok(first?))
 }
 
 impl PostgresSysdb {

@@ -89,10 +89,10 @@ fn snapshot_step_sync(
 }
 
 /// Append `changes` to `partition`'s outbox inside the open write transaction, with the
-/// partition's next sequence numbers.
-pub(super) fn append(tx: &Connection, partition: i32, changes: &[OutboxChange], now: i64) -> Result<()> {
+/// partition's next sequence numbers; returns the first (`None`: no change).
+pub(super) fn append(tx: &Connection, partition: i32, changes: &[OutboxChange], now: i64) -> Result<Option<i64>> {
     if changes.is_empty() {
-        return Ok(());
+        return Ok(None);
     }
     let n = changes.len() as i64;
     let bytes: i64 = changes.iter().map(|c| c.bytes() as i64).sum();
@@ -121,7 +121,7 @@ pub(super) fn append(tx: &Connection, partition: i32, changes: &[OutboxChange], 
             now
         ])?;
     }
-    Ok(())
+    Ok(Some(next - n))
 }
 
 /// An outbox row as read, its operation not parsed yet.

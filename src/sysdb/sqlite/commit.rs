@@ -10,7 +10,7 @@ use super::store::{join_error, PendingCommit, SqliteSysdb, Writing, BACKEND};
 use super::{attached, changelog, values};
 use crate::sysdb::error::{Result, SysdbError};
 use crate::sysdb::stored_fields::{encode_embedding, encode_metadata};
-use crate::sysdb::types::{now_ms, BatchCommit, CommitReport};
+use crate::sysdb::types::{now_ms, AppendedChanges, BatchCommit, CommitReport};
 
 /// Commit every waiting batch in ONE transaction (group commit; see
 /// [`SqliteSysdb::commit_batch`]). Each batch keeps its own outcome: its compare-and-set
@@ -209,9 +209,10 @@ pub(super) fn apply_batch(
     let report = if batch.changelog {
         // The change feed: the batch's record changes, then its outputs' changes.
         let mut outputs = Vec::new();
-        let report = attached::commit_functions(tx, batch, now, acct, Some(&mut outputs))?;
-        changelog::append(tx, batch.delta.partition, &batch.changes, now)?;
-        changelog::append(tx, batch.delta.partition, &outputs, now)?;
+        let mut report = attached::commit_functions(tx, batch, now, acct, Some(&mut outputs))?;
+        let first = changelog::append(tx, batch.delta.partition, &batch.changes, now)?;
+        let after = changelog::append(tx, batch.delta.partition, &outputs, now)?;
+        report.appended = first.or(after).map(|first_seq| AppendedChanges { first_seq, outputs });
         report
     } else {
         attached::commit_functions(tx, batch, now, acct, None)?
