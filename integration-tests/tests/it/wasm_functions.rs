@@ -126,15 +126,68 @@ fn indexed(log: &[LogRecord]) -> Vec<(i64, LogRecord)> {
     log.iter().cloned().enumerate().map(|(i, r)| (i as i64, r)).collect()
 }
 
-// A component attached midway through a workload, then a rebalance (a second replica)
-// and a kill -9: its outputs equal the reference model's, backfill included.
+/// The JavaScript example (`examples/functions/js`, componentize-js), built by
+/// `scripts/build-functions.sh`; `None` outside CI when it was not built.
+fn js_example() -> Option<PathBuf> {
+    let path = repo_root().join("target").join("functions").join("norm_guard.wasm");
+    if path.exists() {
+        return Some(path);
+    }
+    assert!(!sluice_integration_tests::in_ci(), "{} is missing: run scripts/build-functions.sh", path.display());
+    eprintln!(
+        "{} is missing: the JavaScript component is left out (scripts/build-functions.sh builds it)",
+        path.display()
+    );
+    None
+}
+
+/// What `examples/functions/reference.py` says an example's output collection holds
+/// after `log` (records of one collection), as id -> metadata. The log is written to a
+/// file in `dir`.
+fn example_reference(dir: &std::path::Path, name: &str, params: &str, log: &[LogRecord]) -> BTreeMap<String, Value> {
+    let file = dir.join(format!("{name}-log.jsonl"));
+    std::fs::write(&file, jsonl_lines(log).join("\n") + "\n").expect("write the log");
+    let out = std::process::Command::new("python3")
+        .arg(repo_root().join("examples").join("functions").join("reference.py"))
+        .args(["outputs", name, "--params", params])
+        .arg(&file)
+        .output()
+        .expect("run reference.py");
+    assert!(out.status.success(), "reference.py {name}: {}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).expect("reference outputs")
+}
+
+/// Bounds that put about a third of `log`'s embeddings below and a third above.
+fn norm_bounds(log: &[LogRecord]) -> (f64, f64) {
+    let mut norms: Vec<f64> = log
+        .iter()
+        .filter_map(|r| r.embedding.as_ref())
+        .map(|e| e.iter().map(|x| f64::from(x) * f64::from(x)).sum::<f64>().sqrt())
+        .collect();
+    norms.sort_by(f64::total_cmp);
+    assert!(norms.len() > 10, "the workload has too few embeddings");
+    (norms[norms.len() / 3], norms[norms.len() * 2 / 3])
+}
+
+// Components attached midway through a workload — the Python-built fixture twice and the
+// JavaScript example — then a rebalance (a second replica) and a kill -9: their outputs
+// equal the reference's, backfill included.
 both_backends!(wasm_function_attached_midway_is_exact_under_kill9_and_rebalance, attached_midway);
 fn attached_midway(env: Env) {
     let Some(dir) = fixtures() else { return };
     env.run(&["init", "--partitions", "2"]);
-    let env = env.with_sections("[backfill]\nchunk_size = 200\nscan_interval_ms = 500\n");
+    // One compile cache for the attach command and every replica: a component built with
+    // componentize-js takes about a minute to compile in a debug build.
+    let cache = repo_root().join("target").join("wasm-fixtures").join("live-cache");
+    let env = env.with_sections(&format!(
+        "[backfill]\nchunk_size = 200\nscan_interval_ms = 500\n[wasm]\ncache_dir = {:?}\n",
+        cache.display().to_string()
+    ));
     let data = workload(6_000, 61, &env.prefix, 2, 800);
     let c = data[0].collection_id.clone();
+    let js = js_example();
+    let (min, max) = norm_bounds(&data);
+    let js_params = format!(r#"{{"min": {min}, "max": {max}}}"#);
     let (first, rest) = data.split_at(2_500);
     let mut r1 = env.spawn_replica("r1", &[]);
     env.produce(&jsonl_lines(first));
@@ -142,6 +195,9 @@ fn attached_midway(env: Env) {
     let fixture = dir.join("fixture.wasm");
     let counts = id_of(&attach_wasm(&env, &c, &fixture, &format!("{c}-colors"), COUNT_BY).expect("attached"));
     let projected = id_of(&attach_wasm(&env, &c, &fixture, &format!("{c}-proj"), PROJECT).expect("attached"));
+    let guarded = js.as_ref().map(|js| {
+        id_of(&attach_wasm(&env, &c, js, &format!("{c}-norms"), &js_params).expect("the JavaScript example attached"))
+    });
     let (second, third) = rest.split_at(1_500);
     env.produce(&jsonl_lines(second));
     // A rebalance: a second replica takes one of the two partitions.
@@ -151,13 +207,23 @@ fn attached_midway(env: Env) {
     env.produce(&jsonl_lines(third));
     let _r3 = env.spawn_replica("r3", &[]);
     env.wait_caught_up(WAIT);
-    for id in [&counts, &projected] {
+    for id in [Some(&counts), Some(&projected), guarded.as_ref()].into_iter().flatten() {
         let f = wait_status(&env, id, "ready");
         assert_eq!(f["failed_reason"], Value::Null, "{f}");
     }
     let log = indexed(&data);
     assert_eq!(records_of(&env, &format!("{c}-colors")), as_json(reference_count_by(&log, &c, "color")));
     assert_eq!(records_of(&env, &format!("{c}-proj")), as_json(reference_project(&log, &c, &["color"])));
+    if guarded.is_some() {
+        let of_c: Vec<LogRecord> = data.iter().filter(|r| r.collection_id == c).cloned().collect();
+        let want = example_reference(&env.dir, "norm_guard", &js_params, &of_c);
+        assert_eq!(want.len(), 2, "the bounds leave records on both sides: {want:?}");
+        let got: BTreeMap<String, Value> = records_of(&env, &format!("{c}-norms"))
+            .into_iter()
+            .map(|r| (r["id"].as_str().expect("id").to_string(), r["metadata"].clone()))
+            .collect();
+        assert_eq!(got, want, "the JavaScript component's outputs differ from its reference");
+    }
     assert_records_match_model(&env, &data);
 }
 
