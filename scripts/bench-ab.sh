@@ -20,7 +20,9 @@
 # cluster, deploy/local/postgres.sh start; dropped after the run) instead of SQLite.
 #
 # Needs a broker (deploy/local/kafka.sh start). The consumer is pinned to CPU 1 when
-# taskset exists, like the suite's contenders.
+# taskset exists, like the suite's contenders; AB_PIN=0 leaves it free to use every core
+# (what a deployment with more than one core sees: the change feed's producers are
+# threads of their own).
 set -euo pipefail
 A=${1:?usage: $0 BIN_A BIN_B [RECORDS] [ROUNDS]}
 B=${2:?usage: $0 BIN_A BIN_B [RECORDS] [ROUNDS]}
@@ -31,7 +33,7 @@ export SLUICE_HTTP=
 dir=$(mktemp -d /tmp/sluice-ab-XXXXXX)
 prefix=${AB_PREFIX:-ab-$(basename "$dir" | tr -dc 'a-z0-9' | tail -c 8)}
 pin=()
-command -v taskset >/dev/null && pin=(taskset -c 1)
+[ "${AB_PIN:-1}" = 0 ] || { command -v taskset >/dev/null && pin=(taskset -c 1); }
 
 if [ -z "${AB_PREFIX:-}" ]; then
     echo "bench-ab: producing $N W1-shaped records into $prefix.log"

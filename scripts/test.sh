@@ -35,13 +35,25 @@ deploy/local/python-env.sh >/dev/null
 deploy/local/wasm-toolchain.sh >/dev/null
 python3 -m unittest discover -s examples/functions -p 'test_*.py'
 scripts/build-functions.sh --check
+phase "services, toolchains and example components ready"
 cargo build --locked --bin sluice
+phase "debug build done"
 # Bounded sizes of the long randomized unit tests (defaults in the tests): the backfill
 # protocol simulation (SLUICE_SIM_INTERLEAVINGS, 4,000; 20,000 for the full run), the
 # decoder on arbitrary input (SLUICE_DECODER_INPUTS, 100,000; scripts/fuzz-decoder-1m.sh
 # runs a million) and the decoder against apache-avro (SLUICE_DECODER_DIFF_INPUTS, 20,000).
-cargo test --locked --workspace --no-fail-fast
-phase "cargo test done"
+# The unit tests, then the integration tests (both run whatever the other's outcome; the
+# command fails after them if either failed), each with its time.
+unit=0
+cargo test --locked --workspace --exclude sluice-integration-tests --no-fail-fast || unit=$?
+phase "unit tests done"
+integration=0
+cargo test --locked -p sluice-integration-tests --no-fail-fast || integration=$?
+phase "integration tests done"
+if ((unit != 0 || integration != 0)); then
+    echo "test.sh: cargo test failed (unit tests: exit $unit, integration tests: exit $integration)" >&2
+    exit 1
+fi
 integration-tests/scripts/kafka-scripts.sh
 # Hostile input: each fuzz target (including the decoder-vs-apache-avro differential
 # target) for a stated time (SLUICE_FUZZ_SECONDS, default 20 here;
