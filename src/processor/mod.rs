@@ -8,6 +8,8 @@ pub mod batch;
 pub mod function_batches;
 pub mod partition;
 pub mod seams;
+#[cfg(test)]
+mod simulation;
 pub mod start;
 
 use std::collections::{HashMap, VecDeque};
