@@ -515,7 +515,12 @@ impl World {
         let dir = tempfile::tempdir().expect("a temporary directory");
         let url = format!("sqlite://{}", dir.path().join("sysdb.sqlite").display());
         let sysdb = Arc::new(Sysdb::open(&url).await.expect("the simulation's sysdb opens"));
-        let topic = format!("sim-{seed}.log");
+        // A topic of its own per world: a mistake switched on for one world's topic (the
+        // compare-and-set skipped) must not reach a world of the same seed running in
+        // another test at the same time.
+        static WORLDS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let world_id = WORLDS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let topic = format!("sim-{seed}-{world_id}.log");
         if mistake == Some(Mistake::SkipCompareAndSet) {
             crate::sysdb::set_skip_compare_and_set(&topic, true);
         }
