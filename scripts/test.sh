@@ -40,6 +40,8 @@ cargo build --locked --bin sluice
 # protocol simulation (SLUICE_SIM_INTERLEAVINGS, 4,000; 20,000 for the full run), the
 # decoder on arbitrary input (SLUICE_DECODER_INPUTS, 100,000; scripts/fuzz-decoder-1m.sh
 # runs a million) and the decoder against apache-avro (SLUICE_DECODER_DIFF_INPUTS, 20,000).
+# The position protocol's simulation runs SLUICE_SIM_SEEDS seeds (2,000; scripts/simulate.sh
+# runs other budgets and replays one seed).
 cargo test --locked --workspace --no-fail-fast
 phase "cargo test done"
 integration-tests/scripts/kafka-scripts.sh

@@ -1,5 +1,5 @@
 //! The simulation's tests: a fixed budget of seeds, each known mistake caught within its
-//! budget, and replays. The ignored test `simulate` runs other budgets and replays one seed.
+//! budget, and replays. `scripts/simulate.sh` runs the ignored ones with other budgets.
 
 use std::time::Instant;
 
@@ -147,7 +147,7 @@ fn a_seed_replays_to_the_same_trace() {
     }
 }
 
-/// Other budgets and replays: `SLUICE_SIM_SEED=S` replays one seed and prints its log;
+/// `scripts/simulate.sh`: `SLUICE_SIM_SEED=S` replays one seed and prints its log;
 /// `SLUICE_SIM_SEEDS=N` (with `SLUICE_SIM_FROM`) runs N seeds and prints the shortest
 /// failing one; `SLUICE_SIM_MISTAKE` switches a known mistake on (`a`, `b`, `c`, `d`);
 /// `SLUICE_SIM_REPLAY` runs each of those seeds twice and compares.
