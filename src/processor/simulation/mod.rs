@@ -32,7 +32,9 @@
 //!
 //! Determinism: time is tokio's paused clock (a current-thread runtime; the sysdb's
 //! blocking calls hold the clock still while they run), and the schedule and every
-//! chance come from the seed. Two things in the real code are not decided by the
+//! chance come from the seed. The wall clock decides nothing here: messages carry no
+//! producer timestamp, so a batch lingers the configured time (`partition::linger_for`
+//! reads the clock only to age a timestamp), and the sysdb's `now_ms` columns are data. Two things in the real code are not decided by the
 //! simulation: the order in which concurrent SQLite calls finish on the blocking pool,
 //! and the branch tokio's unbiased `select!` in the router picks when several are ready.
 //! They can change how records are cut into batches and when a batch lands, so the
