@@ -42,6 +42,8 @@ phase "debug build done"
 # protocol simulation (SLUICE_SIM_INTERLEAVINGS, 4,000; 20,000 for the full run), the
 # decoder on arbitrary input (SLUICE_DECODER_INPUTS, 100,000; scripts/fuzz-decoder-1m.sh
 # runs a million) and the decoder against apache-avro (SLUICE_DECODER_DIFF_INPUTS, 20,000).
+# The position protocol's simulation runs SLUICE_SIM_SEEDS seeds (2,000; scripts/simulate.sh
+# runs other budgets and replays one seed).
 # The unit tests, then the integration tests (both run whatever the other's outcome; the
 # command fails after them if either failed), each with its time.
 unit=0

@@ -133,6 +133,16 @@ pub struct Commander {
 }
 
 impl Commander {
+    /// A commander whose commands go to the returned receiver instead of a consumer
+    /// thread: for a consumer played by something other than librdkafka (the processor's
+    /// deterministic simulation reads the commands and answers with [`Event`]s).
+    pub fn detached() -> (Commander, std_mpsc::Receiver<Command>) {
+        let (commands, receiver) = std_mpsc::channel();
+        // Nobody waits for wake-ups: the receiver is dropped and `send` ignores it.
+        let (wake, _) = std_mpsc::sync_channel(1);
+        (Commander { commands, wake }, receiver)
+    }
+
     pub fn send(&self, cmd: Command) {
         // The thread only goes away on shutdown; a send error then is harmless. A full
         // wake channel means a wake-up is already pending.

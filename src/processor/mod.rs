@@ -7,6 +7,9 @@
 pub mod batch;
 pub mod function_batches;
 pub mod partition;
+pub mod seams;
+#[cfg(test)]
+mod simulation;
 pub mod start;
 
 use std::collections::{HashMap, VecDeque};
@@ -28,6 +31,7 @@ use crate::kafka::{KafkaError, Msg, PartitionInfo};
 use crate::metrics::Metrics;
 use crate::sysdb::Sysdb;
 use partition::{Shared, Worker, WorkerMsg};
+use seams::{ConsumerLink, Metadata, Outbound};
 use start::{resolve_start, HaltReason, Start};
 
 /// Inbox size of a worker, in message chunks (each up to 1 MiB). A worker takes nothing
@@ -75,6 +79,18 @@ struct Workers {
     commander: crate::kafka::consumer::Commander,
     /// The processor's token: each worker's is a child of it.
     stop: CancellationToken,
+}
+
+/// A router that is dropped while it runs (its task aborted: the simulation's crash of a
+/// replica) takes its workers with it, fenced first: nothing of it commits after it is
+/// gone. A router that returns has stopped every worker already, so this finds none.
+impl Drop for Workers {
+    fn drop(&mut self) {
+        for (_, w) in self.map.drain() {
+            w.fence.cancel();
+            w.task.abort();
+        }
+    }
 }
 
 impl Workers {
@@ -213,8 +229,9 @@ pub async fn run(
     } else {
         None
     };
-    let metadata = Arc::new(std::sync::Mutex::new(MetadataClient::new(&settings, Some(&config.kafka.group))?));
-    let (consumer, mut events) = ConsumerHandle::start(ConsumerSettings {
+    let metadata =
+        Metadata::Kafka(Arc::new(std::sync::Mutex::new(MetadataClient::new(&settings, Some(&config.kafka.group))?)));
+    let (consumer, events) = ConsumerHandle::start(ConsumerSettings {
         client: settings.clone(),
         group: config.kafka.group.clone(),
         topic: topic.clone(),
@@ -233,7 +250,7 @@ pub async fn run(
         backfill_topic: config.kafka.backfill_topic(),
         config: config.clone(),
         sysdb: sysdb.clone(),
-        producer,
+        producer: Outbound::Kafka(producer),
         commander: consumer.commander(),
         metrics: metrics.clone(),
         health: health.clone(),
@@ -245,12 +262,28 @@ pub async fn run(
             .map(Arc::new),
         board,
         relay,
+        #[cfg(test)]
+        hooks: None,
     });
     info!(topic = %topic, group = %config.kafka.group, sysdb = sysdb.backend(), "processor started");
-    let refresh_now = Arc::new(Notify::new());
-    let refresh = tokio::spawn(refresh_partition_gauges(shared.clone(), refresh_now.clone()));
+    let commander = consumer.commander();
+    route(shared, ConsumerLink { events, commander, handle: Some(consumer) }, stop).await
+}
 
-    let mut workers = Workers { map: HashMap::new(), commander: consumer.commander(), stop: stop.clone() };
+/// The router's loop, from a started consumer to the end: answer assignments, hand
+/// messages to the workers, stop them on revoke and at shutdown, then stop the consumer.
+pub(crate) async fn route(
+    shared: Arc<Shared>,
+    consumer: ConsumerLink,
+    stop: CancellationToken,
+) -> Result<(), ProcessorError> {
+    let ConsumerLink { mut events, commander, handle } = consumer;
+    let health = shared.health.clone();
+    let config = shared.config.clone();
+    let refresh_now = Arc::new(Notify::new());
+    let refresh = AbortOnDrop(tokio::spawn(refresh_partition_gauges(shared.clone(), refresh_now.clone())));
+
+    let mut workers = Workers { map: HashMap::new(), commander: commander.clone(), stop: stop.clone() };
     let mut stopping = false;
     let mut fatal: Option<String> = None;
     let shutdown_timeout = Duration::from_millis(config.processor.shutdown_timeout_ms);
@@ -268,7 +301,7 @@ pub async fn run(
                 health.stopping("shutdown requested");
                 stopping = true;
                 stop_deadline = Some(tokio::time::Instant::now() + shutdown_timeout);
-                consumer.send(Command::Shutdown);
+                commander.send(Command::Shutdown);
                 continue;
             }
             _ = sleep_until_opt(stop_deadline) => {
@@ -288,7 +321,7 @@ pub async fn run(
                         error!(error = %e, "cannot load positions for the assignment; exiting so another replica takes over");
                         health.stopping(format!("cannot load positions for the assignment: {e}"));
                         fatal = Some(e.to_string());
-                        consumer.send(Command::Shutdown);
+                        commander.send(Command::Shutdown);
                         stopping = true;
                         stop_deadline = Some(tokio::time::Instant::now() + shutdown_timeout);
                         drop(reply);
@@ -328,7 +361,7 @@ pub async fn run(
                 health.stopping(format!("fatal consumer error: {msg}"));
                 fatal = Some(msg);
                 if !stopping {
-                    consumer.send(Command::Shutdown);
+                    commander.send(Command::Shutdown);
                     stopping = true;
                     stop_deadline = Some(tokio::time::Instant::now() + shutdown_timeout);
                 }
@@ -343,12 +376,23 @@ pub async fn run(
         .unwrap_or_else(|| tokio::time::Instant::now() + REVOKE_BUDGET);
     workers.stop(&all, grace).await;
     forget_partitions(&shared, &all);
-    refresh.abort();
-    tokio::task::spawn_blocking(move || consumer.shutdown(Duration::from_secs(5))).await?;
+    drop(refresh);
+    if let Some(consumer) = handle {
+        tokio::task::spawn_blocking(move || consumer.shutdown(Duration::from_secs(5))).await?;
+    }
     info!("processor stopped");
     match fatal {
         Some(m) => Err(ProcessorError::Fatal(m)),
         None => Ok(()),
+    }
+}
+
+/// A task that ends when its handle is dropped, whichever way the router ends.
+struct AbortOnDrop(JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }
 
@@ -398,16 +442,8 @@ async fn refresh_partition_gauges(shared: Arc<Shared>, now: Arc<Notify>) {
         if partitions.is_empty() {
             continue;
         }
-        let md = shared.metadata.clone();
-        let topic = shared.topic.clone();
-        let read = tokio::task::spawn_blocking(move || -> Result<Vec<(i32, i64, Option<i64>)>, KafkaError> {
-            let md = md.lock().unwrap_or_else(|e| e.into_inner());
-            let group = md.group_offsets(&topic, &partitions)?;
-            partitions.iter().map(|&p| Ok((p, md.watermarks(&topic, p)?.1, group.get(&p).copied()))).collect()
-        })
-        .await;
-        match read {
-            Ok(Ok(rows)) => {
+        match shared.metadata.broker_offsets(&shared.topic, partitions).await {
+            Ok(rows) => {
                 for (p, high, group) in rows {
                     shared.metrics.partition_broker_offsets(p, high, group);
                 }
@@ -417,12 +453,11 @@ async fn refresh_partition_gauges(shared: Arc<Shared>, now: Arc<Notify>) {
                 }
             }
             // Logged once per outage, not every 5 s.
-            Ok(Err(e)) if !failing => {
+            Err(e) if !failing => {
                 warn!(error = %e, "partition gauges: cannot read watermarks or group offsets; keeping the last values");
                 failing = true;
             }
-            Ok(Err(_)) => {}
-            Err(e) => warn!(error = %e, "partition gauges: refresh task failed"),
+            Err(_) => {}
         }
         if shared.relay.is_some() {
             match shared.sysdb.changelog_positions().await {
@@ -469,6 +504,12 @@ async fn assign(
             cfg.kafka.auto_offset_reset,
             cfg.processor.on_data_loss,
         );
+        #[cfg(test)]
+        if shared.hooks.as_ref().and_then(|h| h.mistake()) == Some(seams::Mistake::StartFromGroupOffset) {
+            if let Some(g) = info.group_offset {
+                s.offset = g;
+            }
+        }
         if s.group_ahead {
             GroupOffsetAhead { partition: info.partition, sysdb: s.offset, group: info.group_offset }
                 .emit(&shared.metrics);

@@ -365,3 +365,27 @@ pub struct DlqReplayRow {
 pub(crate) fn now_ms() -> i64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
 }
+
+/// Topics whose batches commit without the compare-and-set on the position: the known
+/// mistake (c) of the processor's simulation, switched on for its own world's topic alone
+/// (every other test of the process keeps the check).
+#[cfg(test)]
+static SKIP_COMPARE_AND_SET: std::sync::Mutex<std::collections::BTreeSet<String>> =
+    std::sync::Mutex::new(std::collections::BTreeSet::new());
+
+/// Whether `topic`'s batches skip the compare-and-set (tests only, see above).
+#[cfg(test)]
+pub(crate) fn skips_compare_and_set(topic: &str) -> bool {
+    SKIP_COMPARE_AND_SET.lock().unwrap_or_else(|e| e.into_inner()).contains(topic)
+}
+
+/// Switch the mistake (c) on or off for `topic` (tests only).
+#[cfg(test)]
+pub(crate) fn set_skip_compare_and_set(topic: &str, on: bool) {
+    let mut set = SKIP_COMPARE_AND_SET.lock().unwrap_or_else(|e| e.into_inner());
+    if on {
+        set.insert(topic.to_string());
+    } else {
+        set.remove(topic);
+    }
+}

@@ -11,7 +11,9 @@
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use tracing::{debug, debug_span, error, info, warn, Instrument, Span};
 
@@ -415,6 +417,14 @@ impl Worker {
             failpoint::hit("after_backfill_task");
         }
 
+        #[cfg(test)]
+        if let Some(hooks) = self.shared.hooks.clone() {
+            let d = plan.commit.delta;
+            if hooks.mistake() == Some(crate::processor::seams::Mistake::GroupCommitFirst) {
+                self.shared.commander.send(crate::kafka::consumer::Command::Commit(vec![(self.partition, d.to)]));
+            }
+            hooks.before_commit(self.partition, d.from, d.to).await;
+        }
         failpoint::hit("before_sysdb_commit");
         if self.fence.is_cancelled() {
             return Err(BatchError::Fenced);
@@ -424,6 +434,10 @@ impl Worker {
             self.shared.sysdb.commit_batch(Arc::clone(&plan.commit)).instrument(debug_span!("commit")).await;
         self.shared.metrics.observe_sysdb_commit(commit_started.elapsed());
         let report = committed?;
+        #[cfg(test)]
+        if let Some(hooks) = &self.shared.hooks {
+            hooks.committed(self.partition, plan.commit.delta.from, plan.commit.delta.to);
+        }
         failpoint::hit("after_sysdb_commit");
         if !report.markers_accepted.is_empty() && failpoint::fail("marker_commit_outcome") {
             // As if the connection dropped during COMMIT: the batch landed, we do not know.
