@@ -142,15 +142,12 @@ fn js_example() -> Option<PathBuf> {
 }
 
 /// What `examples/functions/reference.py` says an example's output collection holds
-/// after `log` (records of one collection), as id -> metadata. The log is written to a
-/// file in `dir`.
-fn example_reference(dir: &std::path::Path, name: &str, params: &str, log: &[LogRecord]) -> BTreeMap<String, Value> {
-    let file = dir.join(format!("{name}-log.jsonl"));
-    std::fs::write(&file, jsonl_lines(log).join("\n") + "\n").expect("write the log");
+/// after the JSON-lines log in `file`, as id -> metadata.
+fn example_reference(name: &str, params: &str, file: &std::path::Path) -> BTreeMap<String, Value> {
     let out = std::process::Command::new("python3")
         .arg(repo_root().join("examples").join("functions").join("reference.py"))
         .args(["outputs", name, "--params", params])
-        .arg(&file)
+        .arg(file)
         .output()
         .expect("run reference.py");
     assert!(out.status.success(), "reference.py {name}: {}", String::from_utf8_lossy(&out.stderr));
@@ -216,7 +213,9 @@ fn attached_midway(env: Env) {
     assert_eq!(records_of(&env, &format!("{c}-proj")), as_json(reference_project(&log, &c, &["color"])));
     if guarded.is_some() {
         let of_c: Vec<LogRecord> = data.iter().filter(|r| r.collection_id == c).cloned().collect();
-        let want = example_reference(&env.dir, "norm_guard", &js_params, &of_c);
+        let file = env.dir.join("norm_guard-log.jsonl");
+        std::fs::write(&file, jsonl_lines(&of_c).join("\n") + "\n").expect("write the log");
+        let want = example_reference("norm_guard", &js_params, &file);
         assert_eq!(want.len(), 2, "the bounds leave records on both sides: {want:?}");
         let got: BTreeMap<String, Value> = records_of(&env, &format!("{c}-norms"))
             .into_iter()
@@ -374,14 +373,7 @@ fn the_example_components_match_their_reference() {
             .map(|r| (r["id"].as_str().expect("id").to_string(), r["metadata"].clone()))
             .map(|(id, m)| (id, if m.is_null() { Value::Object(Default::default()) } else { m }))
             .collect();
-        let reference = std::process::Command::new("python3")
-            .arg(repo_root().join("examples").join("functions").join("reference.py"))
-            .args(["outputs", name, "--params", params])
-            .arg(&sample)
-            .output()
-            .expect("run reference.py");
-        assert!(reference.status.success(), "reference.py {name}: {}", String::from_utf8_lossy(&reference.stderr));
-        let want: BTreeMap<String, Value> = serde_json::from_slice(&reference.stdout).expect("reference outputs");
+        let want = example_reference(name, params, &sample);
         assert!(!want.is_empty(), "{name}: the sample log gives the reference no output to compare");
         assert_eq!(got, want, "{name}: the component's outputs differ from its reference");
     }

@@ -733,6 +733,33 @@ async fn an_operator_write_waits_out_a_write_lock_held_past_the_busy_timeout() {
     assert_eq!(ids, vec!["f2".to_string()], "the failed try wrote nothing, the retried one wrote once");
 }
 
+/// A busy writer for the write-queue tests: until `stop`, write transactions that each
+/// hold the write lock for `hold`, back to back, counting those that committed (one that
+/// finds the lock held past the busy timeout tries again).
+fn busy_writer(
+    db: SqliteSysdb,
+    hold: Duration,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    written: Arc<std::sync::atomic::AtomicU64>,
+) -> tokio::task::JoinHandle<()> {
+    use std::sync::atomic::Ordering;
+    tokio::spawn(async move {
+        while !stop.load(Ordering::Relaxed) {
+            let wrote = db
+                .write(move |c, _| {
+                    let tx = c.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+                    tx.execute("INSERT INTO busy_writes (n) VALUES (1)", [])?;
+                    std::thread::sleep(hold);
+                    Ok(tx.commit()?)
+                })
+                .await;
+            if wrote.is_ok() {
+                written.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    })
+}
+
 /// Two writers of one file (two replicas) write back to back, each holding the write lock
 /// 20 ms at a time with no pause between: an operator's write through a third handle (as
 /// another process would be) still gets its turn within a few of their transactions.
@@ -752,21 +779,7 @@ async fn an_operator_write_gets_its_turn_between_busy_writers() {
     let mut busy = Vec::new();
     for _ in 0..2 {
         let replica = SqliteSysdb::open(path).await.unwrap();
-        let (stop, written) = (Arc::clone(&stop), Arc::clone(&written));
-        busy.push(tokio::spawn(async move {
-            while !stop.load(Ordering::Relaxed) {
-                replica
-                    .write(|c, _| {
-                        let tx = c.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
-                        tx.execute("INSERT INTO busy_writes (n) VALUES (1)", [])?;
-                        std::thread::sleep(Duration::from_millis(20));
-                        Ok(tx.commit()?)
-                    })
-                    .await
-                    .expect("a busy writer's own write failed");
-                written.fetch_add(1, Ordering::Relaxed);
-            }
-        }));
+        busy.push(busy_writer(replica, Duration::from_millis(20), Arc::clone(&stop), Arc::clone(&written)));
     }
     // Let both busy writers settle into back-to-back transactions.
     while written.load(Ordering::Relaxed) < 10 {
@@ -854,25 +867,7 @@ async fn a_waiter_behind_a_long_turn_is_served_before_busy_writers() {
     // Three partitions' commits of one replica: while one holds the writer, the next
     // waits for it in the process and asks for the turn the moment it is released.
     let busy: Vec<_> = (0..3)
-        .map(|_| {
-            let (stop, written, replica) = (Arc::clone(&stop), Arc::clone(&written), replica.clone());
-            tokio::spawn(async move {
-                while !stop.load(Ordering::Relaxed) {
-                    // Unavailable while the long turn lasts past the busy timeout: try again.
-                    let wrote = replica
-                        .write(|c, _| {
-                            let tx = c.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
-                            tx.execute("INSERT INTO busy_writes (n) VALUES (1)", [])?;
-                            std::thread::sleep(Duration::from_millis(10));
-                            Ok(tx.commit()?)
-                        })
-                        .await;
-                    if wrote.is_ok() {
-                        written.fetch_add(1, Ordering::Relaxed);
-                    }
-                }
-            })
-        })
+        .map(|_| busy_writer(replica.clone(), Duration::from_millis(10), Arc::clone(&stop), Arc::clone(&written)))
         .collect();
     while written.load(Ordering::Relaxed) < 5 {
         tokio::time::sleep(Duration::from_millis(5)).await;
