@@ -47,6 +47,7 @@ Every sluice command gets SLUICE_CONFIG/BROKERS/SYSDB/GROUP/TOPIC_PREFIX from th
 """
 
 import argparse
+import http.client
 import io
 import json
 import os
@@ -260,6 +261,7 @@ class Run:
         self.stop = threading.Event()      # plain and idempotent producers
         self.stop_tx = threading.Event()   # the transactional producer (stops last)
         self.stop_reader = threading.Event()
+        self.operator = None                # the attach or detach in flight (a thread)
         self.hostile = []          # {"partition", "offset", "label", "producer"}
         self.hostile_lock = threading.Lock()
         self.errors = []           # harness-level problems (reported, never hidden)
@@ -548,7 +550,7 @@ class Run:
                 return r.status, json.loads(r.read())
         except urllib.error.HTTPError as e:
             return e.code, e.read().decode(errors="replace")[:400]
-        except (OSError, ValueError) as e:  # refused, reset, timed out, cut short
+        except (OSError, ValueError, http.client.HTTPException) as e:  # refused, reset, timed out, cut short
             return None, str(e)
 
     def check_page(self, where, collection, after, page):
@@ -736,12 +738,23 @@ class Run:
                         self.cycles += 1
                 lo, hi = self.args.action_every
                 next_action = now + rng.uniform(lo, hi)
-            if now >= next_function:
+            # An operator's attach or detach runs on a thread of its own, one at a time: it
+            # may wait for a replica this loop froze inside its commit (SQLite's write lock
+            # and the writers' queue are held then), and this loop must go on to thaw it.
+            # (Run inline, the loop waited for the command, the command for the thaw:
+            # a 2.7 s freeze lasted 70 s and the command gave up.)
+            if now >= next_function and (self.operator is None or not self.operator.is_alive()):
                 what = functions_scripted.pop(0) if functions_scripted else ("attach" if rng.random() < 0.7 else "detach")
+                op_rng = random.Random(rng.random())
                 if what == "attach" or not any(not f["detached"] for f in self.functions[len(FUNCTIONS):]):
-                    self.attach(rng)
+                    def op():
+                        self.attach(op_rng)
                 else:
-                    self.detach(rng, newest=what == "detach newest")
+                    def op(newest=what == "detach newest"):
+                        self.detach(op_rng, newest=newest)
+                op.__name__ = f"operator {what}"
+                self.operator = threading.Thread(target=self.reporting(op), name="operator", daemon=True)
+                self.operator.start()
                 next_function = now + (rng.uniform(3, 6) if functions_scripted else rng.uniform(5, 15))
             time.sleep(0.1)
 
@@ -824,6 +837,13 @@ class Run:
         bound = f"{a.cycles} cycles (at most {a.seconds:.0f} s)" if a.cycles else f"{a.seconds}s"
         log(f"chaos for {bound} on {a.replicas} replicas, {a.partitions} partitions, prefix {a.prefix}")
         self.chaos_loop(t0 + a.seconds)
+        if self.operator is not None:
+            for i in range(a.replicas):  # an operator waiting on a frozen replica ends once it is thawed
+                if self.replicas[i] is not None and self.frozen_until[i] is not None:
+                    self.thaw(i)
+            self.operator.join(timeout=180)
+            if self.operator.is_alive():
+                self.errors.append("an operator's attach or detach did not end within 180 s of the chaos")
         self.fig.add("cycles", self.cycles)
         self.stop.set()
         for t in threads[:2]:
