@@ -62,6 +62,21 @@ impl Handoff {
         }
     }
 
+    /// How many of the leading `sizes` (bytes of a transaction's changes, in order) the
+    /// bound would drop at once: those need not be copied at all.
+    pub(crate) fn dropped_at_once(&self, sizes: &[usize]) -> usize {
+        let mut room = self.max_bytes;
+        let mut kept = 0;
+        for &b in sizes.iter().rev() {
+            if b > room {
+                break;
+            }
+            room -= b;
+            kept += 1;
+        }
+        sizes.len() - kept
+    }
+
     /// The run of `partition`'s changes after `after_seq`, within `max_records` and
     /// `max_bytes` (at least one change), if the copies start right after it; `None`:
     /// read the outbox. Copies at or before `after_seq` (published) are dropped.
@@ -167,6 +182,11 @@ mod tests {
         h.committed(0, 4, [change("c", 10)], 5);
         h.forget(0);
         assert_eq!(seqs(&h.take(0, 3, 100, 1 << 20)), None);
+        // What the bound would drop at once is counted before anything is copied.
+        assert_eq!(h.dropped_at_once(&[one, one, one, one]), 1);
+        assert_eq!(h.dropped_at_once(&[one * 4, 1, 1]), 1);
+        assert_eq!(h.dropped_at_once(&[]), 0);
+        assert_eq!(Handoff::new(0).dropped_at_once(&[1, 1]), 2);
         assert_eq!(Handoff::new(0).take(0, -1, 1, 1), None);
     }
 }

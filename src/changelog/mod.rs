@@ -160,15 +160,22 @@ impl Relay {
     /// A batch of `partition` committed: its changes (`changes`, then its outputs' in
     /// `appended`) count in the backlog and are handed to the relay.
     pub fn committed(&self, partition: i32, changes: &[OutboxChange], appended: Option<AppendedChanges>) {
-        let bytes: usize = changes.iter().map(OutboxChange::bytes).sum();
-        if let Some(appended) = appended {
-            let outputs: usize = appended.outputs.iter().map(OutboxChange::bytes).sum();
-            self.add_backlog(partition, (bytes + outputs) as i64);
-            let all = changes.iter().cloned().chain(appended.outputs);
-            self.handoff.committed(partition, appended.first_seq, all, crate::sysdb::now_ms());
-        } else {
-            self.add_backlog(partition, bytes as i64);
-        }
+        let Some(appended) = appended else {
+            self.add_backlog(partition, changes.iter().map(OutboxChange::bytes).sum::<usize>() as i64);
+            return;
+        };
+        let sizes: Vec<usize> = changes.iter().chain(&appended.outputs).map(OutboxChange::bytes).collect();
+        self.add_backlog(partition, sizes.iter().sum::<usize>() as i64);
+        // Only the newest changes that fit the handoff's bound are copied (a batch larger
+        // than it would have its oldest dropped right away); the relay reads the others
+        // from the outbox.
+        let skip = self.handoff.dropped_at_once(&sizes);
+        let kept = changes
+            .iter()
+            .skip(skip)
+            .cloned()
+            .chain(appended.outputs.into_iter().skip(skip.saturating_sub(changes.len())));
+        self.handoff.committed(partition, appended.first_seq + skip as i64, kept, crate::sysdb::now_ms());
     }
 
     /// Read `partition`'s unpublished bytes from the sysdb.
