@@ -418,7 +418,9 @@ fn back_pressure(env: Env) {
 // Kafka stopped for 20 s under load, on a broker of the test's own: a partition's worker
 // (held at a fail point while the broker was up, so that its records are fetched and
 // waiting) applies them while the broker is away; their changes stay in the outbox, which
-// grows until the partition pauses at `outbox_max_bytes`, and `/readyz` says so. Nothing
+// grows until the partition pauses at `outbox_max_bytes` (small: the changes of the held
+// batch alone fill it, so the partition's next batch pauses however the records were cut
+// into batches), and `/readyz` says so. Nothing
 // is published meanwhile. Once the broker is back the relay publishes everything, and the
 // folded feed equals the records, each change once. The group's session timeout (40 s)
 // outlasts the outage: with the tests' usual 6 s the consumer would give its partitions up
@@ -428,7 +430,7 @@ both_backends!(the_feed_survives_kafka_stopped_for_20s, kafka_away);
 fn kafka_away(env: Env) {
     let kafka = PrivateKafka::start(&env.dir);
     let mut env = env.with_kafka("session_timeout_ms = 40000\n").with_sections(
-        "[changelog]\nenabled = true\noutbox_max_bytes = 20000\ntransaction_timeout_ms = 20000\nmax_records_per_transaction = 100\n",
+        "[changelog]\nenabled = true\noutbox_max_bytes = 4000\ntransaction_timeout_ms = 20000\nmax_records_per_transaction = 100\n",
     );
     env.extra.push(("SLUICE_BROKERS".into(), kafka.bootstrap()));
     env.run(&["init", "--partitions", &PARTITIONS.to_string()]);
@@ -470,7 +472,12 @@ fn kafka_away(env: Env) {
     let (_, taken_at_stop, published_at_stop) = outbox_totals(&env);
     let mut readyz = None;
     let mut most_unpublished = 0;
-    while stopped.elapsed() < Duration::from_secs(20) {
+    // At least 20 s, and on until /readyz says so (at most 34 s, inside the session
+    // timeout): the held worker wakes 22 s after it was held, which can be 19 s into the
+    // outage, and only then commits the batches that fill the outbox.
+    while stopped.elapsed() < Duration::from_secs(20)
+        || (readyz.is_none() && stopped.elapsed() < Duration::from_secs(34))
+    {
         if let Some((503, _, body)) = http_get(port, "/readyz") {
             if body.contains("changelog outbox holds") {
                 readyz = Some(body);
@@ -487,14 +494,22 @@ fn kafka_away(env: Env) {
     assert_eq!(published, published_at_stop, "nothing is published while the broker is away");
     assert!(
         taken > taken_at_stop,
-        "the outbox grows while the broker is away: {taken_at_stop} changes taken at the stop, {taken} after 20 s"
+        "the outbox grows while the broker is away: {taken_at_stop} changes taken at the stop, {taken} after {:?}",
+        stopped.elapsed()
     );
-    let why =
-        readyz.unwrap_or_else(|| panic!("/readyz never said the outbox was full: {:?}", http_get(port, "/readyz")));
+    let why = readyz.unwrap_or_else(|| {
+        panic!(
+            "/readyz never said the outbox was full: {:?}; changes (unpublished, taken, published): {:?}",
+            http_get(port, "/readyz"),
+            outbox_totals(&env)
+        )
+    });
     assert!(why.contains("paused: its changelog outbox holds"), "{why}");
     println!(
-        "Kafka away 20 s: outbox {} -> {} changes taken, {unpublished} unpublished (at most {most_unpublished}); /readyz: {why}",
-        taken_at_stop, taken
+        "Kafka away {:?}: outbox {} -> {} changes taken, {unpublished} unpublished (at most {most_unpublished}); /readyz: {why}",
+        stopped.elapsed(),
+        taken_at_stop,
+        taken
     );
 
     kafka.restart();
