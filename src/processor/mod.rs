@@ -12,7 +12,7 @@ pub mod seams;
 mod simulation;
 pub mod start;
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -75,7 +75,7 @@ struct WorkerHandle {
 /// reading its partition, so one stuck partition never stops the others, a revoke or a
 /// shutdown.
 struct Workers {
-    map: HashMap<i32, WorkerHandle>,
+    map: BTreeMap<i32, WorkerHandle>,
     commander: crate::kafka::consumer::Commander,
     /// The processor's token: each worker's is a child of it.
     stop: CancellationToken,
@@ -86,7 +86,7 @@ struct Workers {
 /// gone. A router that returns has stopped every worker already, so this finds none.
 impl Drop for Workers {
     fn drop(&mut self) {
-        for (_, w) in self.map.drain() {
+        for (_, w) in std::mem::take(&mut self.map) {
             w.fence.cancel();
             w.task.abort();
         }
@@ -283,7 +283,7 @@ pub(crate) async fn route(
     let refresh_now = Arc::new(Notify::new());
     let refresh = AbortOnDrop(tokio::spawn(refresh_partition_gauges(shared.clone(), refresh_now.clone())));
 
-    let mut workers = Workers { map: HashMap::new(), commander: commander.clone(), stop: stop.clone() };
+    let mut workers = Workers { map: BTreeMap::new(), commander: commander.clone(), stop: stop.clone() };
     let mut stopping = false;
     let mut fatal: Option<String> = None;
     let shutdown_timeout = Duration::from_millis(config.processor.shutdown_timeout_ms);
@@ -408,7 +408,7 @@ async fn sleep_until_opt(deadline: Option<tokio::time::Instant>) {
 const REVOKE_BUDGET: Duration = Duration::from_secs(8);
 
 fn route_messages(workers: &mut Workers, msgs: Vec<Msg>) {
-    let mut by_partition: HashMap<i32, Vec<Msg>> = HashMap::new();
+    let mut by_partition: BTreeMap<i32, Vec<Msg>> = BTreeMap::new();
     for m in msgs {
         by_partition.entry(m.partition).or_default().push(m);
     }

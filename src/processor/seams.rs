@@ -147,4 +147,18 @@ pub trait CommitHooks: Send + Sync {
     fn committed(&self, partition: i32, from: i64, to: i64);
     /// The mistake this replica makes, if any.
     fn mistake(&self) -> Option<Mistake>;
+    /// A sysdb outage at this attempt to commit the batch `[from, to)`, if any.
+    fn outage(&self, partition: i32, from: i64, to: i64) -> Option<Outage>;
+}
+
+/// A sysdb outage the simulation puts at a commit: both are `SysdbError::Unavailable`, a
+/// transient error the worker retries the batch after.
+#[cfg(test)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outage {
+    /// The sysdb did not answer: nothing was written.
+    Refused,
+    /// The connection dropped during COMMIT after the transaction landed: the worker does
+    /// not know, and its retry must find the position already at the batch's end.
+    LandedUnknown,
 }

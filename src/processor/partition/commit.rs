@@ -9,7 +9,7 @@
 //! produces them again: at least once, never lost); a retried batch of the same replica
 //! does not produce them again.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -256,7 +256,7 @@ impl Worker {
             .filter_map(|(_, r)| r.as_ref().ok())
             .map(|r| r.collection_id.as_str())
             .filter(|name| !self.known.contains_key(*name))
-            .collect::<HashSet<&str>>()
+            .collect::<BTreeSet<&str>>()
             .into_iter()
             .map(str::to_string)
             .collect();
@@ -418,12 +418,23 @@ impl Worker {
         }
 
         #[cfg(test)]
-        if let Some(hooks) = self.shared.hooks.clone() {
-            let d = plan.commit.delta;
-            if hooks.mistake() == Some(crate::processor::seams::Mistake::GroupCommitFirst) {
-                self.shared.commander.send(crate::kafka::consumer::Command::Commit(vec![(self.partition, d.to)]));
+        let outage = match self.shared.hooks.clone() {
+            Some(hooks) => {
+                let d = plan.commit.delta;
+                if hooks.mistake() == Some(crate::processor::seams::Mistake::GroupCommitFirst) {
+                    self.shared.commander.send(crate::kafka::consumer::Command::Commit(vec![(self.partition, d.to)]));
+                }
+                hooks.before_commit(self.partition, d.from, d.to).await;
+                hooks.outage(self.partition, d.from, d.to)
             }
-            hooks.before_commit(self.partition, d.from, d.to).await;
+            None => None,
+        };
+        #[cfg(test)]
+        if outage == Some(crate::processor::seams::Outage::Refused) {
+            return Err(BatchError::Transient(crate::sysdb::SysdbError::Unavailable {
+                backend: self.shared.sysdb.backend(),
+                message: "simulated outage: the sysdb did not answer".into(),
+            }));
         }
         failpoint::hit("before_sysdb_commit");
         if self.fence.is_cancelled() {
@@ -437,6 +448,12 @@ impl Worker {
         #[cfg(test)]
         if let Some(hooks) = &self.shared.hooks {
             hooks.committed(self.partition, plan.commit.delta.from, plan.commit.delta.to);
+            if outage == Some(crate::processor::seams::Outage::LandedUnknown) {
+                return Err(BatchError::Transient(crate::sysdb::SysdbError::Unavailable {
+                    backend: self.shared.sysdb.backend(),
+                    message: "simulated outage: the connection dropped during COMMIT".into(),
+                }));
+            }
         }
         failpoint::hit("after_sysdb_commit");
         if !report.markers_accepted.is_empty() && failpoint::fail("marker_commit_outcome") {

@@ -199,9 +199,9 @@ impl World {
         if self.mistake == Some(Mistake::SkipCompareAndSet) {
             crate::sysdb::set_skip_compare_and_set(&self.topic, false);
         }
-        let (commits, zombie_batches, zombie_commits) = {
+        let (commits, zombie_batches, zombie_commits, outages) = {
             let st = self.journal.state();
-            (st.commits, st.zombie_batches, st.zombie_commits)
+            (st.commits, st.zombie_batches, st.zombie_commits, st.outages)
         };
         let steps = self.schedule.steps.len();
         let sim_ms = self.now_ms();
@@ -214,6 +214,7 @@ impl World {
             commits,
             zombie_batches,
             zombie_commits,
+            outages,
         }
     }
 }

@@ -12,6 +12,8 @@ pub(super) struct JournalState {
     pub(super) commits: u64,
     pub(super) zombie_batches: u64,
     pub(super) zombie_commits: u64,
+    /// Sysdb outages put at commits: (nothing written, landed with the outcome unknown).
+    pub(super) outages: (u64, u64),
 }
 
 #[derive(Default)]
@@ -30,6 +32,9 @@ pub(super) struct Hooks {
     pub(super) mistake: Option<Mistake>,
     pub(super) frozen: watch::Sender<bool>,
     pub(super) journal: Arc<Journal>,
+    /// The batches whose commit this replica attempted: an outage meets a batch's first
+    /// attempt only, so its retry goes through.
+    pub(super) attempted: Mutex<BTreeSet<(i32, i64, i64)>>,
 }
 
 impl CommitHooks for Hooks {
@@ -84,5 +89,25 @@ impl CommitHooks for Hooks {
 
     fn mistake(&self) -> Option<Mistake> {
         self.mistake
+    }
+
+    fn outage(&self, partition: i32, from: i64, to: i64) -> Option<Outage> {
+        if !self.attempted.lock().unwrap_or_else(|e| e.into_inner()).insert((partition, from, to)) {
+            return None;
+        }
+        // One batch in 16 meets an outage at its first attempt: half before anything was
+        // written, half after the transaction landed.
+        let h = mix(&[self.seed, 6, self.replica as u64, partition as u64, from as u64, to as u64]);
+        let outage = match h % 32 {
+            0 => Outage::Refused,
+            1 => Outage::LandedUnknown,
+            _ => return None,
+        };
+        let mut st = self.journal.state();
+        match outage {
+            Outage::Refused => st.outages.0 += 1,
+            Outage::LandedUnknown => st.outages.1 += 1,
+        }
+        Some(outage)
     }
 }

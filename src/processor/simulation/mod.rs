@@ -15,7 +15,9 @@
 //! restarted, replicas frozen (a stopped process: its batch in flight waits before the
 //! sysdb commit) and woken, after the session timeout, as zombies whose partitions went to
 //! others meanwhile, quiet points where the world must catch up, retention. Per-batch
-//! chance (sysdb latency, a failed group commit, a failed DLQ produce, chunk sizes) is a
+//! chance (sysdb latency, a sysdb outage at a commit — nothing written, or the commit
+//! landed with its outcome unknown — a failed group commit, a failed DLQ produce, chunk
+//! sizes) is a
 //! hash of the seed and of what it applies to, so it does not depend on how many other
 //! draws happened before.
 //!
@@ -30,18 +32,22 @@
 //!   reference model's fold of the log up to that position (invariant 5; section 9,
 //!   exactly once), poison records are in the DLQ (invariant 10).
 //!
-//! Determinism: time is tokio's paused clock (a current-thread runtime; the sysdb's
-//! blocking calls hold the clock still while they run), and the schedule and every
-//! chance come from the seed. The wall clock decides nothing here: messages carry no
-//! producer timestamp, so a batch lingers the configured time (`partition::linger_for`
-//! reads the clock only to age a timestamp), and the sysdb's `now_ms` columns are data. Two things in the real code are not decided by the
-//! simulation: the order in which concurrent SQLite calls finish on the blocking pool,
-//! and the branch tokio's unbiased `select!` in the router picks when several are ready.
-//! They can change how records are cut into batches and when a batch lands, so the
-//! trace records only what the seed decides and what a correct protocol makes certain:
-//! the schedule's events, the coordinator's assignments, and at each quiet point the
-//! positions, the records' digest and the DLQ's offsets. A test replays seeds and
-//! requires identical traces; [`run`] also keeps a timed log for a replay by hand.
+//! Determinism: time is tokio's paused clock on a current-thread runtime, and the
+//! schedule and every chance come from the seed. The real code's own sources of chance are
+//! pinned down: the sysdb's blocking calls run inline on the runtime's thread
+//! (`sysdb::sqlite::inline`: which calls overlap in a group commit and when each finishes
+//! is then the simulation's, not the blocking pool's), the processor keeps its partitions
+//! in ordered maps (its workers are fed and stopped in partition order), and the branch
+//! an unbiased `select!` polls first comes from the runtime's generator, seeded from the
+//! world's seed (tokio's `rng_seed`, an unstable API: `.cargo/config.toml` turns it on),
+//! as does the retry policy's jitter (fastrand's per-thread generator).
+//! The wall clock decides nothing: messages carry no producer timestamp, so a batch
+//! lingers the configured time (`partition::linger_for` reads the clock only to age a
+//! timestamp), and the sysdb's `now_ms` columns are data. So a seed replays bit for bit:
+//! the same timed log, every line, which a test checks on a few hundred seeds. The trace
+//! (what [`run`] returns for comparison) keeps what the seed decides and what a correct
+//! protocol makes certain: the schedule's events, the coordinator's assignments, and at
+//! each quiet point the positions, the records' digest and the DLQ's offsets.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::mpsc as std_mpsc;
@@ -57,7 +63,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::partition::Shared;
-use super::seams::{CommitHooks, ConsumerLink, Metadata, Mistake, Outbound, SimulatedBroker};
+use super::seams::{CommitHooks, ConsumerLink, Metadata, Mistake, Outage, Outbound, SimulatedBroker};
 use super::ProcessorError;
 use crate::config::Config;
 use crate::kafka::consumer::{Command, Commander, Event, StartDecision};
@@ -145,15 +151,31 @@ pub(crate) struct Outcome {
     /// (only in sequence: before the partition's new owner committed anything).
     pub zombie_batches: u64,
     pub zombie_commits: u64,
+    /// Sysdb outages at commits: (nothing written, landed with the outcome unknown).
+    pub outages: (u64, u64),
 }
 
 /// Run one seed, with `mistake` switched on in every replica (or none).
 pub(crate) fn run(seed: u64, mistake: Option<Mistake>) -> Outcome {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .start_paused(true)
-        .build()
-        .expect("a current-thread runtime");
+    let mut builder = tokio::runtime::Builder::new_current_thread();
+    builder.enable_all().start_paused(true);
+    // The branch an unbiased `select!` polls first comes from the runtime's generator:
+    // seeded from the world's seed where tokio's unstable API is on (`.cargo/config.toml`).
+    #[cfg(tokio_unstable)]
+    builder.rng_seed(tokio::runtime::RngSeed::from_bytes(&seed.to_le_bytes()));
+    let rt = builder.build().expect("a current-thread runtime");
+    // The sysdb's calls run inline on the runtime's thread (`sysdb::sqlite::inline`),
+    // until this run ends, however it ends.
+    struct Inline;
+    impl Drop for Inline {
+        fn drop(&mut self) {
+            crate::sysdb::sqlite::inline::ON.with(|on| on.set(false));
+        }
+    }
+    crate::sysdb::sqlite::inline::ON.with(|on| on.set(true));
+    let _inline = Inline;
+    // The retries' jitter (`sluice_base::retry`) comes from this thread's generator.
+    fastrand::seed(seed);
     rt.block_on(async move {
         let mut world = World::new(seed, mistake).await;
         world.run().await;

@@ -159,6 +159,7 @@ impl World {
                     mistake,
                     frozen: watch::channel(false).0,
                     journal: journal.clone(),
+                    attempted: Mutex::new(BTreeSet::new()),
                 }),
                 silent_since: None,
             })

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use rusqlite::{params, Connection, TransactionBehavior};
 
 use super::positions::{read_next_offset, write_next_offset};
-use super::store::{join_error, PendingCommit, SqliteSysdb, Writing, BACKEND};
+use super::store::{off_runtime, PendingCommit, SqliteSysdb, Writing, BACKEND};
 use super::{attached, changelog, values};
 use crate::sysdb::error::{Result, SysdbError};
 use crate::sysdb::stored_fields::{encode_embedding, encode_metadata};
@@ -238,7 +238,7 @@ impl SqliteSysdb {
         let (reply, outcome) = tokio::sync::oneshot::channel();
         self.inner.pending.lock().unwrap_or_else(|p| p.into_inner()).push(PendingCommit { batch, reply });
         let inner = Arc::clone(&self.inner);
-        tokio::task::spawn_blocking(move || {
+        off_runtime(move || {
             let writer = inner.writer().and_then(|conn| Ok((conn, inner.turn()?)));
             let (mut conn, _turn) = match writer {
                 Ok(held) => held,
@@ -258,8 +258,7 @@ impl SqliteSysdb {
                 commit_group(&mut conn, Writing::of(&inner), group);
             }
         })
-        .await
-        .map_err(join_error)?;
+        .await?;
         outcome.await.map_err(|_| SysdbError::Database {
             backend: BACKEND,
             message: "the group commit holding this batch ended without an outcome (a panic on the writer thread)"

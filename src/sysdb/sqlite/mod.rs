@@ -3,7 +3,8 @@
 //! (positions, records, the group commit, attached functions and their outbox, the audit
 //! trail, the checkpoint thread; the value log and the delta in `values.rs`).
 //!
-//! rusqlite is blocking, so every call runs on `tokio::task::spawn_blocking` with the
+//! rusqlite is blocking, so every call runs on `tokio::task::spawn_blocking`
+//! (`store::off_runtime`; inline under the deterministic simulation) with the
 //! connection behind a `std::sync::Mutex`: one writer connection per process, plus one
 //! reader connection for a file database (WAL readers never block the writer and vice
 //! versa, so admin reads do not queue behind a batch commit). Several processes may share
@@ -41,10 +42,12 @@ mod values;
 mod write_queue;
 
 pub use stats::SqliteStats;
+#[cfg(test)]
+pub(crate) use store::inline;
 pub use store::SqliteSysdb;
 
 use checkpoint::spawn_checkpointer;
-use store::{configure, is_memory, join_error, migrate, open_connection, open_reader, Inner, BACKEND};
+use store::{configure, is_memory, migrate, off_runtime, open_connection, open_reader, Inner, BACKEND};
 
 impl SqliteSysdb {
     /// Open (creating if needed) and migrate the database at `path` (`:memory:` for a
@@ -56,7 +59,7 @@ impl SqliteSysdb {
     /// [`SqliteSysdb::open`] with the `[sqlite]` settings.
     pub async fn open_tuned(path: &str, tuning: &SqliteConfig) -> Result<SqliteSysdb> {
         let (path, tuning) = (path.to_string(), tuning.clone());
-        let inner = tokio::task::spawn_blocking(move || -> Result<Arc<Inner>> {
+        let inner = off_runtime(move || -> Result<Arc<Inner>> {
             let mut writer = open_connection(&path)?;
             configure(&writer, &path)?;
             let queue = if is_memory(&path) { None } else { Some(write_queue::WriteQueue::open(&path)?) };
@@ -83,8 +86,7 @@ impl SqliteSysdb {
             }
             Ok(inner)
         })
-        .await
-        .map_err(join_error)??;
+        .await??;
         Ok(SqliteSysdb { inner })
     }
 
@@ -99,7 +101,7 @@ impl SqliteSysdb {
             return Self::open(path).await;
         }
         let path = path.to_string();
-        let inner = tokio::task::spawn_blocking(move || -> Result<Arc<Inner>> {
+        let inner = off_runtime(move || -> Result<Arc<Inner>> {
             if !std::path::Path::new(&path).is_file() {
                 return Err(SysdbError::Config(format!(
                     "no sysdb at {path:?} (the file does not exist): run `sluice init` to create it"
@@ -129,8 +131,7 @@ impl SqliteSysdb {
                 queue: None,
             }))
         })
-        .await
-        .map_err(join_error)??;
+        .await??;
         Ok(SqliteSysdb { inner })
     }
 }

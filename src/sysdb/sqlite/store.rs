@@ -349,14 +349,13 @@ impl SqliteSysdb {
         F: FnOnce(&mut Connection, Writing<'_>) -> Result<T> + Send + 'static,
     {
         let inner = Arc::clone(&self.inner);
-        tokio::task::spawn_blocking(move || {
+        off_runtime(move || {
             let mut conn = inner.writer()?;
             let _turn = inner.turn()?;
             inner.stats.write_transaction();
             f(&mut conn, Writing::of(&inner))
         })
-        .await
-        .map_err(join_error)?
+        .await?
     }
 
     /// Run `f` on a reader connection (the writer for `:memory:`). Readers are
@@ -368,7 +367,7 @@ impl SqliteSysdb {
         F: FnOnce(&Connection) -> Result<T> + Send + 'static,
     {
         let inner = Arc::clone(&self.inner);
-        tokio::task::spawn_blocking(move || {
+        off_runtime(move || {
             if inner.readers.is_empty() {
                 let conn = inner.writer()?;
                 return f(&conn);
@@ -384,8 +383,7 @@ impl SqliteSysdb {
             let conn = inner.readers[first].lock().unwrap_or_else(|p| p.into_inner());
             f(&conn)
         })
-        .await
-        .map_err(join_error)?
+        .await?
     }
 
     /// Run `f` on the writer connection without counting a write transaction: the
@@ -397,12 +395,11 @@ impl SqliteSysdb {
         F: FnOnce(&mut Connection) -> Result<T> + Send + 'static,
     {
         let inner = Arc::clone(&self.inner);
-        tokio::task::spawn_blocking(move || {
+        off_runtime(move || {
             let mut conn = inner.writer()?;
             f(&mut conn)
         })
-        .await
-        .map_err(join_error)?
+        .await?
     }
 
     pub async fn schema_version(&self) -> Result<i64> {
@@ -411,6 +408,34 @@ impl SqliteSysdb {
     }
 }
 
+/// Run `f` off the async runtime, on tokio's blocking pool (rusqlite blocks). Under the
+/// position protocol's deterministic simulation (tests only, [`inline`]) the call runs on
+/// the runtime's one thread instead, after one yield: the calls that other tasks make in
+/// the same turn queue behind it (so a group commit still takes several batches), and then
+/// it finishes before any other task runs, so which calls overlap and in what order they
+/// finish is decided by the simulation, not by the thread pool.
+pub(super) async fn off_runtime<T, F>(f: F) -> Result<T>
+where
+    T: Send + 'static,
+    F: FnOnce() -> T + Send + 'static,
+{
+    #[cfg(test)]
+    if inline::ON.with(std::cell::Cell::get) {
+        tokio::task::yield_now().await;
+        return Ok(f());
+    }
+    tokio::task::spawn_blocking(f).await.map_err(join_error)
+}
+
 pub(super) fn join_error(e: tokio::task::JoinError) -> SysdbError {
     SysdbError::Database { backend: BACKEND, message: format!("sqlite worker task failed: {e}") }
+}
+
+/// The switch of [`off_runtime`]'s inline mode, per thread (the simulation's runtime
+/// thread sets it).
+#[cfg(test)]
+pub(crate) mod inline {
+    thread_local! {
+        pub(crate) static ON: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    }
 }
