@@ -126,15 +126,27 @@ impl MetadataClient {
     }
 
     /// Committed group offsets (next to read) of the given partitions; absent = none.
+    ///
+    /// A group coordinator that is moving or still loading the offsets topic answers
+    /// `NOT_COORDINATOR`, `COORDINATOR_LOAD_IN_PROGRESS` or `COORDINATOR_NOT_AVAILABLE` for
+    /// a moment (Kafka marks all three retriable): those are asked again, with the retry
+    /// policy's backoff, for up to the request timeout before the error reaches the caller.
     pub fn group_offsets(&self, topic: &str, partitions: &[i32]) -> Result<HashMap<i32, i64>, KafkaError> {
         let mut tpl = TopicPartitionList::new();
         for p in partitions {
             tpl.add_partition(topic, *p);
         }
-        let tpl = self
-            .consumer
-            .committed_offsets(tpl, self.timeout)
-            .map_err(|e| broker_err(format!("committed offsets of {topic}"), e))?;
+        let deadline = std::time::Instant::now() + self.timeout;
+        let mut delays = sluice_base::retry::backoff(Duration::from_millis(100), Duration::from_secs(1));
+        let tpl = loop {
+            match self.consumer.committed_offsets(tpl.clone(), self.timeout) {
+                Ok(tpl) => break tpl,
+                Err(e) if coordinator_moving(&e) && std::time::Instant::now() < deadline => {
+                    std::thread::sleep(delays.next().unwrap_or(Duration::from_secs(1)));
+                }
+                Err(e) => return Err(broker_err(format!("committed offsets of {topic}"), e)),
+            }
+        };
         Ok(tpl
             .elements()
             .iter()
@@ -210,9 +222,23 @@ impl MetadataClient {
         for (p, o) in offsets {
             tpl.add_partition_offset(topic, *p, Offset::Offset(*o)).map_err(|e| broker_err("build offsets", e))?;
         }
-        self.consumer.commit(&tpl, CommitMode::Sync).map_err(|e| {
-            broker_err(format!("commit group offsets of {topic} (is the group empty? stop the replicas first)"), e)
-        })
+        // A moving or loading coordinator is asked again, as in `group_offsets`.
+        let deadline = std::time::Instant::now() + self.timeout;
+        let mut delays = sluice_base::retry::backoff(Duration::from_millis(100), Duration::from_secs(1));
+        loop {
+            match self.consumer.commit(&tpl, CommitMode::Sync) {
+                Ok(()) => return Ok(()),
+                Err(e) if coordinator_moving(&e) && std::time::Instant::now() < deadline => {
+                    std::thread::sleep(delays.next().unwrap_or(Duration::from_secs(1)));
+                }
+                Err(e) => {
+                    return Err(broker_err(
+                        format!("commit group offsets of {topic} (is the group empty? stop the replicas first)"),
+                        e,
+                    ))
+                }
+            }
+        }
     }
 }
 
@@ -269,4 +295,16 @@ pub fn timestamp_at(
         }
     }
     Ok(None)
+}
+
+/// The group coordinator is moving or loading: a retriable answer (see `group_offsets`).
+fn coordinator_moving(e: &rdkafka::error::KafkaError) -> bool {
+    matches!(
+        e.rdkafka_error_code(),
+        Some(
+            RDKafkaErrorCode::NotCoordinator
+                | RDKafkaErrorCode::CoordinatorLoadInProgress
+                | RDKafkaErrorCode::CoordinatorNotAvailable
+        )
+    )
 }
