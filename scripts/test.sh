@@ -16,10 +16,12 @@ phase() {
     phases+=("$line")
     echo "$line"
 }
+build_pid=
 fuzz_pid=
 recap() {
     local rc=$?
-    # The fuzz run beside the integration tests (below), if the command ends before it.
+    # The build and the fuzz run in the background (below), if the command ends before them.
+    [[ -z "$build_pid" ]] || kill -- -"$build_pid" 2>/dev/null || true
     [[ -z "$fuzz_pid" ]] || kill -- -"$fuzz_pid" 2>/dev/null || true
     phase "exit $rc"
     echo "test.sh: the steps' times:"
@@ -28,10 +30,23 @@ recap() {
 trap recap EXIT
 deploy/local/deps.sh
 phase "installs checked"
-# Formatting and lints first: they take seconds and fail before the long part.
 cargo fmt --all --check
-cargo clippy --locked --workspace --all-targets -- -D warnings
-phase "format and lints clean"
+phase "format checked"
+# The Rust builds start now, in the background, while the services and toolchains below
+# start (on a fresh machine those mostly wait on downloads): the lints, the binary, the
+# unit and the integration test binaries, in that order. Their output goes to a log, whose
+# end is printed if they fail.
+build_log=target/build.log
+mkdir -p target
+setsid bash -c '
+    set -e
+    cargo clippy --locked --workspace --all-targets -- -D warnings
+    echo "test.sh: lints clean"
+    cargo build --locked --bin sluice
+    cargo test --locked --workspace --exclude sluice-integration-tests --no-run
+    cargo test --locked -p sluice-integration-tests --no-run
+' >"$build_log" 2>&1 &
+build_pid=$!
 # The structure: imports against ARCHITECTURE.md's layers, no circle, rdkafka behind its
 # crate (and the check's own tests, which inject a circle and an upward import).
 python3 -m unittest discover -s scripts -p 'test_check_structure.py'
@@ -58,8 +73,16 @@ phase "WebAssembly toolchains ready"
 python3 -m unittest discover -s examples/functions -p 'test_*.py'
 scripts/build-functions.sh --check
 phase "services, toolchains and example components ready"
-cargo build --locked --bin sluice
-phase "debug build done"
+if ! wait "$build_pid"; then
+    build_pid=
+    echo "test.sh: the last 80 lines of $build_log:" >&2
+    tail -n 80 "$build_log" >&2
+    echo "test.sh: the lints or the build failed (whole log: $build_log)" >&2
+    exit 1
+fi
+build_pid=
+grep -E "^test.sh: lints clean|^ *Finished" "$build_log" || true
+phase "lints clean; the binary and the test binaries built"
 # Bounded sizes of the long randomized unit tests (defaults in the tests): the backfill
 # protocol simulation (SLUICE_SIM_INTERLEAVINGS, 4,000; 20,000 for the full run), the
 # decoder on arbitrary input (SLUICE_DECODER_INPUTS, 100,000; scripts/fuzz-decoder-1m.sh
@@ -69,13 +92,9 @@ phase "debug build done"
 # The unit tests, then the integration tests (both run whatever the other's outcome; the
 # command fails after them if either failed), each with its time.
 unit=0
-cargo test --locked --workspace --exclude sluice-integration-tests --no-run
-phase "unit tests built"
 cargo test --locked --workspace --exclude sluice-integration-tests --no-fail-fast || unit=$?
 phase "unit tests done"
 integration=0
-cargo test --locked -p sluice-integration-tests --no-run
-phase "integration tests built"
 # Hostile input, beside the integration tests (which wait on brokers and timeouts more
 # than they compute) at the lowest CPU priority: the nightly toolchain and cargo-fuzz
 # when missing, the fuzz crate's build, then each fuzz target (including the
