@@ -127,26 +127,15 @@ impl MetadataClient {
 
     /// Committed group offsets (next to read) of the given partitions; absent = none.
     ///
-    /// A group coordinator that is moving or still loading the offsets topic answers
-    /// `NOT_COORDINATOR`, `COORDINATOR_LOAD_IN_PROGRESS` or `COORDINATOR_NOT_AVAILABLE` for
-    /// a moment (Kafka marks all three retriable): those are asked again, with the retry
-    /// policy's backoff, for up to the request timeout before the error reaches the caller.
+    /// A coordinator that is moving or loading is asked again (`while_coordinator_moves`).
     pub fn group_offsets(&self, topic: &str, partitions: &[i32]) -> Result<HashMap<i32, i64>, KafkaError> {
         let mut tpl = TopicPartitionList::new();
         for p in partitions {
             tpl.add_partition(topic, *p);
         }
-        let deadline = std::time::Instant::now() + self.timeout;
-        let mut delays = sluice_base::retry::backoff(Duration::from_millis(100), Duration::from_secs(1));
-        let tpl = loop {
-            match self.consumer.committed_offsets(tpl.clone(), self.timeout) {
-                Ok(tpl) => break tpl,
-                Err(e) if coordinator_moving(&e) && std::time::Instant::now() < deadline => {
-                    std::thread::sleep(delays.next().unwrap_or(Duration::from_secs(1)));
-                }
-                Err(e) => return Err(broker_err(format!("committed offsets of {topic}"), e)),
-            }
-        };
+        let tpl = self
+            .while_coordinator_moves(|| self.consumer.committed_offsets(tpl.clone(), self.timeout))
+            .map_err(|e| broker_err(format!("committed offsets of {topic}"), e))?;
         Ok(tpl
             .elements()
             .iter()
@@ -222,21 +211,27 @@ impl MetadataClient {
         for (p, o) in offsets {
             tpl.add_partition_offset(topic, *p, Offset::Offset(*o)).map_err(|e| broker_err("build offsets", e))?;
         }
-        // A moving or loading coordinator is asked again, as in `group_offsets`.
+        self.while_coordinator_moves(|| self.consumer.commit(&tpl, CommitMode::Sync)).map_err(|e| {
+            broker_err(format!("commit group offsets of {topic} (is the group empty? stop the replicas first)"), e)
+        })
+    }
+
+    /// Run `request` to the group coordinator, asking again (with the retry policy's
+    /// backoff, for up to the request timeout) while it answers that it is moving or
+    /// loading the offsets topic: `NOT_COORDINATOR`, `COORDINATOR_LOAD_IN_PROGRESS`,
+    /// `COORDINATOR_NOT_AVAILABLE`, all retriable in Kafka.
+    fn while_coordinator_moves<T>(
+        &self,
+        mut request: impl FnMut() -> Result<T, rdkafka::error::KafkaError>,
+    ) -> Result<T, rdkafka::error::KafkaError> {
         let deadline = std::time::Instant::now() + self.timeout;
         let mut delays = sluice_base::retry::backoff(Duration::from_millis(100), Duration::from_secs(1));
         loop {
-            match self.consumer.commit(&tpl, CommitMode::Sync) {
-                Ok(()) => return Ok(()),
+            match request() {
                 Err(e) if coordinator_moving(&e) && std::time::Instant::now() < deadline => {
                     std::thread::sleep(delays.next().unwrap_or(Duration::from_secs(1)));
                 }
-                Err(e) => {
-                    return Err(broker_err(
-                        format!("commit group offsets of {topic} (is the group empty? stop the replicas first)"),
-                        e,
-                    ))
-                }
+                outcome => return outcome,
             }
         }
     }
@@ -297,7 +292,7 @@ pub fn timestamp_at(
     Ok(None)
 }
 
-/// The group coordinator is moving or loading: a retriable answer (see `group_offsets`).
+/// The group coordinator is moving or loading: a retriable answer (`while_coordinator_moves`).
 fn coordinator_moving(e: &rdkafka::error::KafkaError) -> bool {
     matches!(
         e.rdkafka_error_code(),
