@@ -5,9 +5,10 @@
 #
 # Usage: scripts/simulate.sh --seeds N [--from S]   # run seeds S..S+N, print the shortest failing one
 #        scripts/simulate.sh --seed S               # replay one seed and print its log
-#   --mistake a|b|c|d   switch a known mistake on in every replica: (a) the group commit
+#   --mistake a|b|c|d|e switch a known mistake on in every replica: (a) the group commit
 #                       before the sysdb commit, (b) start from the group offset, (c) no
-#                       compare-and-set, (d) a transaction marker counted as a record
+#                       compare-and-set, (d) a transaction marker counted as a record,
+#                       (e) a revoke confirmed before its partitions' workers stopped
 #   --replay            with --seeds: run each seed twice and compare the traces (and logs)
 #   --release           the optimized build (the default is the debug build, as in CI)
 set -euo pipefail

@@ -336,10 +336,29 @@ pub(crate) async fn route(
                 refresh_now.notify_one();
             }
             Event::Revoke { partitions, done } => {
-                // The consumer thread waits up to 10 s for `done`.
+                #[cfg(test)]
+                let done =
+                    match shared.hooks.as_ref().filter(|h| h.mistake() == Some(seams::Mistake::ConfirmRevokeFirst)) {
+                        Some(hooks) => {
+                            hooks.revoke_confirmed(&partitions);
+                            let _ = done.send(());
+                            None
+                        }
+                        None => Some(done),
+                    };
+                #[cfg(not(test))]
+                let done = Some(done);
+                // The consumer thread waits up to 10 s for `done`: the revoked partitions'
+                // workers commit what they hold, or are fenced and aborted, before it.
                 workers.stop(&partitions, tokio::time::Instant::now() + REVOKE_BUDGET).await;
                 forget_partitions(&shared, &partitions);
-                let _ = done.send(());
+                if let Some(done) = done {
+                    #[cfg(test)]
+                    if let Some(hooks) = &shared.hooks {
+                        hooks.revoke_confirmed(&partitions);
+                    }
+                    let _ = done.send(());
+                }
             }
             Event::Messages(msgs) => route_messages(&mut workers, msgs),
             Event::Seeked { partition, offset, generation } => {

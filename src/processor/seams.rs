@@ -130,6 +130,9 @@ pub enum Mistake {
     /// (d) Count the transaction marker a position report lands after as one more
     ///     record: the position-only commit goes one offset too far.
     MarkerCountedAsRecord,
+    /// (e) Confirm a revoke before the revoked partitions' workers have stopped: their
+    ///     last batch goes to the sysdb after the partition may have a new owner.
+    ConfirmRevokeFirst,
 }
 
 /// What the simulation sees of a replica's commit path, and how it stalls it.
@@ -145,6 +148,9 @@ pub trait CommitHooks: Send + Sync {
     ) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>;
     /// The sysdb accepted the batch `[from, to)`.
     fn committed(&self, partition: i32, from: i64, to: i64);
+    /// The router confirms the revoke of `partitions` to the consumer (their workers are
+    /// stopped): from here on this replica hands no batch of them to the sysdb.
+    fn revoke_confirmed(&self, partitions: &[i32]);
     /// The mistake this replica makes, if any.
     fn mistake(&self) -> Option<Mistake>;
     /// A sysdb outage at this attempt to commit the batch `[from, to)`, if any.

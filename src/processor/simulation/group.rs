@@ -108,6 +108,13 @@ impl World {
     }
 
     pub(super) async fn assign(&mut self, r: usize, ps: Vec<i32>) {
+        {
+            // Assigned again: its batches may go to the sysdb again.
+            let mut st = self.journal.state();
+            for p in &ps {
+                st.revoked.remove(&(r, *p));
+            }
+        }
         let infos: Vec<PartitionInfo> = {
             let st = self.broker.state();
             ps.iter()

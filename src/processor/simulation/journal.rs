@@ -8,6 +8,9 @@ pub(super) struct JournalState {
     pub(super) last_to: HashMap<i32, i64>,
     /// Replicas the coordinator expelled while they were frozen (zombies once woken).
     pub(super) expelled: BTreeSet<usize>,
+    /// (replica, partition) whose revoke the replica confirmed, until it is assigned the
+    /// partition again: no batch of it may go to the sysdb from that replica.
+    pub(super) revoked: BTreeSet<(usize, i32)>,
     pub(super) violations: Vec<(&'static str, String)>,
     pub(super) commits: u64,
     pub(super) zombie_batches: u64,
@@ -58,6 +61,15 @@ impl CommitHooks for Hooks {
             if st.expelled.contains(&replica) {
                 st.zombie_batches += 1;
             }
+            // What follows this hook is the sysdb commit, with no await before it.
+            if st.revoked.contains(&(replica, partition)) {
+                st.violations.push((
+                    "no batch goes to the sysdb after its partition's revoke is confirmed",
+                    format!(
+                        "r{replica} handed partition {partition} [{from}, {to}) to the sysdb after confirming the revoke of the partition"
+                    ),
+                ));
+            }
         })
     }
 
@@ -85,6 +97,13 @@ impl CommitHooks for Hooks {
             }
         }
         st.last_to.insert(partition, to);
+    }
+
+    fn revoke_confirmed(&self, partitions: &[i32]) {
+        let mut st = self.journal.state();
+        for &p in partitions {
+            st.revoked.insert((self.replica, p));
+        }
     }
 
     fn mistake(&self) -> Option<Mistake> {

@@ -141,6 +141,12 @@ fn a_transaction_marker_counted_as_a_record_is_caught() {
     caught(Mistake::MarkerCountedAsRecord);
 }
 
+#[test]
+fn a_revoke_confirmed_before_its_workers_stop_is_caught() {
+    let (_, f) = caught(Mistake::ConfirmRevokeFirst);
+    assert_eq!(f.invariant, "no batch goes to the sysdb after its partition's revoke is confirmed");
+}
+
 /// A seed replays bit for bit: the same trace and the same timed log, every line. Among
 /// the seeds, those whose timed logs differed between two runs before the sysdb's calls ran
 /// inline, the partitions were kept in ordered maps and `select!` was seeded (64, 99, 133,
@@ -179,7 +185,8 @@ fn simulate() {
         "b" => Mistake::StartFromGroupOffset,
         "c" => Mistake::SkipCompareAndSet,
         "d" => Mistake::MarkerCountedAsRecord,
-        other => panic!("SLUICE_SIM_MISTAKE={other}: expected a, b, c or d"),
+        "e" => Mistake::ConfirmRevokeFirst,
+        other => panic!("SLUICE_SIM_MISTAKE={other}: expected a, b, c, d or e"),
     });
     if let Some(seed) = env_u64("SLUICE_SIM_SEED") {
         let outcome = run(seed, mistake);

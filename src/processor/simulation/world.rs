@@ -388,6 +388,8 @@ impl World {
             ConsumerLink { events: events_rx, commander, handle: None },
             stop.clone(),
         ));
+        // A new process: nothing of the last one's revokes applies to it.
+        self.journal.state().revoked.retain(|(replica, _)| *replica != r);
         let rep = &mut self.replicas[r];
         rep.hooks.frozen.send_replace(false);
         rep.link = Some(Link {
