@@ -618,6 +618,12 @@ pub struct HttpConfig {
     /// Without it `sluice process` refuses that configuration. It changes nothing else:
     /// with neither token set every request is served, on any address.
     pub allow_unauthenticated: bool,
+    /// How much lower than the replica's own the CPU priority of the threads that build
+    /// record pages is (added to their nice value, as `nice -n`; Linux; 0-19). On a replica
+    /// whose cores are busy, the processor's batches and commits then go first and readers
+    /// take the CPU that is left; on idle cores it changes nothing. 0 builds the pages on
+    /// the HTTP server's own threads.
+    pub render_nice: i32,
 }
 
 impl Default for HttpConfig {
@@ -627,6 +633,7 @@ impl Default for HttpConfig {
             read_token: None,
             admin_token: None,
             allow_unauthenticated: false,
+            render_nice: 10,
         }
     }
 }
@@ -1017,6 +1024,12 @@ impl Config {
         if q.reader_connections == 0 || q.reader_connections > 64 {
             return Err(ConfigError::Invalid("sqlite.reader_connections must be between 1 and 64".into()));
         }
+        if !(0..=19).contains(&self.http.render_nice) {
+            return Err(ConfigError::Invalid(format!(
+                "http.render_nice must be between 0 and 19 (a nice value added to the replica's own), not {}",
+                self.http.render_nice
+            )));
+        }
         if self.kafka.partitions <= 0 || self.kafka.replication_factor <= 0 {
             return Err(ConfigError::Invalid("kafka.partitions and kafka.replication_factor must be > 0".into()));
         }
@@ -1225,6 +1238,7 @@ mod tests {
             read_token: read.map(Secret::new),
             admin_token: admin.map(Secret::new),
             allow_unauthenticated: allow,
+            ..HttpConfig::default()
         }
     }
 

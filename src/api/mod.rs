@@ -14,11 +14,14 @@
 //! - `roles.rs`: every route's role and the guard that applies it; `auth.rs`: the read and
 //!   admin tokens and what each role takes (constant-time check).
 //! - `error.rs`: JSON errors with stable codes.
+//! - `render.rs`: record pages are built on threads of a lower CPU priority
+//!   (`http.render_nice`), so a busy replica's commits go first.
 
 pub(crate) mod auth;
 pub(crate) mod error;
 pub(crate) mod ingest;
 pub(crate) mod reads;
+pub(crate) mod render;
 pub(crate) mod roles;
 pub(crate) mod routes;
 pub(crate) mod state;

@@ -134,15 +134,21 @@ async fn list_records(
     } else {
         None
     };
-    // Written straight from the records: no JSON tree of the page (docs/reading.md).
+    // Written straight from the records: no JSON tree of the page (docs/reading.md), on
+    // threads of a lower CPU priority (render.rs).
     #[derive(serde::Serialize)]
     struct Page<'a> {
         collection: &'a str,
         next: Option<String>,
         records: Vec<RecordJson<'a>>,
     }
-    let records = page.iter().map(|record| RecordJson { record, with_offset: true }).collect();
-    Ok(Json(Page { collection: &id, next, records }).into_response())
+    let body = super::render::at_low_priority(admin.config.http.render_nice, move || {
+        let records = page.iter().map(|record| RecordJson { record, with_offset: true }).collect();
+        serde_json::to_vec(&Page { collection: &id, next, records })
+    })
+    .await?
+    .map_err(|e| HttpError::new(super::error::ErrorCode::Internal, format!("cannot write the page as JSON: {e}")))?;
+    Ok(([(header::CONTENT_TYPE, "application/json")], body).into_response())
 }
 
 #[derive(Debug, Deserialize)]

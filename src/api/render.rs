@@ -1,0 +1,93 @@
+//! Where the bodies of record pages are built: a small pool of threads at a lower CPU
+//! priority (`http.render_nice`), so that on a replica whose cores are busy the
+//! processor's batches and commits go first and readers take the CPU that is left.
+//!
+//! A client paging records in a tight loop beside a loaded replica pinned to one core
+//! (`scripts/bench-read-ab.sh`) costs the replica about 19 CPU-us per record served, most
+//! of it the JSON of the page (the formatting of the embeddings' floats), and on the
+//! writer's core that time came out of the commit path. Only the building of the body
+//! moves here: the sysdb read stays where it was, so no sysdb connection is ever opened
+//! from these threads (a PostgreSQL connection's I/O runs on the runtime that opened it,
+//! and the processor's commits must not wait on a thread of low priority).
+
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+
+use tokio::runtime::Runtime;
+
+use super::error::{ErrorCode, HttpError};
+
+/// One pool per priority asked for (a replica asks for one; tests for several). Never
+/// dropped: a runtime must not be dropped inside another.
+static POOLS: Mutex<BTreeMap<i32, Option<&'static Runtime>>> = Mutex::new(BTreeMap::new());
+
+fn pool(nice: i32) -> Option<&'static Runtime> {
+    let mut pools = POOLS.lock().unwrap_or_else(|e| e.into_inner());
+    *pools.entry(nice).or_insert_with(|| {
+        let threads = std::thread::available_parallelism().map_or(2, |n| n.get());
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .max_blocking_threads(threads)
+            .thread_name("sluice-render")
+            .on_thread_start(move || lower_priority(nice))
+            .build()
+            .inspect_err(|e| {
+                tracing::warn!(error = %e, "cannot start the threads that build record pages; building them on the HTTP server's threads");
+            })
+            .ok()
+            .map(|rt| &*Box::leak(Box::new(rt)))
+    })
+}
+
+/// Add `nice` to the calling thread's nice value, as `nice -n` does (Linux: per thread;
+/// at most 19). A failure only leaves the thread at the process's priority.
+fn lower_priority(nice: i32) {
+    #[cfg(target_os = "linux")]
+    {
+        let target = (current_nice() + nice).min(19);
+        // SAFETY: a plain system call on the calling thread's own id; no pointers.
+        let rc = unsafe { libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, target) };
+        if rc != 0 {
+            tracing::debug!(error = %std::io::Error::last_os_error(), target, "cannot lower a render thread's priority");
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = nice;
+}
+
+/// The calling thread's nice value (Linux).
+#[cfg(target_os = "linux")]
+fn current_nice() -> i32 {
+    // SAFETY: a plain system call on the calling thread's own id; no pointers.
+    unsafe { libc::getpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t) }
+}
+
+/// Run `build` (the body of a response) on the pool of priority `nice`; with `nice` 0, or
+/// without the pool, right here.
+pub(crate) async fn at_low_priority<T: Send + 'static>(
+    nice: i32,
+    build: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, HttpError> {
+    match (nice > 0).then(|| pool(nice)).flatten() {
+        Some(rt) => rt
+            .spawn_blocking(build)
+            .await
+            .map_err(|e| HttpError::new(ErrorCode::Internal, format!("building the response failed: {e}"))),
+        None => Ok(build()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[cfg(target_os = "linux")]
+    #[tokio::test]
+    async fn bodies_are_built_at_the_lower_priority_and_the_server_keeps_its_own() {
+        let own = current_nice();
+        assert_eq!(at_low_priority(7, current_nice).await.unwrap(), (own + 7).min(19));
+        assert_eq!(current_nice(), own, "the server's thread keeps its priority");
+        // 0: built on the calling thread.
+        assert_eq!(at_low_priority(0, current_nice).await.unwrap(), own);
+    }
+}
