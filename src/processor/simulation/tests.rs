@@ -12,6 +12,11 @@ const BUDGET: u64 = 2_000;
 /// Seeds within which each known mistake must be caught.
 const MISTAKE_BUDGET: u64 = 200;
 
+/// Seeds beyond the budget kept as regression tests, each with why: a seed that fails in a
+/// larger run (`scripts/simulate.sh --seeds N --from S`) goes here once the fault is fixed,
+/// so every test run replays it from then on.
+const KEPT_SEEDS: &[(u64, &str)] = &[(2047, "the longest run of seeds 2,000-6,999: 22 steps, 90 s simulated")];
+
 fn env_u64(name: &str) -> Option<u64> {
     std::env::var(name).ok().and_then(|v| v.parse().ok())
 }
@@ -91,7 +96,7 @@ fn report(failures: &[(u64, Failure, Outcome)]) -> String {
     let Some((seed, failure, outcome)) = failures.first() else { return String::new() };
     let all: Vec<String> = failures.iter().map(|(s, f, _)| format!("{s}: {}", f.invariant)).collect();
     format!(
-        "{} failing seeds ({all:?}); the shortest: seed {seed} ({} steps): {failure}\nreplay it with `scripts/simulate.sh --seed {seed}`; its log:\n{}",
+        "{} failing seeds ({all:?}); the shortest: seed {seed} ({} steps): {failure}\nreplay it with `scripts/simulate.sh --seed {seed}`, and once fixed keep it in KEPT_SEEDS (src/processor/simulation/tests.rs); its log:\n{}",
         failures.len(),
         outcome.steps,
         outcome.log.join("\n")
@@ -105,6 +110,16 @@ fn the_position_protocol_holds_over_a_fixed_budget_of_seeds() {
     eprintln!("{}", summary(n, &totals, rate));
     assert!(totals.zombie_batches > 0, "no zombie tried to commit: the budget exercises too little");
     assert!(failures.is_empty(), "{}", report(&failures));
+}
+
+#[test]
+fn the_kept_seeds_hold() {
+    for &(seed, why) in KEPT_SEEDS {
+        let mut outcome = run(seed, None);
+        if let Some(f) = outcome.failure.take() {
+            panic!("kept seed {seed} ({why}): {}", report(&[(seed, f, outcome)]));
+        }
+    }
 }
 
 /// The first seed (in order) that catches `mistake`, within the budget.
