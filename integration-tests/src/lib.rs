@@ -876,17 +876,28 @@ pub fn http_request(
     token: Option<&str>,
     body: Option<&str>,
 ) -> Option<HttpAnswer> {
+    http_request_bytes(port, method, path, token, "application/json", body.unwrap_or("").as_bytes())
+}
+
+/// [`http_request`] with a body of any bytes and its content type.
+pub fn http_request_bytes(
+    port: u16,
+    method: &str,
+    path: &str,
+    token: Option<&str>,
+    content_type: &str,
+    body: &[u8],
+) -> Option<HttpAnswer> {
     use std::io::{Read, Write};
     let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
     s.set_read_timeout(Some(Duration::from_secs(120))).ok()?;
-    let body = body.unwrap_or("");
     let mut head = format!("{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n");
     if let Some(t) = token {
         head.push_str(&format!("Authorization: Bearer {t}\r\n"));
     }
-    head.push_str(&format!("Content-Type: application/json\r\nContent-Length: {}\r\n\r\n", body.len()));
+    head.push_str(&format!("Content-Type: {content_type}\r\nContent-Length: {}\r\n\r\n", body.len()));
     s.write_all(head.as_bytes()).ok()?;
-    s.write_all(body.as_bytes()).ok()?;
+    s.write_all(body).ok()?;
     let mut raw = Vec::new();
     s.read_to_end(&mut raw).ok()?;
     let text = String::from_utf8(raw).ok()?;

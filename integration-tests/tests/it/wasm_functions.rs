@@ -378,3 +378,96 @@ fn the_example_components_match_their_reference() {
         assert_eq!(got, want, "{name}: the component's outputs differ from its reference");
     }
 }
+
+// A component uploaded over HTTP (`POST /api/v1/components`, the admin role) and attached
+// through the API runs live and in the backfill like one attached from the command line,
+// and its outputs equal the reference of its logic; the read role may not upload, bytes
+// that are not a component are refused with 400, and the same bytes twice are stored once.
+both_backends!(a_component_uploaded_over_http_is_attached_and_backfilled, uploaded_over_http);
+fn uploaded_over_http(env: Env) {
+    const READ: &str = "it-read-token-2c9e14aa";
+    const ADMIN: &str = "it-admin-token-f0b3d871";
+    const KEEP: &str = r#"{"keep":["color"]}"#;
+    let wasm = repo_root().join("target").join("functions").join("project_keys.wasm");
+    if !wasm.exists() {
+        assert!(!sluice_integration_tests::in_ci(), "{} is missing: run scripts/build-functions.sh", wasm.display());
+        eprintln!("{} is missing: skipped (scripts/build-functions.sh builds it)", wasm.display());
+        return;
+    }
+    env.run(&["init", "--partitions", "2"]);
+    let env = env.with_sections("[backfill]\nchunk_size = 100\nscan_interval_ms = 500\n");
+    let data = workload(3_000, 83, &env.prefix, 2, 500);
+    let c = data[0].collection_id.clone();
+    let (before, after) = data.split_at(1_500);
+    let port = sluice_integration_tests::free_port();
+    let listen = format!("127.0.0.1:{port}");
+    let _replica = env.spawn_replica_with(
+        "p0",
+        &["--roles", "processor,relay,backfill", "--http", &listen],
+        &[("SLUICE_READ_TOKEN", READ), ("SLUICE_ADMIN_TOKEN", ADMIN)],
+    );
+    env.produce(&jsonl_lines(before));
+    env.wait_caught_up(WAIT);
+    let bytes = std::fs::read(&wasm).expect("the C example");
+    let upload = |token: &str, body: &[u8]| {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let answer = sluice_integration_tests::http_request_bytes(
+                port,
+                "POST",
+                "/api/v1/components",
+                Some(token),
+                "application/wasm",
+                body,
+            );
+            match answer {
+                Some(a) => return a,
+                None if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(200)),
+                None => panic!("no HTTP answer on {listen}"),
+            }
+        }
+    };
+    let refused = upload(READ, &bytes);
+    assert_eq!(refused.status, 403, "the read role uploads: {}", refused.body);
+    let garbage = upload(ADMIN, b"not a component");
+    assert_eq!(garbage.status, 400, "{}", garbage.body);
+    assert_eq!(garbage.body["error"], "bad_request", "{}", garbage.body);
+    assert!(garbage.body["message"].as_str().is_some_and(|m| !m.is_empty()), "{}", garbage.body);
+    let stored = upload(ADMIN, &bytes);
+    assert_eq!(stored.status, 201, "{}", stored.body);
+    let sha = sluice::functions::wasm::sha256_hex(&bytes);
+    assert_eq!(stored.body["sha256"], sha.as_str(), "{}", stored.body);
+    assert_eq!(stored.body["size"], bytes.len(), "{}", stored.body);
+    let again = upload(ADMIN, &bytes);
+    assert_eq!((again.status, &again.body["new"]), (200, &Value::Bool(false)), "{}", again.body);
+    let request = serde_json::json!({
+        "collection": c,
+        "function": "wasm",
+        "output": "kept",
+        "params": {"sha256": sha, "params": KEEP},
+    })
+    .to_string();
+    let attached =
+        sluice_integration_tests::http_request(port, "POST", "/api/v1/functions", Some(ADMIN), Some(&request))
+            .expect("an answer to the attach");
+    assert_eq!(attached.status, 201, "{}", attached.body);
+    let id = id_of(&attached.body);
+    // Live changes after the attach, the backfill over those before it.
+    env.produce(&jsonl_lines(after));
+    env.wait_caught_up(WAIT);
+    let f = wait_status(&env, &id, "ready");
+    assert_eq!(f["backfill_done"], f["backfill_total"], "{f}");
+    let log = env.dir.join("uploaded-log.jsonl");
+    let mine: Vec<LogRecord> = data.iter().filter(|r| r.collection_id == c).cloned().collect();
+    std::fs::write(&log, jsonl_lines(&mine).join("\n")).expect("write the log");
+    let want = example_reference("project_keys", KEEP, &log);
+    assert!(!want.is_empty(), "the workload gives the reference no output to compare");
+    let got: BTreeMap<String, Value> = records_of(&env, "kept")
+        .into_iter()
+        .map(|r| {
+            let m = if r["metadata"].is_null() { Value::Object(Default::default()) } else { r["metadata"].clone() };
+            (r["id"].as_str().expect("id").to_string(), m)
+        })
+        .collect();
+    assert_eq!(got, want, "the uploaded component's outputs differ from its reference");
+}
