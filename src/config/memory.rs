@@ -42,6 +42,15 @@ pub const POSTGRES_POOL: u64 = 8;
 /// 40-60 MB.
 pub const BASE: u64 = 100 * MIB;
 
+/// The WebAssembly functions a replica runs, which the configuration does not bound: how
+/// many are attached to collections in its partitions (`W`), and the sum of their
+/// components' compiled sizes (`K`: the `.cwasm` files of the compile cache).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct WasmLoad {
+    pub functions: u64,
+    pub compiled_bytes: u64,
+}
+
 /// One term of the bound: what it is, its formula, and its value for a configuration.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Term {
@@ -52,8 +61,9 @@ pub struct Term {
 
 /// The terms of the worst case of a replica that owns `partitions` partitions, where the
 /// largest message the broker accepts is `max_message_bytes` (the topic's
-/// `max.message.bytes`, by default the broker's `message.max.bytes`, 1 MiB).
-pub fn terms(config: &Config, partitions: u64, max_message_bytes: u64) -> Vec<Term> {
+/// `max.message.bytes`, by default the broker's `message.max.bytes`, 1 MiB), running the
+/// WebAssembly functions of `wasm`.
+pub fn terms(config: &Config, partitions: u64, max_message_bytes: u64, wasm: WasmLoad) -> Vec<Term> {
     let m = max_message_bytes;
     let chunk = CHUNK_BYTES + m;
     let batch = config.processor.batch_max_bytes as u64 + chunk;
@@ -82,6 +92,14 @@ pub fn terms(config: &Config, partitions: u64, max_message_bytes: u64) -> Vec<Te
             bytes: backfill,
         },
     ];
+    // A WebAssembly function's instance lives in the worker of its collection's partition
+    // (one per function), and one more in each backfill task that computes it.
+    let instances = wasm.functions + wasm.functions.min(config.backfill.concurrency as u64);
+    out.push(Term {
+        what: "WebAssembly functions: the linear memory of each instance (one per attached function whose collection is in an owned partition, one per backfill task running one), and the components' compiled code",
+        formula: "(W + min(W, backfill.concurrency)) x wasm.max_memory_bytes + K",
+        bytes: instances * config.wasm.max_memory_bytes as u64 + wasm.compiled_bytes,
+    });
     if config.changelog.enabled {
         let run = config.changelog.max_bytes_per_transaction as u64 + m;
         out.push(Term {
@@ -120,8 +138,8 @@ pub fn terms(config: &Config, partitions: u64, max_message_bytes: u64) -> Vec<Te
 }
 
 /// The sum of [`terms`].
-pub fn worst_case(config: &Config, partitions: u64, max_message_bytes: u64) -> u64 {
-    terms(config, partitions, max_message_bytes).iter().map(|t| t.bytes).sum()
+pub fn worst_case(config: &Config, partitions: u64, max_message_bytes: u64, wasm: WasmLoad) -> u64 {
+    terms(config, partitions, max_message_bytes, wasm).iter().map(|t| t.bytes).sum()
 }
 
 /// The Markdown section of `docs/configuration.md`.
@@ -135,7 +153,11 @@ pub fn render() -> String {
          `max.message.bytes`, by default the broker's `message.max.bytes`: 1 MiB), a chunk\n\
          `C = 1 MiB + M`, a batch `B = processor.batch_max_bytes + C` and librdkafka's prefetch\n\
          per partition `Q` (`queued.max.messages.kbytes`, 2 MiB unless set under\n\
-         `[librdkafka]`), a replica's anonymous memory stays below the sum of:\n\n\
+         `[librdkafka]`), `W` the WebAssembly functions attached to collections in those\n\
+         partitions and `K` the sum of their components' compiled sizes (their `.cwasm` files\n\
+         in `wasm.cache_dir`: under 100 KB for the C example, about 40 MB for a component built with\n\
+         componentize-py or componentize-js), a replica's anonymous memory stays below the sum\n\
+         of:\n\n\
          | term | formula |\n| --- | --- |\n",
     );
     let mut sqlite = example.clone();
@@ -145,22 +167,26 @@ pub fn render() -> String {
     let mut changelog = sqlite.clone();
     changelog.changelog.enabled = true;
     let mut seen = std::collections::BTreeSet::new();
-    for t in terms(&sqlite, p, m).into_iter().chain(terms(&postgres, p, m)).chain(terms(&changelog, p, m)) {
+    let none = WasmLoad::default();
+    for t in
+        terms(&sqlite, p, m, none).into_iter().chain(terms(&postgres, p, m, none)).chain(terms(&changelog, p, m, none))
+    {
         if seen.insert(t.formula) {
             md.push_str(&format!("| {} | `{}` |\n", t.what, t.formula));
         }
     }
     md.push_str(&format!(
-        "\nWith the defaults, 8 partitions and 1 MiB messages: {} MiB on SQLite, {} MiB on\n\
-         PostgreSQL. It is an upper bound, not a typical figure: a replica catching up on\n\
+        "\nWith the defaults, 8 partitions, 1 MiB messages and no WebAssembly function: {} MiB on\n\
+         SQLite, {} MiB on PostgreSQL; each WebAssembly function adds up to twice\n\
+         `wasm.max_memory_bytes` (256 MiB) and its compiled code. It is an upper bound, not a typical figure: a replica catching up on\n\
          records at the validation limits (2 partitions, 3 MiB messages: a bound of about 530\n\
          MiB) peaked at 270-290 MiB, the allocator's retention of freed memory included. Pages\n\
          of the SQLite file mapped for reads (up to 2 GiB) are the operating system's page\n\
          cache, shared and reclaimable, and count in RSS but not here. A test\n\
          (`hostile_sizes_stay_under_the_memory_formula`) holds a replica to this bound with\n\
          records at the validation limits, before and after a kill -9.\n",
-        worst_case(&sqlite, p, m) / MIB,
-        worst_case(&postgres, p, m) / MIB
+        worst_case(&sqlite, p, m, none) / MIB,
+        worst_case(&postgres, p, m, none) / MIB
     ));
     md
 }
@@ -172,19 +198,28 @@ mod tests {
     #[test]
     fn the_bound_grows_with_what_the_configuration_allows() {
         let c = Config::default();
-        let base = worst_case(&c, 8, MIB);
-        assert!(worst_case(&c, 16, MIB) > base, "more partitions");
-        assert!(worst_case(&c, 8, 8 * MIB) > base, "larger messages");
+        let base = worst_case(&c, 8, MIB, WasmLoad::default());
+        assert!(worst_case(&c, 16, MIB, WasmLoad::default()) > base, "more partitions");
+        assert!(worst_case(&c, 8, 8 * MIB, WasmLoad::default()) > base, "larger messages");
         let mut bigger = c.clone();
         bigger.processor.batch_max_bytes *= 2;
-        assert_eq!(worst_case(&bigger, 8, MIB) - base, 8 * 3 * c.processor.batch_max_bytes as u64);
+        assert_eq!(worst_case(&bigger, 8, MIB, WasmLoad::default()) - base, 8 * 3 * c.processor.batch_max_bytes as u64);
         let mut cache = c.clone();
         cache.sqlite.delta_cache_bytes += MIB;
-        assert_eq!(worst_case(&cache, 8, MIB) - base, MIB);
+        assert_eq!(worst_case(&cache, 8, MIB, WasmLoad::default()) - base, MIB);
         let mut feed = c.clone();
         feed.changelog.enabled = true;
-        let with_feed = worst_case(&feed, 8, MIB);
+        let with_feed = worst_case(&feed, 8, MIB, WasmLoad::default());
         feed.changelog.max_bytes_per_transaction += 1024;
-        assert_eq!(worst_case(&feed, 8, MIB) - with_feed, 8 * 3 * 1024, "the relay's run, three times");
+        assert_eq!(
+            worst_case(&feed, 8, MIB, WasmLoad::default()) - with_feed,
+            8 * 3 * 1024,
+            "the relay's run, three times"
+        );
+        // Two WebAssembly functions: their instances live and in as many backfill tasks
+        // (the default concurrency allows two), and their compiled code.
+        let wasm = WasmLoad { functions: 2, compiled_bytes: 80 * MIB };
+        let instances = 2 + 2.min(c.backfill.concurrency as u64);
+        assert_eq!(worst_case(&c, 8, MIB, wasm) - base, instances * c.wasm.max_memory_bytes as u64 + 80 * MIB);
     }
 }

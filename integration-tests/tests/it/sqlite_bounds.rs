@@ -358,7 +358,8 @@ fn hostile_sizes_stay_under_the_memory_formula() {
         sluice::config::Overrides { sysdb: Some(env.sysdb.clone()), ..Default::default() },
     )
     .expect("the test's configuration");
-    let bound = sluice::config::memory::worst_case(&config, partitions as u64, max_message);
+    let no_wasm = sluice::config::memory::WasmLoad::default();
+    let bound = sluice::config::memory::worst_case(&config, partitions as u64, max_message, no_wasm);
     let collections: Vec<String> = (0..4).map(|i| format!("{}-c{i}", env.prefix)).collect();
     let ids = 50;
     let producer = LogProducer::new(&env, partitions as u32, 4 * MIB as usize);
