@@ -45,19 +45,19 @@ pub(super) fn change(c: &ChangeRef<'_>) -> wit::Change {
 }
 
 /// Metadata from the component: keys unique (the last of a repeated key wins, as in a
-/// log record's map), never empty.
-fn metadata_back(entries: Vec<wit::MetaEntry>, what: &str) -> Result<Metadata, String> {
+/// log record's map), never empty. `what` names the delta in an error (only then built).
+fn metadata_back(entries: Vec<wit::MetaEntry>, what: impl Fn() -> String) -> Result<Metadata, String> {
     let mut m = Metadata::new();
     for e in entries {
         if e.key.is_empty() {
-            return Err(format!("{what}: a metadata key is empty"));
+            return Err(format!("{}: a metadata key is empty", what()));
         }
         let v = match e.value {
             wit::MetaValue::Str(s) => MetaValue::String(s),
             wit::MetaValue::Long(n) => MetaValue::Long(n),
             wit::MetaValue::Double(d) if d.is_finite() => MetaValue::Double(d),
             wit::MetaValue::Double(d) => {
-                return Err(format!("{what}: metadata {:?} is {d}, not a finite number", e.key))
+                return Err(format!("{}: metadata {:?} is {d}, not a finite number", what(), e.key))
             }
             wit::MetaValue::Boolean(b) => MetaValue::Bool(b),
         };
@@ -67,30 +67,31 @@ fn metadata_back(entries: Vec<wit::MetaEntry>, what: &str) -> Result<Metadata, S
 }
 
 /// A record the component puts, checked with the limits of a log record (an output
-/// record is stored like any other).
+/// record is stored like any other). Its fields move through the check, not copied: this
+/// runs once per put of every change a function sees.
 fn record_back(r: wit::StoredRecord) -> Result<Record, String> {
-    let what = format!("put of output record {:?}", r.id);
+    let what = |id: &str| format!("put of output record {id:?}");
     if r.id.is_empty() {
         return Err("a put has an empty record id".into());
     }
     if let Some(e) = &r.embedding {
         if let Some(bad) = e.iter().find(|x| !x.is_finite()) {
-            return Err(format!("{what}: the embedding holds {bad}, not a finite number"));
+            return Err(format!("{}: the embedding holds {bad}, not a finite number", what(&r.id)));
         }
     }
-    let record = Record {
-        metadata: metadata_back(r.metadata, &what)?,
-        embedding: r.embedding.as_deref().map(Embedding::from_f32s),
-        document: r.document,
-        id: r.id,
+    let metadata = metadata_back(r.metadata, || what(&r.id))?;
+    let mut log = LogRecord::data("output", r.id, Operation::Upsert);
+    log.embedding = r.embedding.as_deref().map(Embedding::from_f32s);
+    log.metadata = Some(metadata);
+    log.document = r.document;
+    validate(&log, &Limits::DEFAULT).map_err(|e| format!("{}: {e}", what(&log.id)))?;
+    Ok(Record {
+        id: log.id,
+        embedding: log.embedding,
+        metadata: log.metadata.unwrap_or_default(),
+        document: log.document,
         offset: r.offset,
-    };
-    let mut log = LogRecord::data("output", record.id.clone(), Operation::Upsert);
-    log.embedding = record.embedding.clone();
-    log.metadata = Some(record.metadata.clone());
-    log.document = record.document.clone();
-    validate(&log, &Limits::DEFAULT).map_err(|e| format!("{what}: {e}"))?;
-    Ok(record)
+    })
 }
 
 /// The deltas the component returned for the change at `offset`, checked: a put or a
@@ -107,7 +108,7 @@ pub(super) fn deltas_back(
                 if c.output_id.is_empty() || c.count_field.is_empty() {
                     return Err("a count has an empty output id or count field".into());
                 }
-                let fields = metadata_back(c.fields, &format!("count of output record {:?}", c.output_id))?;
+                let fields = metadata_back(c.fields, || format!("count of output record {:?}", c.output_id))?;
                 OutputDelta::Count {
                     output_id: c.output_id,
                     fields,
