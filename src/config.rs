@@ -618,11 +618,12 @@ pub struct HttpConfig {
     /// Without it `sluice process` refuses that configuration. It changes nothing else:
     /// with neither token set every request is served, on any address.
     pub allow_unauthenticated: bool,
-    /// How much lower than the replica's own the CPU priority of the threads that build
-    /// record pages is (added to their nice value, as `nice -n`; Linux; 0-19). On a replica
-    /// whose cores are busy, the processor's batches and commits then go first and readers
-    /// take the CPU that is left; on idle cores it changes nothing. 0 builds the pages on
-    /// the HTTP server's own threads.
+    /// How much lower than the replica's own the CPU priority of the threads that read and
+    /// build record pages is (added to their nice value, as `nice -n`; Linux; 0-19; on
+    /// PostgreSQL the read itself stays on the server's threads). On a replica whose cores
+    /// are busy, the processor's batches and commits then go first and readers take the
+    /// CPU that is left; on idle cores it changes nothing. 0 serves the pages on the HTTP
+    /// server's own threads.
     pub render_nice: i32,
 }
 

@@ -1,14 +1,15 @@
-//! Where the bodies of record pages are built: a small pool of threads at a lower CPU
-//! priority (`http.render_nice`), so that on a replica whose cores are busy the
-//! processor's batches and commits go first and readers take the CPU that is left.
+//! Where record pages are read and built: a small pool of threads at a lower CPU priority
+//! (`http.render_nice`), so that on a replica whose cores are busy the processor's batches
+//! and commits go first and readers take the CPU that is left.
 //!
 //! A client paging records in a tight loop beside a loaded replica pinned to one core
 //! (`scripts/bench-read-ab.sh`) costs the replica about 19 CPU-us per record served, most
 //! of it the JSON of the page (the formatting of the embeddings' floats), and on the
-//! writer's core that time came out of the commit path. Only the building of the body
-//! moves here: the sysdb read stays where it was, so no sysdb connection is ever opened
-//! from these threads (a PostgreSQL connection's I/O runs on the runtime that opened it,
-//! and the processor's commits must not wait on a thread of low priority).
+//! writer's core that time came out of the commit path. The body is built here; so is the
+//! read itself on SQLite (a reader connection's snapshot with the delta folded in: plain
+//! blocking calls). A PostgreSQL read stays on the server's threads: a pooled
+//! connection's I/O runs on the runtime that opened it, and the processor's commits must
+//! never wait on a connection opened from a thread of low priority.
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;
@@ -29,6 +30,7 @@ fn pool(nice: i32) -> Option<&'static Runtime> {
             .worker_threads(1)
             .max_blocking_threads(threads)
             .thread_name("sluice-render")
+            .enable_all()
             .on_thread_start(move || lower_priority(nice))
             .build()
             .inspect_err(|e| {
@@ -77,6 +79,22 @@ pub(crate) async fn at_low_priority<T: Send + 'static>(
     }
 }
 
+/// Run `work` (a read that holds no connection of its own across calls: SQLite's) on the
+/// pool of priority `nice`, its blocking calls on the pool's blocking threads; with `nice`
+/// 0, or without the pool, right here.
+pub(crate) async fn read_at_low_priority<T: Send + 'static>(
+    nice: i32,
+    work: impl std::future::Future<Output = T> + Send + 'static,
+) -> Result<T, HttpError> {
+    match (nice > 0).then(|| pool(nice)).flatten() {
+        Some(rt) => rt
+            .spawn(work)
+            .await
+            .map_err(|e| HttpError::new(ErrorCode::Internal, format!("reading the page failed: {e}"))),
+        None => Ok(work.await),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -89,5 +107,8 @@ mod tests {
         assert_eq!(current_nice(), own, "the server's thread keeps its priority");
         // 0: built on the calling thread.
         assert_eq!(at_low_priority(0, current_nice).await.unwrap(), own);
+        // A read's blocking calls run on the pool's blocking threads, at its priority.
+        let read = read_at_low_priority(7, async { tokio::task::spawn_blocking(current_nice).await.unwrap() });
+        assert_eq!(read.await.unwrap(), (own + 7).min(19));
     }
 }

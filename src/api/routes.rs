@@ -126,8 +126,18 @@ async fn list_records(
     if admin.sysdb.collection(&id).await?.is_none() {
         return Err(HttpError::unknown_collection(&id));
     }
-    // One more than asked says whether another page exists.
-    let mut page = admin.sysdb.list_records(&id, q.after.as_deref(), limit + 1).await?;
+    // One more than asked says whether another page exists. On SQLite the read runs at
+    // the lower priority too (render.rs says why not on PostgreSQL).
+    let nice = admin.config.http.render_nice;
+    let mut page = if admin.sysdb.backend() == "sqlite" {
+        let (reader, collection, after) = (admin.clone(), id.clone(), q.after.clone());
+        super::render::read_at_low_priority(nice, async move {
+            reader.sysdb.list_records(&collection, after.as_deref(), limit + 1).await
+        })
+        .await??
+    } else {
+        admin.sysdb.list_records(&id, q.after.as_deref(), limit + 1).await?
+    };
     let next = if page.len() > limit {
         page.truncate(limit);
         page.last().map(|r| r.id.clone())
@@ -142,7 +152,7 @@ async fn list_records(
         next: Option<String>,
         records: Vec<RecordJson<'a>>,
     }
-    let body = super::render::at_low_priority(admin.config.http.render_nice, move || {
+    let body = super::render::at_low_priority(nice, move || {
         let records = page.iter().map(|record| RecordJson { record, with_offset: true }).collect();
         serde_json::to_vec(&Page { collection: &id, next, records })
     })
