@@ -22,9 +22,14 @@ while (($#)); do
 done
 step() { printf '\n== %s\n' "$*"; }
 
-step "installing what the build needs and starting the local Kafka broker"
+step "installing what the build needs; starting the local Kafka broker while sluice builds"
 deploy/local/deps.sh --build
-deploy/local/kafka.sh start
+# The broker starts (on a fresh machine: its jars fetched first) beside the build, which is
+# most of a first run's time; its output is printed once both are done.
+mkdir -p .local/demo
+broker_log=.local/demo/broker-start.log
+deploy/local/kafka.sh start >"$broker_log" 2>&1 &
+broker=$!
 if [[ "$profile" == release ]]; then
     step "building sluice (release)"
     cargo build --release --locked --bin sluice
@@ -34,6 +39,13 @@ else
     cargo build --locked --bin sluice
     sluice="${CARGO_TARGET_DIR:-target}/debug/sluice"
 fi
+step "the local Kafka broker"
+if ! wait "$broker"; then
+    cat "$broker_log" >&2
+    echo "demo.sh: the local Kafka broker did not start (its output above; deploy/local/kafka.sh logs)" >&2
+    exit 1
+fi
+cat "$broker_log"
 
 run_dir=".local/demo/$(date +%Y%m%d-%H%M%S)"
 mkdir -p "$run_dir"
