@@ -5,10 +5,11 @@
 #
 #   scripts/demo.sh [--records N] [--release]
 #
-# It builds the unoptimized (dev) binary, about twice as fast to compile from scratch as
-# the release one and shared with scripts/test.sh: at the demo's 20,000 records speed is
-# not the point. --release builds and runs the optimized binary (what to deploy and
-# benchmark, BENCHMARKS.md).
+# It builds the unoptimized binary of the `demo` profile (Cargo.toml: the dev profile
+# without debug info and without the optimized WebAssembly compiler the tests need), the
+# quickest to compile from scratch: at the demo's 20,000 records speed is not the point.
+# --release builds and runs the optimized binary (what to deploy and benchmark,
+# BENCHMARKS.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 records=20000
@@ -35,9 +36,9 @@ if [[ "$profile" == release ]]; then
     cargo build --release --locked --bin sluice
     sluice="${CARGO_TARGET_DIR:-target}/release/sluice"
 else
-    step "building sluice (dev profile: unoptimized, a quick first build; --release for speed)"
-    cargo build --locked --bin sluice
-    sluice="${CARGO_TARGET_DIR:-target}/debug/sluice"
+    step "building sluice (demo profile: unoptimized, the quickest first build; --release for speed)"
+    cargo build --locked --profile demo --bin sluice
+    sluice="${CARGO_TARGET_DIR:-target}/demo/sluice"
 fi
 step "the local Kafka broker"
 if ! wait "$broker"; then
