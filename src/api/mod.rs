@@ -14,8 +14,8 @@
 //! - `roles.rs`: every route's role and the guard that applies it; `auth.rs`: the read and
 //!   admin tokens and what each role takes (constant-time check).
 //! - `error.rs`: JSON errors with stable codes.
-//! - `render.rs`: record pages are built on threads of a lower CPU priority
-//!   (`http.render_nice`), so a busy replica's commits go first.
+//! - `render.rs`: record pages are read (on SQLite) and built on threads of a lower CPU
+//!   priority (`http.render_nice`), so a busy replica's commits go first.
 
 pub(crate) mod auth;
 pub(crate) mod error;
