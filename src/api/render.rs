@@ -64,17 +64,23 @@ fn current_nice() -> i32 {
     unsafe { libc::getpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t) }
 }
 
+/// The pool of priority `nice`, if pages go to one (`nice` above 0, and the pool started).
+fn low_priority_pool(nice: i32) -> Option<&'static Runtime> {
+    (nice > 0).then(|| pool(nice)).flatten()
+}
+
+fn task_failed(what: &str, e: tokio::task::JoinError) -> HttpError {
+    HttpError::new(ErrorCode::Internal, format!("{what} failed: {e}"))
+}
+
 /// Run `build` (the body of a response) on the pool of priority `nice`; with `nice` 0, or
 /// without the pool, right here.
 pub(crate) async fn at_low_priority<T: Send + 'static>(
     nice: i32,
     build: impl FnOnce() -> T + Send + 'static,
 ) -> Result<T, HttpError> {
-    match (nice > 0).then(|| pool(nice)).flatten() {
-        Some(rt) => rt
-            .spawn_blocking(build)
-            .await
-            .map_err(|e| HttpError::new(ErrorCode::Internal, format!("building the response failed: {e}"))),
+    match low_priority_pool(nice) {
+        Some(rt) => rt.spawn_blocking(build).await.map_err(|e| task_failed("building the response", e)),
         None => Ok(build()),
     }
 }
@@ -86,11 +92,8 @@ pub(crate) async fn read_at_low_priority<T: Send + 'static>(
     nice: i32,
     work: impl std::future::Future<Output = T> + Send + 'static,
 ) -> Result<T, HttpError> {
-    match (nice > 0).then(|| pool(nice)).flatten() {
-        Some(rt) => rt
-            .spawn(work)
-            .await
-            .map_err(|e| HttpError::new(ErrorCode::Internal, format!("reading the page failed: {e}"))),
+    match low_priority_pool(nice) {
+        Some(rt) => rt.spawn(work).await.map_err(|e| task_failed("reading the page", e)),
         None => Ok(work.await),
     }
 }

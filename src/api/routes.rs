@@ -129,7 +129,7 @@ async fn list_records(
     // One more than asked says whether another page exists. On SQLite the read runs at
     // the lower priority too (render.rs says why not on PostgreSQL).
     let nice = admin.config.http.render_nice;
-    let mut page = if admin.sysdb.backend() == "sqlite" {
+    let mut page = if matches!(*admin.sysdb, crate::sysdb::Sysdb::Sqlite(_)) {
         let (reader, collection, after) = (admin.clone(), id.clone(), q.after.clone());
         super::render::read_at_low_priority(nice, async move {
             reader.sysdb.list_records(&collection, after.as_deref(), limit + 1).await

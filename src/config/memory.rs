@@ -198,24 +198,21 @@ mod tests {
     #[test]
     fn the_bound_grows_with_what_the_configuration_allows() {
         let c = Config::default();
-        let base = worst_case(&c, 8, MIB, WasmLoad::default());
-        assert!(worst_case(&c, 16, MIB, WasmLoad::default()) > base, "more partitions");
-        assert!(worst_case(&c, 8, 8 * MIB, WasmLoad::default()) > base, "larger messages");
+        let none = WasmLoad::default();
+        let base = worst_case(&c, 8, MIB, none);
+        assert!(worst_case(&c, 16, MIB, none) > base, "more partitions");
+        assert!(worst_case(&c, 8, 8 * MIB, none) > base, "larger messages");
         let mut bigger = c.clone();
         bigger.processor.batch_max_bytes *= 2;
-        assert_eq!(worst_case(&bigger, 8, MIB, WasmLoad::default()) - base, 8 * 3 * c.processor.batch_max_bytes as u64);
+        assert_eq!(worst_case(&bigger, 8, MIB, none) - base, 8 * 3 * c.processor.batch_max_bytes as u64);
         let mut cache = c.clone();
         cache.sqlite.delta_cache_bytes += MIB;
-        assert_eq!(worst_case(&cache, 8, MIB, WasmLoad::default()) - base, MIB);
+        assert_eq!(worst_case(&cache, 8, MIB, none) - base, MIB);
         let mut feed = c.clone();
         feed.changelog.enabled = true;
-        let with_feed = worst_case(&feed, 8, MIB, WasmLoad::default());
+        let with_feed = worst_case(&feed, 8, MIB, none);
         feed.changelog.max_bytes_per_transaction += 1024;
-        assert_eq!(
-            worst_case(&feed, 8, MIB, WasmLoad::default()) - with_feed,
-            8 * 3 * 1024,
-            "the relay's run, three times"
-        );
+        assert_eq!(worst_case(&feed, 8, MIB, none) - with_feed, 8 * 3 * 1024, "the relay's run, three times");
         // Two WebAssembly functions: their instances live and in as many backfill tasks
         // (the default concurrency allows two), and their compiled code.
         let wasm = WasmLoad { functions: 2, compiled_bytes: 80 * MIB };

@@ -336,29 +336,16 @@ pub(crate) async fn route(
                 refresh_now.notify_one();
             }
             Event::Revoke { partitions, done } => {
+                let mut done = Some(done);
                 #[cfg(test)]
-                let done =
-                    match shared.hooks.as_ref().filter(|h| h.mistake() == Some(seams::Mistake::ConfirmRevokeFirst)) {
-                        Some(hooks) => {
-                            hooks.revoke_confirmed(&partitions);
-                            let _ = done.send(());
-                            None
-                        }
-                        None => Some(done),
-                    };
-                #[cfg(not(test))]
-                let done = Some(done);
+                if shared.hooks.as_ref().is_some_and(|h| h.mistake() == Some(seams::Mistake::ConfirmRevokeFirst)) {
+                    confirm_revoke(&shared, &partitions, done.take());
+                }
                 // The consumer thread waits up to 10 s for `done`: the revoked partitions'
                 // workers commit what they hold, or are fenced and aborted, before it.
                 workers.stop(&partitions, tokio::time::Instant::now() + REVOKE_BUDGET).await;
                 forget_partitions(&shared, &partitions);
-                if let Some(done) = done {
-                    #[cfg(test)]
-                    if let Some(hooks) = &shared.hooks {
-                        hooks.revoke_confirmed(&partitions);
-                    }
-                    let _ = done.send(());
-                }
+                confirm_revoke(&shared, &partitions, done.take());
             }
             Event::Messages(msgs) => route_messages(&mut workers, msgs),
             Event::Seeked { partition, offset, generation } => {
@@ -420,6 +407,19 @@ async fn sleep_until_opt(deadline: Option<tokio::time::Instant>) {
         Some(d) => tokio::time::sleep_until(d).await,
         None => std::future::pending().await,
     }
+}
+
+/// Answer the consumer thread that the revoke of `partitions` is done (once: `None` when
+/// it was answered already).
+fn confirm_revoke(shared: &Shared, partitions: &[i32], done: Option<std::sync::mpsc::SyncSender<()>>) {
+    let Some(done) = done else { return };
+    #[cfg(test)]
+    if let Some(hooks) = &shared.hooks {
+        hooks.revoke_confirmed(partitions);
+    }
+    #[cfg(not(test))]
+    let _ = (shared, partitions);
+    let _ = done.send(());
 }
 
 /// How long a revoke lets the revoked partitions' workers commit what they hold (the
