@@ -197,7 +197,10 @@ share.coordinator.state.topic.min.isr=$isr
 group.initial.rebalance.delay.ms=0
 
 # Retention enforced within seconds, not minutes (tests of log-start-offset gaps).
-log.retention.check.interval.ms=5000"
+log.retention.check.interval.ms=5000
+# The files of a deleted topic go after a second, not a minute: the tests delete their
+# topics as they end, and some write gigabytes.
+file.delete.delay.ms=1000"
     sluice_write_file "$dir/server.properties" "$body"
 }
 

@@ -940,10 +940,17 @@ impl LogProducer {
     /// A producer for `env`'s log topic of `partitions` partitions that sends messages of
     /// up to `max_message_bytes`.
     pub fn new(env: &Env, partitions: u32, max_message_bytes: usize) -> LogProducer {
+        Self::with_compression(env, partitions, max_message_bytes, "none")
+    }
+
+    /// The same, compressing its batches with `codec` (`lz4`, `zstd`, ...): for tests that
+    /// write gigabytes of repetitive values, which then take megabytes of the broker's disk.
+    pub fn with_compression(env: &Env, partitions: u32, max_message_bytes: usize, codec: &str) -> LogProducer {
         let producer = ClientConfig::new()
             .set("bootstrap.servers", brokers())
             .set("message.max.bytes", max_message_bytes.to_string())
             .set("linger.ms", "5")
+            .set("compression.type", codec)
             .create()
             .expect("producer");
         LogProducer { producer, topic: env.log_topic(), partitions }

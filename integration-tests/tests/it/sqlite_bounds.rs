@@ -253,7 +253,8 @@ fn watch_size(path: PathBuf) -> (std::sync::Arc<std::sync::atomic::AtomicBool>, 
     (stop, t)
 }
 
-/// 50 ids upserted 100 times each with 1 MiB documents (5 GB written, 50 MiB live): the
+/// 50 ids upserted 100 times each with 1 MiB documents (5 GB written, 50 MiB live; the
+/// producer compresses them, so that the broker's disk keeps megabytes of them): the
 /// database file never grows past the documented multiple of the live bytes
 /// (`docs/sqlite.md`: `(1 + dead_value_ratio) x live + dead_value_slack_bytes +
 /// compaction_step_bytes`), and the last version of every document is the one stored.
@@ -266,7 +267,7 @@ fn rewritten_large_documents_keep_the_file_within_its_bound() {
     log_topic_for_large_messages(&env, 2, 2 * MIB);
     let r = env.spawn_replica("r1", &[]);
     let (stop, sizes) = watch_size(sqlite_path(&env));
-    let producer = LogProducer::new(&env, 2, 2 * MIB as usize);
+    let producer = LogProducer::with_compression(&env, 2, 2 * MIB as usize, "lz4");
     let c = format!("{}-docs", env.prefix);
     let doc = |id: usize, round: usize| {
         let mut d = format!("{id}:{round}:");
@@ -332,8 +333,9 @@ fn hostile(c: &str, id: usize, version: usize) -> LogRecord {
     r
 }
 
-/// Upserts at the validation limits (`SLUICE_HOSTILE_RECORDS`: 2,000 by default, about
-/// two minutes of a test build; 5,000 for the full run),
+/// Upserts at the validation limits (`SLUICE_HOSTILE_RECORDS`: 1,000 by default, 2.1 GB
+/// of the broker's disk, a backlog of 1 GB after the kill, twice the formula's bound;
+/// 5,000 for the full run),
 /// produced at a pace that keeps groups small, with a kill -9 in the middle: the
 /// replica's peak anonymous memory stays under the formula of `docs/configuration.md`
 /// (`sluice::config::memory`), before the kill and while the restarted replica catches
@@ -344,7 +346,7 @@ fn hostile_sizes_stay_under_the_memory_formula() {
         return;
     }
     let total: usize =
-        std::env::var("SLUICE_HOSTILE_RECORDS").ok().and_then(|v| v.parse().ok()).unwrap_or(2_000).max(100);
+        std::env::var("SLUICE_HOSTILE_RECORDS").ok().and_then(|v| v.parse().ok()).unwrap_or(1_000).max(100);
     let env = Env::sqlite("hostile").with_sections(&format!(
         "[limits]\nmax_metadata_keys = {KEYS}\nmax_metadata_value_bytes = 65536\nmax_document_bytes = 1048576\n\
          [librdkafka]\n\"message.max.bytes\" = \"4194304\"\n"
