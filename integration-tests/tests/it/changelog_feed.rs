@@ -217,6 +217,20 @@ fn outbox_totals(env: &Env) -> (i64, i64, i64) {
     .expect("sysdb read")
 }
 
+/// The number of collections, `at_least` or more, whose workload (`{prefix}-c0`, ...)
+/// reaches every partition of the log.
+fn covering_collections(prefix: &str, at_least: usize) -> usize {
+    let mut covered = std::collections::BTreeSet::new();
+    for n in 0.. {
+        covered
+            .insert(sluice::record::partitioner::partition_for(format!("{prefix}-c{n}").as_bytes(), PARTITIONS as u32));
+        if n + 1 >= at_least && covered.len() == PARTITIONS as usize {
+            return n + 1;
+        }
+    }
+    unreachable!()
+}
+
 fn signal(r: &Replica, sig: &str) {
     let ok = std::process::Command::new("kill").args([sig, &r.child.id().to_string()]).status().expect("kill");
     assert!(ok.success(), "kill {sig}");
@@ -245,7 +259,10 @@ fn exactly_once(env: Env) {
         "[changelog]\nenabled = true\ntransaction_timeout_ms = 30000\nmax_records_per_transaction = 50\n",
     );
     env.run(&["init", "--partitions", &PARTITIONS.to_string()]);
-    let first = workload(1_500, 41, &env.prefix, 6, 60);
+    // Every partition gets records, so that whichever partitions a replica is given, it
+    // has changes to publish and reaches its fail point.
+    let n_collections = covering_collections(&env.prefix, 6);
+    let first = workload(1_500, 41, &env.prefix, n_collections, 60);
     env.produce(&jsonl_lines(&first));
 
     // Kill 1: after a batch's sysdb commit, before the relay's Kafka commit of its changes.
@@ -273,12 +290,12 @@ fn exactly_once(env: Env) {
     let mut a = env.spawn_replica("a4", &[]);
     a.wait_for_log("partition starts", WAIT);
     for _ in 0..6 {
-        env.produce(&jsonl_lines(&workload(150, seed, &env.prefix, 6, 60)));
+        env.produce(&jsonl_lines(&workload(150, seed, &env.prefix, n_collections, 60)));
         seed += 1;
         std::thread::sleep(Duration::from_millis(250));
     }
     b.kill9();
-    env.produce(&jsonl_lines(&workload(150, seed, &env.prefix, 6, 60)));
+    env.produce(&jsonl_lines(&workload(150, seed, &env.prefix, n_collections, 60)));
     seed += 1;
 
     // Frozen inside a relay transaction (changes sent, not committed) past the session
@@ -293,13 +310,13 @@ fn exactly_once(env: Env) {
     let deadline = Instant::now() + WAIT;
     while !z.log_text().contains("fail point sleep_before_changelog_kafka_commit reached") {
         assert!(Instant::now() < deadline, "the zombie never reached its fail point:\n{}", z.log_text());
-        env.produce(&jsonl_lines(&workload(150, seed, &env.prefix, 6, 60)));
+        env.produce(&jsonl_lines(&workload(150, seed, &env.prefix, n_collections, 60)));
         seed += 1;
         std::thread::sleep(Duration::from_millis(200));
     }
     signal(&z, "-STOP");
     for _ in 0..10 {
-        env.produce(&jsonl_lines(&workload(100, seed, &env.prefix, 6, 60)));
+        env.produce(&jsonl_lines(&workload(100, seed, &env.prefix, n_collections, 60)));
         seed += 1;
         std::thread::sleep(Duration::from_secs(1));
     }
