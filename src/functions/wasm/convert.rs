@@ -4,42 +4,95 @@
 
 use std::borrow::Cow;
 
+use wasmtime::component::{ComponentType, Lower};
+
 use super::world::sluice::function::types as wit;
-use crate::functions::{ChangeRef, OutputDelta};
+use crate::functions::{ChangeRef, OutputDelta, Reads};
 use crate::record::validate::{validate, Limits};
 use crate::record::{Embedding, LogRecord, MetaValue, Metadata, Operation, Record};
 
-fn meta_value(v: &MetaValue) -> Option<wit::MetaValue> {
+// The change going in, borrowed from the stored records: lowered into the component's
+// memory straight from them (wasmtime lowers references, strings and slices), where the
+// world's generated types would first copy every string into an owned one. The names are
+// the world's (`types` interface); the call checks these types against the component's
+// once, when it is instantiated.
+
+/// `meta-value`, borrowed.
+#[derive(ComponentType, Lower, Debug)]
+#[component(variant)]
+pub(super) enum MetaValueArg<'a> {
+    #[component(name = "str")]
+    Str(&'a str),
+    #[component(name = "long")]
+    Long(i64),
+    #[component(name = "double")]
+    Double(f64),
+    #[component(name = "boolean")]
+    Boolean(bool),
+}
+
+/// `meta-entry`, borrowed.
+#[derive(ComponentType, Lower, Debug)]
+#[component(record)]
+pub(super) struct MetaEntryArg<'a> {
+    pub key: &'a str,
+    pub value: MetaValueArg<'a>,
+}
+
+/// `stored-record`, borrowed (the embedding is copied out of its little-endian bytes).
+#[derive(ComponentType, Lower, Debug)]
+#[component(record)]
+pub(super) struct StoredRecordArg<'a> {
+    pub id: &'a str,
+    pub embedding: Option<Vec<f32>>,
+    pub metadata: Vec<MetaEntryArg<'a>>,
+    pub document: Option<&'a str>,
+    pub offset: i64,
+}
+
+/// `change`, borrowed.
+#[derive(ComponentType, Lower, Debug)]
+#[component(record)]
+pub(super) struct ChangeArg<'a> {
+    pub id: &'a str,
+    pub before: Option<StoredRecordArg<'a>>,
+    pub after: Option<StoredRecordArg<'a>>,
+    pub offset: i64,
+}
+
+fn meta_value(v: &MetaValue) -> Option<MetaValueArg<'_>> {
     Some(match v {
-        MetaValue::String(s) => wit::MetaValue::Str(s.clone()),
-        MetaValue::Long(n) => wit::MetaValue::Long(*n),
-        MetaValue::Double(d) => wit::MetaValue::Double(*d),
-        MetaValue::Bool(b) => wit::MetaValue::Boolean(*b),
+        MetaValue::String(s) => MetaValueArg::Str(s),
+        MetaValue::Long(n) => MetaValueArg::Long(*n),
+        MetaValue::Double(d) => MetaValueArg::Double(*d),
+        MetaValue::Bool(b) => MetaValueArg::Boolean(*b),
         // A stored record never holds a null (validation drops them).
         MetaValue::Null => return None,
     })
 }
 
-fn metadata(m: &Metadata) -> Vec<wit::MetaEntry> {
-    m.iter().filter_map(|(k, v)| Some(wit::MetaEntry { key: k.clone(), value: meta_value(v)? })).collect()
-}
-
-fn stored_record(r: &Record) -> wit::StoredRecord {
-    wit::StoredRecord {
-        id: r.id.clone(),
-        embedding: r.embedding.as_ref().map(Embedding::to_vec),
-        metadata: metadata(&r.metadata),
-        document: r.document.clone(),
+fn stored_record(r: &Record, reads: Reads) -> StoredRecordArg<'_> {
+    StoredRecordArg {
+        id: &r.id,
+        embedding: if reads.embedding { r.embedding.as_ref().map(Embedding::to_vec) } else { None },
+        metadata: if reads.metadata {
+            r.metadata.iter().filter_map(|(k, v)| Some(MetaEntryArg { key: k, value: meta_value(v)? })).collect()
+        } else {
+            Vec::new()
+        },
+        document: if reads.document { r.document.as_deref() } else { None },
         offset: r.offset,
     }
 }
 
-/// A change as the component sees it.
-pub(super) fn change(c: &ChangeRef<'_>) -> wit::Change {
-    wit::Change {
-        id: c.id.to_string(),
-        before: c.before.map(stored_record),
-        after: c.after.map(stored_record),
+/// A change as the component sees it: only the fields it reads (`reads()`), live as in
+/// a backfill, so that a function cannot depend on a field it left out, and nothing it
+/// does not read is copied into its memory.
+pub(super) fn change<'a>(c: &ChangeRef<'a>, reads: Reads) -> ChangeArg<'a> {
+    ChangeArg {
+        id: c.id,
+        before: c.before.map(|r| stored_record(r, reads)),
+        after: c.after.map(|r| stored_record(r, reads)),
         offset: c.offset,
     }
 }
@@ -183,8 +236,48 @@ mod tests {
             offset: 7,
         };
         let mut out = Vec::new();
-        deltas_back(vec![wit::OutputDelta::Put(stored_record(&r))], 7, &mut out).unwrap();
+        let put = wit::StoredRecord {
+            id: r.id.clone(),
+            embedding: r.embedding.as_ref().map(Embedding::to_vec),
+            metadata: vec![
+                wit::MetaEntry { key: "b".into(), value: wit::MetaValue::Boolean(true) },
+                wit::MetaEntry { key: "d".into(), value: wit::MetaValue::Double(-0.0) },
+                wit::MetaEntry { key: "k".into(), value: wit::MetaValue::Long(3) },
+                wit::MetaEntry { key: "s".into(), value: wit::MetaValue::Str("x".into()) },
+            ],
+            document: r.document.clone(),
+            offset: r.offset,
+        };
+        deltas_back(vec![wit::OutputDelta::Put(put)], 7, &mut out).unwrap();
         assert_eq!(out, vec![OutputDelta::Put { record: r }]);
+    }
+
+    #[test]
+    fn a_change_carries_only_the_fields_the_function_reads() {
+        let r = Record {
+            id: "a".into(),
+            embedding: Some(Embedding::from_f32s(&[1.0, 2.0])),
+            metadata: Metadata::from_iter([("k".to_string(), MetaValue::Long(3))]),
+            document: Some("doc".into()),
+            offset: 7,
+        };
+        let c = ChangeRef { id: "a", before: Some(&r), after: Some(&r), offset: 8 };
+        for reads in [
+            Reads::NOTHING,
+            Reads { metadata: true, ..Reads::NOTHING },
+            Reads { embedding: true, ..Reads::NOTHING },
+            Reads { document: true, ..Reads::NOTHING },
+            Reads::ALL,
+        ] {
+            let seen = change(&c, reads);
+            for side in [seen.before.unwrap(), seen.after.unwrap()] {
+                assert_eq!(side.embedding.is_some(), reads.embedding, "{reads:?}");
+                assert_eq!(!side.metadata.is_empty(), reads.metadata, "{reads:?}");
+                assert_eq!(side.document.is_some(), reads.document, "{reads:?}");
+                assert_eq!((side.id, side.offset), ("a", 7));
+            }
+            assert_eq!((seen.id, seen.offset), ("a", 8));
+        }
     }
 
     #[test]

@@ -37,10 +37,11 @@ use std::time::Duration;
 use sha2::{Digest, Sha256};
 use thiserror::Error;
 use wasmtime::component::types::ComponentItem;
-use wasmtime::component::{Component, Linker};
+use wasmtime::component::{Component, Func, Instance, Linker, TypedFunc};
 use wasmtime::{Engine, Store, Trap};
 
 use super::{ChangeRef, FailureKind, Function, FunctionFailure, OutputDelta, Reads};
+use world::sluice::function::types as wit;
 
 /// The registry name of a WebAssembly function (`functions list` shows it).
 pub const NAME: &str = "wasm";
@@ -315,7 +316,12 @@ impl Host {
         arm(&mut store, limits)?;
         // A component that imports only types needs nothing from the linker.
         let linker: Linker<State> = Linker::new(&self.engine);
-        let bound = match world::Function::instantiate(&mut store, component, &linker) {
+        let instantiated = linker.instantiate(&mut store, component).and_then(|instance| {
+            let bound = world::Function::new(&mut store, &instance)?;
+            let deltas = deltas_func(&mut store, &instance)?;
+            Ok((bound, deltas))
+        });
+        let (bound, deltas) = match instantiated {
             Ok(b) => b,
             Err(e) => {
                 return Err(match classify(&mut store, &e, limits) {
@@ -324,7 +330,7 @@ impl Host {
                 })
             }
         };
-        let mut inner = Inner { store, bound, limits, failed: None };
+        let mut inner = Inner { store, bound, deltas, limits, failed: None };
         let guest = inner.bound.sluice_function_guest().clone();
         match inner.call(|store| guest.call_init(store, params)) {
             Ok(Ok(())) => {}
@@ -337,6 +343,24 @@ impl Host {
         };
         Ok(WasmFunction { sha256: sha256.to_string(), reads, inner: Mutex::new(inner) })
     }
+}
+
+/// The argument and result of `deltas`, called with the change borrowed from the stored
+/// records ([`convert::ChangeArg`]) rather than through the generated bindings, which take
+/// owned copies.
+type DeltasParams<'a> = (convert::ChangeArg<'a>,);
+type DeltasResults = (Result<Vec<wit::OutputDelta>, String>,);
+
+/// The guest's `deltas`, its types checked against [`DeltasParams`] and
+/// [`DeltasResults`] (which [`Inner::deltas`] relies on).
+fn deltas_func(store: &mut Store<State>, instance: &Instance) -> wasmtime::Result<Func> {
+    let guest = format!("{PACKAGE}/guest@{WORLD_VERSION}");
+    let missing = || wasmtime::format_err!("the component does not export {guest}#deltas");
+    let interface = instance.get_export_index(&mut *store, None, &guest).ok_or_else(missing)?;
+    let index = instance.get_export_index(&mut *store, Some(&interface), "deltas").ok_or_else(missing)?;
+    let func = instance.get_func(&mut *store, index).ok_or_else(missing)?;
+    func.typed::<DeltasParams<'static>, DeltasResults>(&*store)?;
+    Ok(func)
 }
 
 /// The default cache directory: beside a SQLite sysdb file (`<file>.wasm-cache`), else
@@ -465,6 +489,8 @@ fn classify(store: &mut Store<State>, e: &wasmtime::Error, limits: Limits) -> Op
 struct Inner {
     store: Store<State>,
     bound: world::Function,
+    /// The guest's `deltas` ([`deltas_func`]).
+    deltas: Func,
     limits: Limits,
     failed: Option<FunctionFailure>,
 }
@@ -534,10 +560,12 @@ impl Function for WasmFunction {
     }
 
     fn try_deltas(&self, change: &ChangeRef<'_>, out: &mut Vec<OutputDelta>) -> Result<(), FunctionFailure> {
-        let arg = convert::change(change);
+        let arg = convert::change(change, self.reads);
         let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-        let guest = inner.bound.sluice_function_guest().clone();
-        let returned = inner.call(|store| guest.call_deltas(store, &arg))?;
+        // SAFETY: `deltas_func` checked these types (`'static` in place of `'_`: the
+        // lifetime is not part of the component type) against the component's `deltas`.
+        let typed = unsafe { TypedFunc::<DeltasParams<'_>, DeltasResults>::new_unchecked(inner.deltas) };
+        let returned = inner.call(|store| typed.call(store, (arg,)).map(|(r,)| r))?;
         let deltas = match returned {
             Ok(d) => d,
             Err(text) => {
