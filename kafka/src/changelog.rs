@@ -44,6 +44,17 @@ pub enum TxnError {
     Fatal(String),
 }
 
+/// Where a committed transaction's time went.
+#[derive(Debug, Clone, Copy)]
+pub struct PublishTimes {
+    /// Beginning it and handing every message to the producer (which waits only when the
+    /// producer's queue is full).
+    pub send: Duration,
+    /// `commit_transaction`: every message acknowledged by the broker (measured: nearly
+    /// all of it), then the transaction's end written by its coordinator.
+    pub commit: Duration,
+}
+
 /// A transactional producer for one source partition's changes.
 pub struct TxnProducer {
     inner: ThreadedProducer<DefaultProducerContext>,
@@ -111,7 +122,8 @@ impl TxnProducer {
         partition: i32,
         changes: &[ChangeMessage<'_>],
         progress: i64,
-    ) -> Result<(), TxnError> {
+    ) -> Result<PublishTimes, TxnError> {
+        let began = Instant::now();
         self.inner.begin_transaction().map_err(|e| self.failed("begin_transaction", e))?;
         for m in changes {
             let mut headers = OwnedHeaders::new_with_capacity(m.headers.len());
@@ -128,11 +140,13 @@ impl TxnProducer {
         let key = partition.to_string();
         let value = progress.to_string();
         self.send(BaseRecord::to(progress_topic).partition(partition).key(key.as_bytes()).payload(value.as_bytes()))?;
+        let sent = began.elapsed();
         sluice_base::failpoint::hit("before_changelog_kafka_commit");
-        let deadline = Instant::now() + self.timeout * 4;
+        let committing = Instant::now();
+        let deadline = committing + self.timeout * 4;
         loop {
             match self.inner.commit_transaction(self.timeout) {
-                Ok(()) => return Ok(()),
+                Ok(()) => return Ok(PublishTimes { send: sent, commit: committing.elapsed() }),
                 Err(e) => {
                     let (fenced, retriable, abort) = classify(&e);
                     if fenced || is_fatal(&e) {

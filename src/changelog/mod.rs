@@ -237,7 +237,6 @@ impl Relay {
         producer: &Arc<TxnProducer>,
         stop: &CancellationToken,
     ) -> Result<(), String> {
-        let cfg = &self.config.changelog;
         let (settings, topic) = (self.settings.clone(), self.progress_topic.clone());
         let kafka_progress =
             tokio::task::spawn_blocking(move || read_progress(&settings, &topic, partition, Duration::from_secs(60)))
@@ -266,20 +265,98 @@ impl Relay {
                 "changelog relay: the changes topic's progress is ahead of this sysdb's outbox; the changes numbered up to it will not be published. If this sysdb is not a restore of the one that wrote the topic, give the feed a topic of its own (changelog.topic_suffix) or delete the topic and its progress topic"
             );
         }
-        let mut last = kafka_progress.unwrap_or(-1).max(stored);
+        let last = kafka_progress.unwrap_or(-1).max(stored);
         if kafka_progress.is_some_and(|k| k > stored) {
             // The previous owner committed to Kafka and stopped before telling the sysdb.
             self.sysdb.changelog_mark_published(partition, last).await.map_err(|e| e.to_string())?;
         }
         info!(partition, transactional_id = %txid, kafka_progress = ?kafka_progress, sysdb_progress = stored, from_seq = last + 1, "changelog relay started");
+        // The sysdb's bookkeeping after each Kafka commit (the copy of the progress, the
+        // deletion of published rows, the outbox's size) runs beside the publishing, not
+        // between its transactions: on SQLite each is a write behind the batch commits,
+        // and done in line they took two thirds of every turn. Marks coalesce: the
+        // housekeeper writes the latest progress when it gets to it.
+        let (progress, published_rx) = tokio::sync::watch::channel(last);
+        let publishing = self.publish_loop(partition, producer, stop, last, &progress);
+        let housekeeping = self.housekeep(partition, published_rx, stop);
+        tokio::pin!(publishing);
+        let result = tokio::select! {
+            r = &mut publishing => r,
+            () = housekeeping => publishing.await,
+        };
+        // What the housekeeper had not reached yet: one more mark and trim step.
+        let published = *progress.borrow();
+        if published > stored {
+            self.settle(partition, published).await;
+        }
+        result
+    }
+
+    /// Keep the sysdb's copy of the progress, the outbox's published rows and the
+    /// backlog's size up with what the relay published, until `stop`.
+    async fn housekeep(
+        &self,
+        partition: i32,
+        mut published: tokio::sync::watch::Receiver<i64>,
+        stop: &CancellationToken,
+    ) {
         let mut trimmed_through = -1i64;
+        let mut settled = -1i64;
+        loop {
+            tokio::select! {
+                changed = published.changed() => if changed.is_err() { return },
+                _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                _ = stop.cancelled() => return,
+            }
+            let seq = *published.borrow_and_update();
+            if seq > settled {
+                if let Err(e) = self.sysdb.changelog_mark_published(partition, seq).await {
+                    // Only a copy: the next mark (or the next owner) writes it.
+                    warn!(partition, error = %e, "changelog relay: cannot record the progress in the sysdb");
+                } else {
+                    settled = seq;
+                }
+            }
+            // Published rows go once their mark is written (the mark counts their bytes),
+            // in bounded steps (each its own short write).
+            for _ in 0..16 {
+                if trimmed_through >= settled || stop.is_cancelled() {
+                    break;
+                }
+                trimmed_through = self.trim(partition, settled).await;
+            }
+            self.refresh_backlog(partition).await;
+        }
+    }
+
+    /// The last mark and trim step of a relay that stops.
+    async fn settle(&self, partition: i32, seq: i64) {
+        match self.sysdb.changelog_mark_published(partition, seq).await {
+            Ok(()) => {
+                self.trim(partition, seq).await;
+            }
+            Err(e) => warn!(partition, error = %e, "changelog relay: cannot record the progress in the sysdb"),
+        }
+    }
+
+    /// Publish from `last + 1` on until stopped (`Ok`) or until the producer fails
+    /// (`Err`), telling `progress` the progress of every committed transaction.
+    async fn publish_loop(
+        &self,
+        partition: i32,
+        producer: &Arc<TxnProducer>,
+        stop: &CancellationToken,
+        mut last: i64,
+        progress: &tokio::sync::watch::Sender<i64>,
+    ) -> Result<(), String> {
+        let cfg = &self.config.changelog;
         let poll = Duration::from_millis(cfg.poll_interval_ms.max(1));
-        let mut refreshed = std::time::Instant::now();
         let mut snapshot = SnapshotState::default();
         loop {
             if stop.is_cancelled() {
                 return Ok(());
             }
+            let turn = std::time::Instant::now();
             self.drive_snapshot(partition, &mut snapshot).await;
             let (max_records, max_bytes) = (cfg.max_records_per_transaction, cfg.max_bytes_per_transaction);
             let handed = self.handoff.take(partition, last, max_records, max_bytes);
@@ -299,13 +376,6 @@ impl Relay {
                 }
             };
             if rows.is_empty() {
-                if trimmed_through < last {
-                    trimmed_through = self.trim(partition, last).await;
-                }
-                if refreshed.elapsed() >= Duration::from_secs(1) {
-                    self.refresh_backlog(partition).await;
-                    refreshed = std::time::Instant::now();
-                }
                 tokio::select! {
                     _ = tokio::time::sleep(poll) => continue,
                     _ = stop.cancelled() => return Ok(()),
@@ -320,6 +390,7 @@ impl Relay {
                 );
             }
             let through = rows.last().map_or(last, |r| r.seq);
+            let read_ms = turn.elapsed().as_secs_f64() * 1e3;
             let batch = self.messages(&rows);
             let (p, topic, progress_topic) = (producer.clone(), self.topic.clone(), self.progress_topic.clone());
             let published = tokio::task::spawn_blocking(move || {
@@ -335,24 +406,26 @@ impl Relay {
             .await
             .map_err(|e| e.to_string())?;
             match published {
-                Ok(()) => {
+                Ok(times) => {
+                    last = through;
+                    crate::failpoint::hit("after_changelog_kafka_commit");
+                    // Out of the backlog now; the housekeeper's next read of the outbox's
+                    // size settles it.
+                    self.add_backlog(partition, -(rows.iter().map(|r| r.change.bytes()).sum::<usize>() as i64));
+                    progress.send_replace(last);
+                    let ms = |d: Duration| d.as_secs_f64() * 1e3;
                     debug!(
                         partition,
                         from = rows[0].seq,
                         through,
                         changes = rows.len(),
                         from_memory,
+                        read_ms,
+                        send_ms = ms(times.send),
+                        commit_ms = ms(times.commit),
+                        turn_ms = ms(turn.elapsed()),
                         "changelog transaction committed"
                     );
-                    last = through;
-                    crate::failpoint::hit("after_changelog_kafka_commit");
-                    if let Err(e) = self.sysdb.changelog_mark_published(partition, last).await {
-                        // Only a copy: the next mark (or the next owner) writes it.
-                        warn!(partition, error = %e, "changelog relay: cannot record the progress in the sysdb");
-                    }
-                    trimmed_through = self.trim(partition, last).await;
-                    self.refresh_backlog(partition).await;
-                    refreshed = std::time::Instant::now();
                 }
                 Err(TxnError::Aborted(m)) => {
                     warn!(partition, error = %m, "changelog transaction aborted; publishing the run again");
