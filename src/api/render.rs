@@ -26,12 +26,17 @@ fn pool(nice: i32) -> Option<&'static Runtime> {
     let mut pools = POOLS.lock().unwrap_or_else(|e| e.into_inner());
     *pools.entry(nice).or_insert_with(|| {
         let threads = std::thread::available_parallelism().map_or(2, |n| n.get());
+        // From the priority of the thread that starts the pool (the server's), not of the
+        // thread a pool thread is started from: the runtime starts its blocking threads
+        // from its own (already lowered) threads, which they inherit, and adding `nice`
+        // again put them at 19.
+        let target = target_priority(nice);
         tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .max_blocking_threads(threads)
             .thread_name("sluice-render")
             .enable_all()
-            .on_thread_start(move || lower_priority(nice))
+            .on_thread_start(move || set_priority(target))
             .build()
             .inspect_err(|e| {
                 tracing::warn!(error = %e, "cannot start the threads that build record pages; building them on the HTTP server's threads");
@@ -41,12 +46,19 @@ fn pool(nice: i32) -> Option<&'static Runtime> {
     })
 }
 
-/// Add `nice` to the calling thread's nice value, as `nice -n` does (Linux: per thread;
-/// at most 19). A failure only leaves the thread at the process's priority.
-fn lower_priority(nice: i32) {
+/// The calling thread's nice value plus `nice`, as `nice -n` does (at most 19).
+fn target_priority(nice: i32) -> i32 {
+    #[cfg(target_os = "linux")]
+    return (current_nice() + nice).min(19);
+    #[cfg(not(target_os = "linux"))]
+    nice
+}
+
+/// Set the calling thread's nice value (Linux: per thread). A failure only leaves the
+/// thread at the priority it inherited.
+fn set_priority(target: i32) {
     #[cfg(target_os = "linux")]
     {
-        let target = (current_nice() + nice).min(19);
         // SAFETY: a plain system call on the calling thread's own id; no pointers.
         let rc = unsafe { libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, target) };
         if rc != 0 {
@@ -54,7 +66,7 @@ fn lower_priority(nice: i32) {
         }
     }
     #[cfg(not(target_os = "linux"))]
-    let _ = nice;
+    let _ = target;
 }
 
 /// The calling thread's nice value (Linux).
@@ -110,8 +122,26 @@ mod tests {
         assert_eq!(current_nice(), own, "the server's thread keeps its priority");
         // 0: built on the calling thread.
         assert_eq!(at_low_priority(0, current_nice).await.unwrap(), own);
-        // A read's blocking calls run on the pool's blocking threads, at its priority.
-        let read = read_at_low_priority(7, async { tokio::task::spawn_blocking(current_nice).await.unwrap() });
-        assert_eq!(read.await.unwrap(), (own + 7).min(19));
+        // A read's blocking calls run on the pool's blocking threads, at its priority, also
+        // those the pool starts from its own threads (several at once, so that new ones
+        // are started while others are busy).
+        for _ in 0..3 {
+            let read = read_at_low_priority(7, async {
+                let calls: Vec<_> = (0..4)
+                    .map(|_| {
+                        tokio::task::spawn_blocking(|| {
+                            std::thread::sleep(std::time::Duration::from_millis(20));
+                            current_nice()
+                        })
+                    })
+                    .collect();
+                let mut seen = Vec::new();
+                for c in calls {
+                    seen.push(c.await.unwrap());
+                }
+                seen
+            });
+            assert_eq!(read.await.unwrap(), vec![(own + 7).min(19); 4]);
+        }
     }
 }
