@@ -276,66 +276,55 @@ impl Relay {
         // between its transactions: on SQLite each is a write behind the batch commits,
         // and done in line they took two thirds of every turn. Marks coalesce: the
         // housekeeper writes the latest progress when it gets to it.
-        let (progress, published_rx) = tokio::sync::watch::channel(last);
-        let publishing = self.publish_loop(partition, producer, stop, last, &progress);
-        let housekeeping = self.housekeep(partition, published_rx, stop);
-        tokio::pin!(publishing);
-        let result = tokio::select! {
-            r = &mut publishing => r,
-            () = housekeeping => publishing.await,
+        let (progress, published) = tokio::sync::watch::channel(last);
+        let publishing = async move {
+            let result = self.publish_loop(partition, producer, stop, last, &progress).await;
+            // Dropping the sender tells the housekeeper to take its last round.
+            drop(progress);
+            result
         };
-        // What the housekeeper had not reached yet: one more mark and trim step.
-        let published = *progress.borrow();
-        if published > stored {
-            self.settle(partition, published).await;
-        }
+        let (result, ()) = tokio::join!(publishing, self.housekeep(partition, published, last, stop));
         result
     }
 
     /// Keep the sysdb's copy of the progress, the outbox's published rows and the
-    /// backlog's size up with what the relay published, until `stop`.
+    /// backlog's size up with what the relay published (from `marked`, the progress the
+    /// sysdb holds already); when the relay stops, one last mark and trim step.
     async fn housekeep(
         &self,
         partition: i32,
         mut published: tokio::sync::watch::Receiver<i64>,
+        marked: i64,
         stop: &CancellationToken,
     ) {
+        let mut settled = marked;
         let mut trimmed_through = -1i64;
-        let mut settled = -1i64;
         loop {
-            tokio::select! {
-                changed = published.changed() => if changed.is_err() { return },
-                _ = tokio::time::sleep(Duration::from_secs(1)) => {}
-                _ = stop.cancelled() => return,
-            }
+            let last_round = tokio::select! {
+                changed = published.changed() => changed.is_err(),
+                _ = tokio::time::sleep(Duration::from_secs(1)) => false,
+            };
             let seq = *published.borrow_and_update();
             if seq > settled {
-                if let Err(e) = self.sysdb.changelog_mark_published(partition, seq).await {
+                match self.sysdb.changelog_mark_published(partition, seq).await {
+                    Ok(()) => settled = seq,
                     // Only a copy: the next mark (or the next owner) writes it.
-                    warn!(partition, error = %e, "changelog relay: cannot record the progress in the sysdb");
-                } else {
-                    settled = seq;
+                    Err(e) => warn!(partition, error = %e, "changelog relay: cannot record the progress in the sysdb"),
                 }
             }
             // Published rows go once their mark is written (the mark counts their bytes),
-            // in bounded steps (each its own short write).
-            for _ in 0..16 {
-                if trimmed_through >= settled || stop.is_cancelled() {
+            // in bounded steps (each its own short write; one when the relay stops).
+            let steps = if last_round || stop.is_cancelled() { 1 } else { 16 };
+            for _ in 0..steps {
+                if trimmed_through >= settled {
                     break;
                 }
                 trimmed_through = self.trim(partition, settled).await;
             }
-            self.refresh_backlog(partition).await;
-        }
-    }
-
-    /// The last mark and trim step of a relay that stops.
-    async fn settle(&self, partition: i32, seq: i64) {
-        match self.sysdb.changelog_mark_published(partition, seq).await {
-            Ok(()) => {
-                self.trim(partition, seq).await;
+            if last_round {
+                return;
             }
-            Err(e) => warn!(partition, error = %e, "changelog relay: cannot record the progress in the sysdb"),
+            self.refresh_backlog(partition).await;
         }
     }
 
