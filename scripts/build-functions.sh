@@ -4,6 +4,8 @@
 #   word_count.wasm    Python, componentize-py
 #   norm_guard.wasm    JavaScript, componentize-js (every WASI feature disabled)
 #   project_keys.wasm  C, clang's wasm32-wasi target with wasi-libc, bindings by wit-bindgen
+#   count_records.wasm C, the same way: the built-in record_counter's logic, for the
+#                      benchmark of the component boundary (scripts/bench-wasm.sh)
 #
 # checks that each one exports sluice:function/guest@1.0.0 and imports nothing but the
 # types of its own world (sluice:function/types@1.0.0, which holds no function), and
@@ -87,8 +89,8 @@ build_js() {
         --disable stdio random clocks http fetch-event --out "$OUT/norm_guard.wasm" >/dev/null)
 }
 
-build_c() {
-    local tmp
+build_c() { # NAME: examples/functions/c/NAME.c -> NAME.wasm
+    local name="$1" tmp
     tmp="$(mktemp -d)"
     # A core module with no entry point (no _start, so no WASI start-up code) whose exports
     # are the world's, with the component type section of the bindings; jco (wasm-tools'
@@ -96,9 +98,9 @@ build_c() {
     clang --target=wasm32-wasi "${SYSROOT_FLAGS[@]}" -O2 -std=c11 -Wall -Wextra -Werror \
         -nostartfiles -Wl,--no-entry -Wl,--strip-debug \
         -I "$EX/c/bindings" \
-        "$EX/c/project_keys.c" "$EX/c/bindings/function.c" "$EX/c/bindings/function_component_type.o" \
-        -o "$tmp/project_keys.core.wasm"
-    "$JCO" new "$tmp/project_keys.core.wasm" -o "$OUT/project_keys.wasm" >/dev/null
+        "$EX/c/$name.c" "$EX/c/bindings/function.c" "$EX/c/bindings/function_component_type.o" \
+        -o "$tmp/$name.core.wasm"
+    "$JCO" new "$tmp/$name.core.wasm" -o "$OUT/$name.wasm" >/dev/null
     rm -rf "$tmp"
 }
 
@@ -134,10 +136,11 @@ check_world() {
 check_c_bindings
 timed word_count.wasm build_python
 timed norm_guard.wasm build_js
-timed project_keys.wasm build_c
+timed project_keys.wasm build_c project_keys
+timed count_records.wasm build_c count_records
 
 printf '%-18s %12s %8s  %s\n' component bytes build imports
-for f in word_count.wasm norm_guard.wasm project_keys.wasm; do
+for f in word_count.wasm norm_guard.wasm project_keys.wasm count_records.wasm; do
     check_world "$OUT/$f"
     printf '%-18s %12s %7ss  %s\n' "$f" "$(stat -c %s "$OUT/$f")" "${seconds[$f]}" "none (only the types of sluice:function/types@1.0.0)"
 done

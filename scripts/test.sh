@@ -93,7 +93,7 @@ phase "services started"
 # The example functions as WebAssembly components (docs/functions.md): their toolchains
 # (Debian's clang, lld and wasi-libc, componentize-py from PyPI, componentize-js and jco
 # from the npm registry: under a minute on a fresh machine, a second after), the tests of
-# the reference of their logic, then the three built into target/functions/ (where the
+# the reference of their logic, then the four built into target/functions/ (where the
 # tests of the WebAssembly host find them) and each checked against that reference.
 deploy/local/wasm-toolchain.sh >/dev/null
 phase "WebAssembly toolchains ready"

@@ -35,6 +35,8 @@ COMPONENTS = (
      {"embedding": True, "metadata": False, "document": False}, '{"min": 2, "max": 1}'),
     ("project_keys.wasm", "project_keys", '{"keep": ["genre", "year"]}',
      {"embedding": False, "metadata": True, "document": False}, '{"keep": "genre"}'),
+    ("count_records.wasm", "count_records", '{}',
+     {"embedding": False, "metadata": False, "document": False}, '{"x": 1}'),
 )
 RANDOM_LOGS = 8
 

@@ -35,7 +35,7 @@ Usage:
     reference.py changes LOG.jsonl [--collection C]
         the changes the fold makes, one JSON object a line (id, offset, before, after;
         metadata values as [tag, value] with tag str|long|double|boolean)
-FUNCTION is word_count, norm_guard or project_keys. With one collection in the log
+FUNCTION is word_count, norm_guard, project_keys or count_records. With one collection in the log
 --collection may be left out.
 """
 import argparse
@@ -45,7 +45,7 @@ import math
 import struct
 import sys
 
-FUNCTIONS = ("word_count", "norm_guard", "project_keys")
+FUNCTIONS = ("word_count", "norm_guard", "project_keys", "count_records")
 
 I64_MIN = -(1 << 63)
 I64_MAX = (1 << 63) - 1
@@ -236,6 +236,9 @@ def parse_params(function, text):
         keep = params.get("keep")
         if set(params) != {"keep"} or not isinstance(keep, list) or not all(isinstance(k, str) and k for k in keep):
             raise ValueError('project_keys takes {"keep": ["<metadata key>", ...]}')
+    elif function == "count_records":
+        if params:
+            raise ValueError("count_records takes no parameters")
     else:
         raise ValueError("unknown function %r: one of %s" % (function, ", ".join(FUNCTIONS)))
     return params
@@ -360,8 +363,35 @@ def project_keys_deltas(change, params):
     return [("put", change.id, projected(change.after.metadata, params["keep"]), change.offset)]
 
 
-OUTPUTS = {"word_count": word_count_outputs, "norm_guard": norm_guard_outputs, "project_keys": project_keys_outputs}
-DELTAS = {"word_count": word_count_deltas, "norm_guard": norm_guard_deltas, "project_keys": project_keys_deltas}
+# ---------------------------------------------------------------------------------------
+# count_records (the built-in record_counter's logic)
+
+
+def count_records_deltas(change, params):
+    if (change.before is None) == (change.after is None):
+        return []  # a merge keeps the record live
+    return [("count", "function_output", {}, "total_count", 1 if change.before is None else -1, False)]
+
+
+def count_records_outputs(records, params, changes):
+    """The counter exists once a delta made it (an insert); it is kept at zero."""
+    if not any(c.before is None for c in changes):
+        return {}
+    return {"function_output": {"total_count": len(records)}}
+
+
+OUTPUTS = {
+    "word_count": lambda records, params, changes: word_count_outputs(records, params),
+    "norm_guard": lambda records, params, changes: norm_guard_outputs(records, params),
+    "project_keys": lambda records, params, changes: project_keys_outputs(records, params),
+    "count_records": count_records_outputs,
+}
+DELTAS = {
+    "word_count": word_count_deltas,
+    "norm_guard": norm_guard_deltas,
+    "project_keys": project_keys_deltas,
+    "count_records": count_records_deltas,
+}
 
 
 # ---------------------------------------------------------------------------------------
@@ -401,8 +431,8 @@ def expected_outputs(function, params_text, lines, collection=None):
     """The expected output collection {id: metadata} of `function` after the log `lines`."""
     params = parse_params(function, params_text)
     log = read_log(lines)
-    records, _ = fold(log, pick_collection(log, collection))
-    return OUTPUTS[function](records, params)
+    records, changes = fold(log, pick_collection(log, collection))
+    return OUTPUTS[function](records, params, changes)
 
 
 def changes_of(lines, collection=None):

@@ -94,9 +94,19 @@ class SampleByHand(unittest.TestCase):
         }
         self.assertEqual(reference.expected_outputs("project_keys", PROJECT_KEYS, sample_lines()), expected)
 
+    def test_count_records(self):
+        # b1 b2 b3 b4 b6 b7 b8 live (b1 deleted, then upserted again; b5 never stored).
+        expected = {"function_output": {"total_count": 7}}
+        self.assertEqual(reference.expected_outputs("count_records", "{}", sample_lines()), expected)
+
     def test_the_deltas_of_every_change_end_at_the_outputs(self):
         changes = reference.changes_of(sample_lines())
-        for function, params in (("word_count", WORD_COUNT), ("norm_guard", NORM_GUARD), ("project_keys", PROJECT_KEYS)):
+        for function, params in (
+            ("word_count", WORD_COUNT),
+            ("norm_guard", NORM_GUARD),
+            ("project_keys", PROJECT_KEYS),
+            ("count_records", "{}"),
+        ):
             with self.subTest(function=function):
                 self.assertEqual(
                     folded(function, params, changes),
@@ -128,6 +138,8 @@ class SampleByHand(unittest.TestCase):
             reference.project_keys_deltas(changes[12], project_keys),
             [("put", "b4", {"genre": "essay", "year": 2011}, 12)],
         )
+        self.assertEqual(reference.count_records_deltas(changes[9], {}), [("count", "function_output", {}, "total_count", -1, False)])
+        self.assertEqual(reference.count_records_deltas(changes[7], {}), [])
 
 
 class Values(unittest.TestCase):

@@ -342,6 +342,7 @@ fn the_example_components_match_their_reference() {
         ("project_keys", r#"{"keep":["genre","year"]}"#),
         ("word_count", r#"{"key":"genre"}"#),
         ("norm_guard", r#"{"min":0.5,"max":2}"#),
+        ("count_records", "{}"),
     ];
     if !dir.join("project_keys.wasm").exists() {
         assert!(
