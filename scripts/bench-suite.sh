@@ -63,6 +63,13 @@
 #             15 times, interleaved (the drop on the same records: the median, with its
 #             95% interval). With 2 CPUs or more each replica runs on CPU 1 and the
 #             broker and the script on CPU 0. Its rows join this run's JSON and goals.
+#             After record_counter the C component of its logic
+#             (examples/functions/c/count_records.c) is backfilled too (function "wasm").
+#   wasm      scripts/bench-wasm.sh --pin: 300,000 W1 records (--quick: 30,000, one round)
+#             drained with no function, with record_counter on each of the 64 collections,
+#             and with the C component of the same logic, 5 rounds interleaved: records/s,
+#             CPU-s per 1M, and the function's own CPU per change (each side's minus the
+#             side without a function). The goal: the component's <= 1.5x the native one's.
 #   reads     after W1: scripts/bench-reads.sh --pin on this run's broker (its header): 300,000
 #             W1-shaped records (--quick: 30,000, one repeat) drained on SQLite alone and
 #             with 100 readers waiting on tokens (HTTP `at_least`), 3 times interleaved: the
@@ -114,7 +121,7 @@
 #   MB        key + value bytes (kcat %K %S), MB = 2^20 bytes.
 #
 # Usage: scripts/bench-suite.sh [--quick] [--workloads W1,W2,...] [--peer-workloads LIST]
-#            [--no-latency] [--no-reads] [--no-changefeed] [--no-recovery] [--no-backfill]
+#            [--no-latency] [--no-reads] [--no-changefeed] [--no-recovery] [--no-backfill] [--no-wasm]
 #            [--peer-jvm-opts "OPTS"] [--keep]
 #            [--phase-timeout SECONDS] [--no-page]
 #   --workloads       which of W1..W5 to run (default all; latency/recovery need W1)
@@ -148,6 +155,7 @@ DO_READS=true
 DO_CHANGEFEED=true
 DO_RECOVERY=true
 DO_BACKFILL=true
+DO_WASM=true
 PEER_JVM_OPTS=""
 KEEP=false
 NO_PAGE=false
@@ -168,6 +176,7 @@ while (($#)); do
     --no-changefeed) DO_CHANGEFEED=false; shift ;;
     --no-recovery) DO_RECOVERY=false; shift ;;
     --no-backfill) DO_BACKFILL=false; shift ;;
+    --no-wasm) DO_WASM=false; shift ;;
     --peer-jvm-opts) PEER_JVM_OPTS="${2?}"; shift 2 ;;
     --keep) KEEP=true; shift ;;
     --phase-timeout) PHASE_TIMEOUT="${2:?}"; shift 2 ;;
@@ -187,7 +196,7 @@ $NO_PAGE && PAGE_SKIP="--no-page"
 $QUICK && PAGE_SKIP="--quick"
 for w in W1 W2 W3 W4 W5; do in_list "$w" "$WORKLOADS" || PAGE_SKIP="not every workload"; done
 for w in W1 W2 W3; do in_list "$w" "$PEER_WORKLOADS" || PAGE_SKIP="the peer not on W1-W3"; done
-$DO_LATENCY && $DO_READS && $DO_CHANGEFEED && $DO_RECOVERY && $DO_BACKFILL || PAGE_SKIP="not every phase"
+$DO_LATENCY && $DO_READS && $DO_CHANGEFEED && $DO_RECOVERY && $DO_BACKFILL && $DO_WASM || PAGE_SKIP="not every phase"
 [[ -z "$PEER_JVM_OPTS" ]] || PAGE_SKIP="--peer-jvm-opts"
 
 # Sizes: records dim collections ids_per_collection seeded_rows_per_collection
@@ -338,6 +347,15 @@ JAR="$PEER_DIR/target/kafka-streams-peer.jar"
 ) &
 MVN_PID=$!
 BG_PIDS+=("$MVN_PID")
+if $DO_BACKFILL || $DO_WASM; then
+    # The C example components the backfill and wasm phases attach (the toolchains first)
+    (
+        "$REPO/deploy/local/wasm-toolchain.sh" >/dev/null && "$REPO/scripts/build-functions.sh"
+        echo "$?" >"$WORK/functions.rc"
+    ) >"$WORK/functions.log" 2>&1 &
+    FUNCTIONS_PID=$!
+    BG_PIDS+=("$FUNCTIONS_PID")
+fi
 t0="$(now)"
 cargo build --release --bin sluice >&2 || die "cargo build --release --bin sluice failed"
 CARGO_S="$(fsub "$(now)" "$t0")"
@@ -939,6 +957,27 @@ latency_peer() {
 }
 
 # ------------------------------------------------------------------ recovery --------
+functions_built() { # waits for the example components' build; fails with its log
+    [[ -n "${FUNCTIONS_PID:-}" ]] || die "the example components were not built"
+    wait "$FUNCTIONS_PID" || true
+    [[ "$(cat "$WORK/functions.rc" 2>/dev/null)" == 0 ]] || { tail -20 "$WORK/functions.log" >&2; die "scripts/build-functions.sh failed (log: $WORK/functions.log)"; }
+}
+
+# wasm_phase: W1 with no function, record_counter, and the C component of the same logic
+# (scripts/bench-wasm.sh); its row joins RESULTS
+wasm_phase() {
+    local n=300000 rounds=5 out="$LOG_DIR/wasm.log" json pin=()
+    $QUICK && n=30000 rounds=1
+    [[ -z "$CONTENDER_CPU" ]] || pin=(--pin)
+    functions_built
+    SLUICE_BROKERS="$BS" SLUICE_BIN="$SLUICE" "${UNPINNED[@]}" timeout "$PHASE_TIMEOUT" "$REPO/scripts/bench-wasm.sh" \
+        --records "$n" --rounds "$rounds" "${pin[@]}" >"$out" 2>&1 || { tail -30 "$out" >&2; die "wasm phase failed (log: $out)"; }
+    json="$(sed -n 's/^JSON: //p' "$out" | tail -1)"
+    [[ -n "$json" ]] || die "wasm phase: no JSON line in $out"
+    jq -c '{kind: "wasm"} + .' <<<"$json" >>"$RESULTS"
+    grep -vE '^(JSON:|bench-wasm:)' "$out" >&2 || true
+}
+
 backfill_phase() { # the backfill benchmark on this run's broker; its rows join RESULTS
     local n=300000 out="$LOG_DIR/backfill.log" json drop extra
     $QUICK && n=30000
@@ -951,7 +990,10 @@ backfill_phase() { # the backfill benchmark on this run's broker; its rows join 
     local pin=()
     [[ -z "$CONTENDER_CPU" ]] || pin=(--pin)
     # (started on every CPU: it pins its own processes)
+    # and after record_counter the C component of its logic (the "wasm" row)
+    functions_built
     "${UNPINNED[@]}" timeout "$PHASE_TIMEOUT" "$REPO/scripts/bench-backfill.sh" --records "$n" --live-records "$((n * 4 / 5))" --backends sqlite --no-statistics \
+        --wasm "$REPO/target/functions/count_records.wasm" \
         --repeats "$BACKFILL_REPEATS" "${pin[@]}" >"$out" 2>&1 || { tail -30 "$out" >&2; die "backfill phase failed (log: $out)"; }
     json="$(sed -n 's/^JSON: //p' "$out" | tail -1)"
     [[ -s "$json" ]] || die "backfill phase: no JSON named in $out"
@@ -961,7 +1003,7 @@ backfill_phase() { # the backfill benchmark on this run's broker; its rows join 
     drop="$(jq '.summary.sqlite.live_drop_pct_same_records // null' "$json")"
     extra="$(jq -c '.summary.sqlite | {repeats, live_drop_pct_same_records_runs, function_ready_cost_pct,
         live_drop_pct_same_records_ci95, function_ready_cost_pct_runs, live_drop_vs_ready_pct, live_drop_vs_ready_pct_runs} | with_entries(select(.value != null))' "$json")"
-    jq -c --argjson drop "$drop" --argjson extra "$extra" '.pinning as $pin | .rows[] | select(.kind == "live" or .kind == "live_ready" or (.kind == "backfill" and .function == "record_counter")) | del(.samples)
+    jq -c --argjson drop "$drop" --argjson extra "$extra" '.pinning as $pin | .rows[] | select(.kind == "live" or .kind == "live_ready" or (.kind == "backfill" and (.function == "record_counter" or .function == "wasm"))) | del(.samples)
         | if .kind == "backfill" and $drop != null then . + {live_drop_pct: $drop} + $extra else . end
         | if .kind == "backfill" then . + {pinning: $pin} else . end' \
         "$json" >>"$RESULTS"
@@ -1084,6 +1126,10 @@ done
 if $DO_BACKFILL; then
     phase "backfill: record_counter on SQLite, alone and beside a live backlog"
     backfill_phase
+fi
+if $DO_WASM; then
+    phase "wasm: W1 with a WebAssembly function against the same logic native (SQLite)"
+    wasm_phase
 fi
 phase ""
 

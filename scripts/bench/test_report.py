@@ -289,6 +289,29 @@ class ReportPartial(unittest.TestCase):
             self.assertIn("on 70,000, 66,000, 68,000 (on/off 0.85x)", out)
             self.assertEqual(doc["changefeed"], rows)
 
+    def test_wasm_goal_is_the_functions_own_cost(self):
+        row = {"kind": "wasm", "records": 300000, "rounds": 3, "backend": "sqlite",
+               "median_records_per_s": {"none": 90000, "native": 85000, "wasm": 80000},
+               "median_cpu_s_per_1m": {"none": 10.0, "native": 10.5, "wasm": 11.0},
+               "function_us_per_change": {"native": 0.5, "wasm": 1.0}, "function_cost_ratio": 2.0}
+        wasm_backfill = {"kind": "backfill", "backend": "sqlite", "function": "wasm", "records_per_s": 310000}
+        with tempfile.TemporaryDirectory() as tmp:
+            doc, out, _ = run_report(tmp, results() + [row, wasm_backfill])
+            goals = {g["id"]: g for g in doc["goals"]}
+            g = goals["wasm-function-cost-vs-native"]
+            self.assertFalse(g["met"])
+            self.assertEqual((g["value"], g["target"]), (2.0, 1.5))
+            self.assertIn("component 1.00 us, native 0.50 us", g["note"])
+            self.assertTrue(goals["backfill-sqlite-wasm-records-per-s"]["met"])
+            # the live runs beside a backfill are record_counter's: no drop goal for the component
+            self.assertNotIn("backfill-sqlite-wasm-live-drop", goals)
+            self.assertIn("native 85,000 records/s 10.50 CPU-s per 1M", out)
+            self.assertEqual(doc["wasm"], [row])
+        better = dict(row, function_cost_ratio=1.2)
+        with tempfile.TemporaryDirectory() as tmp:
+            doc, _, _ = run_report(tmp, results() + [better])
+            self.assertTrue({g["id"]: g for g in doc["goals"]}["wasm-function-cost-vs-native"]["met"])
+
     def test_backfill_drop_over_repeats(self):
         res = [r for r in results() if r["kind"] != "live"]
         for r in res:
