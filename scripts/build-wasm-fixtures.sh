@@ -21,10 +21,13 @@ tool=${SLUICE_COMPONENTIZE_PY:-}
 if [ -z "$tool" ]; then
     if command -v componentize-py >/dev/null 2>&1; then
         tool=componentize-py
+    elif [ -x "$repo/.local/wasm-venv/bin/componentize-py" ]; then
+        # deploy/local/wasm-toolchain.sh's venv (the test command installs it first)
+        tool="$repo/.local/wasm-venv/bin/componentize-py"
     elif [ -x "$repo/.local/venv/bin/componentize-py" ]; then
         tool="$repo/.local/venv/bin/componentize-py"
     else
-        echo "build-wasm-fixtures.sh: componentize-py not found: pip install componentize-py==0.25.1" >&2
+        echo "build-wasm-fixtures.sh: componentize-py not found: deploy/local/wasm-toolchain.sh installs it (or: pip install componentize-py==0.25.1)" >&2
         exit 3
     fi
 fi

@@ -94,6 +94,11 @@ pub async fn run(config: Config, roles: Roles) -> Result<()> {
     };
     let Started { sysdb, metrics, health, board, server } = started;
     let mut background = Vec::new();
+    if roles.processor || roles.backfill {
+        // Not joined: a compile cannot be interrupted; the runtime gives one under way two
+        // seconds at exit, then leaves it (the cache file is written atomically).
+        tokio::spawn(crate::backfill::components::compile_ahead(sysdb.clone(), stop.child_token()));
+    }
     if roles.backfill {
         let worker = crate::backfill::Worker::new(config.clone(), sysdb.clone(), metrics.clone(), stop.child_token());
         background.push(tokio::spawn(worker.run()));

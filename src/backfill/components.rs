@@ -147,6 +147,50 @@ pub(crate) async fn check_function(
     .map_err(|e| BuildError::Component(format!("the sample run failed: {e}")))?
 }
 
+/// Compile, ahead of their first batch, the components of every WebAssembly function
+/// still running (not detached, not failed) that this process's host has in no cache, one
+/// at a time, until `stop`. A replica starts this beside joining its group: a component
+/// compiled here is what a worker's first batch of that collection would otherwise wait
+/// for (the host compiles each hash once, so a worker that comes first is waited for
+/// instead). Failures are left to the worker that builds the function (it marks the
+/// function failed); a sysdb that cannot be read now is logged and skipped.
+pub(crate) async fn compile_ahead(sysdb: Arc<Sysdb>, stop: tokio_util::sync::CancellationToken) {
+    use crate::functions::FunctionStatus;
+    let Ok(host) = Host::global() else { return };
+    let rows = match sysdb.functions(None).await {
+        Ok(rows) => rows,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot list the attached functions to compile their components ahead");
+            return;
+        }
+    };
+    let mut hashes: Vec<String> = rows
+        .iter()
+        .filter(|r| r.function == wasm::NAME && !matches!(r.status, FunctionStatus::Detached | FunctionStatus::Failed))
+        .filter_map(|r| wasm::params_of(&r.params).ok().map(|(sha, _)| sha.to_string()))
+        .collect();
+    hashes.sort_unstable();
+    hashes.dedup();
+    for sha in hashes {
+        if stop.is_cancelled() {
+            return;
+        }
+        let probe = sha.clone();
+        if tokio::task::spawn_blocking(move || host.cached(&probe).is_some()).await.unwrap_or(false) {
+            continue;
+        }
+        let started = std::time::Instant::now();
+        match component(&sysdb, host, &sha).await {
+            Ok(_) => tracing::info!(
+                component = %sha,
+                elapsed_ms = started.elapsed().as_millis() as u64,
+                "component compiled ahead of its functions' first batch"
+            ),
+            Err(e) => tracing::warn!(component = %sha, error = %e, "cannot compile a component ahead"),
+        }
+    }
+}
+
 /// The record of the sample changes run at attach.
 fn sample_record() -> Record {
     Record {

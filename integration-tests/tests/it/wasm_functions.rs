@@ -315,14 +315,23 @@ fn stored_bytes(env: Env) {
     std::fs::write(&file, b"not a component").expect("overwrite");
     let sha = show(&env, &id)["params"]["sha256"].as_str().expect("sha256").to_string();
     assert_eq!(sha, sluice::functions::wasm::sha256_hex(&original));
-    // Two processors share the partitions; a backfill worker of its own walks the rest.
+    // Two processors share the partitions; a backfill worker of its own walks the rest,
+    // with a compile cache of its own (a replica on another machine): it compiles the
+    // stored bytes at start, ahead of its first chunk, and only once.
     let _p1 = env.spawn_replica_with("p1", &["--roles", "processor,relay"], &[]);
-    let worker = env.spawn_replica_with("w", &["--roles", "backfill"], &[]);
+    let own_cache = env.dir.join("worker-wasm-cache");
+    let own_cache = own_cache.to_str().expect("utf-8 path");
+    let worker = env.spawn_replica_with("w", &["--roles", "backfill"], &[("SLUICE_WASM__CACHE_DIR", own_cache)]);
     env.produce(&jsonl_lines(after));
     env.wait_caught_up(WAIT);
     let f = wait_status(&env, &id, "ready");
     assert_eq!(f["backfill_done"], f["backfill_total"], "{f}");
-    assert!(worker.log_text().contains("backfill finished"), "the worker ran the backfill");
+    let text = worker.log_text();
+    assert!(text.contains("backfill finished"), "the worker ran the backfill");
+    let ahead = text.lines().filter(|l| l.contains("compiled ahead") && l.contains(&sha)).count();
+    assert_eq!(ahead, 1, "the worker compiles the stored component once, at start:\n{text}");
+    let cached: Vec<_> = std::fs::read_dir(own_cache).expect("the worker's cache").flatten().collect();
+    assert!(cached.iter().any(|e| e.file_name().to_string_lossy().starts_with(&sha)), "{cached:?}");
     assert_eq!(records_of(&env, "colors"), as_json(reference_count_by(&indexed(&data), &c, "color")));
     drop(processor);
     let _ = std::fs::remove_file(&file);

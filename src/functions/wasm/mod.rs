@@ -30,7 +30,7 @@ mod world;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
@@ -138,6 +138,12 @@ pub struct Host {
     cache_dir: Option<PathBuf>,
     /// Compiled components by SHA-256.
     compiled: Mutex<HashMap<String, Component>>,
+    /// A lock per SHA-256 being compiled: a second caller (another partition's worker,
+    /// the start-up compile) waits for the first instead of compiling the same bytes
+    /// again, which for an interpreter's component is tens of seconds of a core.
+    compiling: Mutex<HashMap<String, Arc<Mutex<()>>>>,
+    /// Components compiled by this host (not taken from a cache).
+    compilations: AtomicU64,
     /// Disk cache key of this engine's compiled code.
     engine_key: String,
     stop: Arc<AtomicBool>,
@@ -183,7 +189,16 @@ impl Host {
                 tracing::warn!(dir = %dir.display(), %e, "cannot create the compiled-component cache; compiling in memory only");
             }
         }
-        Ok(Host { engine, limits, cache_dir, compiled: Mutex::new(HashMap::new()), engine_key, stop })
+        Ok(Host {
+            engine,
+            limits,
+            cache_dir,
+            compiled: Mutex::new(HashMap::new()),
+            compiling: Mutex::new(HashMap::new()),
+            compilations: AtomicU64::new(0),
+            engine_key,
+            stop,
+        })
     }
 
     /// Set the process's host ([`Host::global`]) before its first use; a second call
@@ -250,14 +265,40 @@ impl Host {
         if let Some(c) = self.cached(&sha256) {
             return Ok((sha256, c));
         }
+        let turn = self.compiling.lock().unwrap_or_else(|p| p.into_inner()).entry(sha256.clone()).or_default().clone();
+        let result = {
+            let _turn = turn.lock().unwrap_or_else(|p| p.into_inner());
+            // Whoever held the turn before may have compiled it.
+            match self.cached(&sha256) {
+                Some(c) => Ok(c),
+                None => self.compile_new(&sha256, bytes),
+            }
+        };
+        // The turn goes when no one holds it: clones are made only under the map's lock, so
+        // a count of one (the map's) seen under it stays one.
+        drop(turn);
+        let mut compiling = self.compiling.lock().unwrap_or_else(|p| p.into_inner());
+        if compiling.get(&sha256).is_some_and(|t| Arc::strong_count(t) == 1) {
+            compiling.remove(&sha256);
+        }
+        result.map(|c| (sha256, c))
+    }
+
+    /// The number of components this host compiled itself (cache hits not counted).
+    pub fn compilations(&self) -> u64 {
+        self.compilations.load(Ordering::Relaxed)
+    }
+
+    fn compile_new(&self, sha256: &str, bytes: &[u8]) -> Result<Component, WasmError> {
         let component = Component::new(&self.engine, bytes).map_err(|e| WasmError::Invalid(chain(&e)))?;
-        if let Some(path) = self.cache_path(&sha256) {
+        self.compilations.fetch_add(1, Ordering::Relaxed);
+        if let Some(path) = self.cache_path(sha256) {
             if let Err(e) = write_atomically(&path, &component) {
                 tracing::warn!(path = %path.display(), %e, "cannot write the compiled component to the cache");
             }
         }
-        self.compiled.lock().unwrap_or_else(|p| p.into_inner()).insert(sha256.clone(), component.clone());
-        Ok((sha256, component))
+        self.compiled.lock().unwrap_or_else(|p| p.into_inner()).insert(sha256.to_string(), component.clone());
+        Ok(component)
     }
 
     /// Compile `bytes` and check that the component fits the world: it imports nothing

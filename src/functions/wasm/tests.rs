@@ -307,6 +307,47 @@ fn cost_per_change_against_native() {
     eprintln!("per change: wasm (componentize-py count_by) {wasm:?}, native statistics {native:?}");
 }
 
+/// An example component of `target/functions/` (built by `scripts/build-functions.sh`, which
+/// the test command runs first); `None` (the test skips) only outside CI.
+fn example_bytes(name: &str) -> Option<Vec<u8>> {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(format!("target/functions/{name}.wasm"));
+    match std::fs::read(&path) {
+        Ok(bytes) => Some(bytes),
+        Err(e) => {
+            let ci = std::env::var_os("CI").is_some_and(|v| !v.is_empty());
+            assert!(!ci, "{} ({e}): run scripts/build-functions.sh", path.display());
+            eprintln!("{} is missing: skipped (scripts/build-functions.sh builds it)", path.display());
+            None
+        }
+    }
+}
+
+/// Workers of several partitions that build functions of one component at the same time
+/// (a cold cache after a restart) compile it once: the others wait for that compile
+/// instead of each spending a core on the same bytes.
+#[test]
+fn a_component_compiled_by_several_threads_at_once_is_compiled_once() {
+    let Some(bytes) = example_bytes("count_records") else { return };
+    let host = Host::new(Limits::DEFAULT, None).expect("host");
+    let start = std::sync::Barrier::new(4);
+    let hashes: Vec<String> = std::thread::scope(|s| {
+        let threads: Vec<_> = (0..4)
+            .map(|_| {
+                s.spawn(|| {
+                    start.wait();
+                    host.compile(&bytes).expect("compiles").0
+                })
+            })
+            .collect();
+        threads.into_iter().map(|t| t.join().expect("thread")).collect()
+    });
+    assert!(hashes.iter().all(|h| *h == sha256_hex(&bytes)));
+    assert_eq!(host.compilations(), 1, "four threads compiled the same bytes {} times", host.compilations());
+    assert!(host.compiling.lock().expect("lock").is_empty(), "a finished compile leaves no turn behind");
+    host.compile(&bytes).expect("cached");
+    assert_eq!(host.compilations(), 1, "the compiled copy is reused");
+}
+
 /// `count_records` (examples/functions/c, built by `scripts/build-functions.sh`, which the
 /// test command runs first) is the built-in `record_counter` written as a component: the
 /// benchmark of the component boundary (scripts/bench-wasm.sh) relies on the two giving
@@ -314,13 +355,7 @@ fn cost_per_change_against_native() {
 /// projected records as the processor hands them). Skipped outside CI without the file.
 #[test]
 fn count_records_gives_record_counters_deltas() {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/functions/count_records.wasm");
-    let Ok(bytes) = std::fs::read(&path) else {
-        let ci = std::env::var_os("CI").is_some_and(|v| !v.is_empty());
-        assert!(!ci, "{} is missing: run scripts/build-functions.sh", path.display());
-        eprintln!("{} is missing: skipped (scripts/build-functions.sh builds it)", path.display());
-        return;
-    };
+    let Some(bytes) = example_bytes("count_records") else { return };
     let host = Host::new(Limits::DEFAULT, None).expect("host");
     let inspected = host.inspect(&bytes).expect("the example is accepted");
     let wasm =
