@@ -21,7 +21,7 @@
 #
 #   scripts/bench-wasm.sh [--records N] [--rounds R] [--pin] [--wasm FILE]
 #       defaults: 300,000 records, 5 rounds; --pin runs each replica on CPU 1 (taskset)
-#   BENCH_WASM_PERF=SIDE records a perf profile of that side's runs; BENCH_WASM_DEBUG=1
+#   BENCH_WASM_PERF=SIDE[,SIDE] records a perf profile of those sides' runs; BENCH_WASM_DEBUG=1
 #   prints each run's /proc figures and keeps the work directory (both: for a diagnosis)
 #
 # Needs the release binary (cargo build --release --bin sluice), the example components
@@ -138,7 +138,7 @@ drain() { # SIDE RUN -> "records/s cpu_s_per_1M"
         "$BIN" process >"$DIR/$run.log" 2>&1 &
     REPLICA=$!
     local perf=""
-    if [[ -n "${BENCH_WASM_PERF:-}" && "$BENCH_WASM_PERF" == "$side" ]]; then # a profile of that side's runs
+    if [[ -n "${BENCH_WASM_PERF:-}" && ",$BENCH_WASM_PERF," == *",$side,"* ]]; then # a profile of those sides' runs
         perf record -F 499 -g -p "$REPLICA" -o "$DIR/$run.perf.data" >/dev/null 2>&1 &
         perf=$!
     fi
