@@ -152,7 +152,9 @@ pub(crate) async fn check_function(
 /// at a time, until `stop`. A replica starts this beside joining its group: a component
 /// compiled here is what a worker's first batch of that collection would otherwise wait
 /// for (the host compiles each hash once, so a worker that comes first is waited for
-/// instead). Failures are left to the worker that builds the function (it marks the
+/// instead). It fills the disk cache only: the replica does not know yet which partitions
+/// it gets, and its memory keeps only the components their functions run (the memory
+/// formula's `K`). Failures are left to the worker that builds the function (it marks the
 /// function failed); a sysdb that cannot be read now is logged and skipped.
 pub(crate) async fn compile_ahead(sysdb: Arc<Sysdb>, stop: tokio_util::sync::CancellationToken) {
     use crate::functions::FunctionStatus;
@@ -175,18 +177,29 @@ pub(crate) async fn compile_ahead(sysdb: Arc<Sysdb>, stop: tokio_util::sync::Can
         if stop.is_cancelled() {
             return;
         }
-        let probe = sha.clone();
-        if tokio::task::spawn_blocking(move || host.cached(&probe).is_some()).await.unwrap_or(false) {
+        if host.is_cached(&sha) {
             continue;
         }
         let started = std::time::Instant::now();
-        match component(&sysdb, host, &sha).await {
-            Ok(_) => tracing::info!(
+        let bytes = match sysdb.component(&sha).await {
+            Ok(Some(bytes)) => bytes,
+            Ok(None) => continue, // the worker that builds the function says so
+            Err(e) => {
+                tracing::warn!(component = %sha, error = %e, "cannot read a component to compile it ahead");
+                continue;
+            }
+        };
+        match tokio::task::spawn_blocking(move || host.precompile(&bytes)).await {
+            Ok(Ok(got)) if got == sha => tracing::info!(
                 component = %sha,
                 elapsed_ms = started.elapsed().as_millis() as u64,
                 "component compiled ahead of its functions' first batch"
             ),
-            Err(e) => tracing::warn!(component = %sha, error = %e, "cannot compile a component ahead"),
+            Ok(Ok(got)) => {
+                tracing::warn!(component = %sha, found = %got, "the bytes stored as this component have another hash")
+            }
+            Ok(Err(e)) => tracing::warn!(component = %sha, error = %e, "cannot compile a component ahead"),
+            Err(e) => tracing::warn!(component = %sha, error = %e, "the compile-ahead task failed"),
         }
     }
 }

@@ -265,23 +265,54 @@ impl Host {
         if let Some(c) = self.cached(&sha256) {
             return Ok((sha256, c));
         }
-        let turn = self.compiling.lock().unwrap_or_else(|p| p.into_inner()).entry(sha256.clone()).or_default().clone();
+        self.in_turn(&sha256, || match self.cached(&sha256) {
+            // Whoever held the turn before may have compiled it.
+            Some(c) => Ok(c),
+            None => self.compile_new(&sha256, bytes, true),
+        })
+        .map(|c| (sha256, c))
+    }
+
+    /// Whether this host has `sha256` compiled, in memory or on disk, without loading it.
+    pub fn is_cached(&self, sha256: &str) -> bool {
+        self.compiled.lock().unwrap_or_else(|p| p.into_inner()).contains_key(sha256)
+            || self.cache_path(sha256).is_some_and(|p| p.exists())
+    }
+
+    /// Compile `bytes` into the disk cache only (kept in memory when the host has no disk
+    /// cache), unless compiled already: ahead of a use that may not come to this process,
+    /// whose memory holds only what it runs. Returns the SHA-256.
+    pub fn precompile(&self, bytes: &[u8]) -> Result<String, WasmError> {
+        let sha256 = sha256_hex(bytes);
+        if self.is_cached(&sha256) {
+            return Ok(sha256);
+        }
+        let in_memory = self.cache_dir.is_none();
+        self.in_turn(&sha256, || {
+            if self.is_cached(&sha256) {
+                return Ok(());
+            }
+            self.compile_new(&sha256, bytes, in_memory).map(drop)
+        })?;
+        Ok(sha256)
+    }
+
+    /// `f` in the compile turn of `sha256`: one caller at a time per hash.
+    fn in_turn<R>(&self, sha256: &str, f: impl FnOnce() -> R) -> R {
+        let turn =
+            self.compiling.lock().unwrap_or_else(|p| p.into_inner()).entry(sha256.to_string()).or_default().clone();
         let result = {
             let _turn = turn.lock().unwrap_or_else(|p| p.into_inner());
-            // Whoever held the turn before may have compiled it.
-            match self.cached(&sha256) {
-                Some(c) => Ok(c),
-                None => self.compile_new(&sha256, bytes),
-            }
+            f()
         };
         // The turn goes when no one holds it: clones are made only under the map's lock, so
         // a count of one (the map's) seen under it stays one.
         drop(turn);
         let mut compiling = self.compiling.lock().unwrap_or_else(|p| p.into_inner());
-        if compiling.get(&sha256).is_some_and(|t| Arc::strong_count(t) == 1) {
-            compiling.remove(&sha256);
+        if compiling.get(sha256).is_some_and(|t| Arc::strong_count(t) == 1) {
+            compiling.remove(sha256);
         }
-        result.map(|c| (sha256, c))
+        result
     }
 
     /// The number of components this host compiled itself (cache hits not counted).
@@ -289,7 +320,7 @@ impl Host {
         self.compilations.load(Ordering::Relaxed)
     }
 
-    fn compile_new(&self, sha256: &str, bytes: &[u8]) -> Result<Component, WasmError> {
+    fn compile_new(&self, sha256: &str, bytes: &[u8], keep_in_memory: bool) -> Result<Component, WasmError> {
         let component = Component::new(&self.engine, bytes).map_err(|e| WasmError::Invalid(chain(&e)))?;
         self.compilations.fetch_add(1, Ordering::Relaxed);
         if let Some(path) = self.cache_path(sha256) {
@@ -297,7 +328,9 @@ impl Host {
                 tracing::warn!(path = %path.display(), %e, "cannot write the compiled component to the cache");
             }
         }
-        self.compiled.lock().unwrap_or_else(|p| p.into_inner()).insert(sha256.to_string(), component.clone());
+        if keep_in_memory {
+            self.compiled.lock().unwrap_or_else(|p| p.into_inner()).insert(sha256.to_string(), component.clone());
+        }
         Ok(component)
     }
 

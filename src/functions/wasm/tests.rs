@@ -348,6 +348,28 @@ fn a_component_compiled_by_several_threads_at_once_is_compiled_once() {
     assert_eq!(host.compilations(), 1, "the compiled copy is reused");
 }
 
+/// The start-up compile fills the disk cache and leaves the process's memory alone (a
+/// replica compiles every attached component before it knows which its partitions run);
+/// the worker that builds a function then loads the compiled copy instead of compiling.
+#[test]
+fn a_precompiled_component_is_on_disk_not_in_memory() {
+    let Some(bytes) = example_bytes("count_records") else { return };
+    let dir = std::env::temp_dir().join(format!("sluice-precompile-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let host = Host::new(Limits::DEFAULT, Some(dir.clone())).expect("host");
+    let sha = host.precompile(&bytes).expect("compiles");
+    assert_eq!(sha, sha256_hex(&bytes));
+    assert_eq!(host.compilations(), 1);
+    assert!(host.compiled.lock().expect("lock").is_empty(), "nothing kept in memory");
+    assert!(host.is_cached(&sha), "on disk");
+    host.precompile(&bytes).expect("cached");
+    let (_, component) = host.compile(&bytes).expect("from the disk cache");
+    assert_eq!(host.compilations(), 1, "compiled once");
+    assert!(host.compiled.lock().expect("lock").contains_key(&sha), "in memory once used");
+    host.instantiate_with(&sha, &component, "{}", host.limits()).expect("the loaded copy runs");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// `count_records` (examples/functions/c, built by `scripts/build-functions.sh`, which the
 /// test command runs first) is the built-in `record_counter` written as a component: the
 /// benchmark of the component boundary (scripts/bench-wasm.sh) relies on the two giving
