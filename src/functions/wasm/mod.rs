@@ -614,6 +614,16 @@ impl WasmFunction {
     pub fn failure(&self) -> Option<FunctionFailure> {
         self.inner.lock().unwrap_or_else(|p| p.into_inner()).failed.clone()
     }
+
+    /// One call of the guest's `reads` as `deltas` is called (the lock, the fuel and
+    /// deadline armed, the entry): what a call costs with nothing to lower or lift (the
+    /// cost test's measure of what batching calls could save).
+    #[cfg(test)]
+    pub(crate) fn call_reads(&self) -> Result<Reads, FunctionFailure> {
+        let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        let guest = inner.bound.sluice_function_guest().clone();
+        inner.call(|store| guest.call_reads(store)).map(convert::reads)
+    }
 }
 
 impl Function for WasmFunction {

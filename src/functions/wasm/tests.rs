@@ -521,4 +521,11 @@ fn cost_against_native(example: &str, params: &str, native: &dyn Function, recor
     }
     ratios.sort_by(f64::total_cmp);
     eprintln!("{example}: median ratio wasm/native over 5 rounds: {:.2}x (goal <= 1.5x)", ratios[2]);
+    // A call with nothing to lower or lift (`reads`): the part of a change's cost that one
+    // call for many changes would share.
+    let started = std::time::Instant::now();
+    for _ in 0..projected.len() {
+        assert_eq!(wasm.call_reads().expect("runs"), reads);
+    }
+    eprintln!("{example}: a call with nothing to lower or lift: {:?}", started.elapsed() / projected.len() as u32);
 }
