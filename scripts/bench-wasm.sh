@@ -15,9 +15,11 @@
 # consumer group, from spawn until lag 0. Reported per run: records/s and the replica's
 # CPU seconds (user + system, /proc) per million records; per side the medians; and
 # wasm against native: the rate ratio, the CPU ratio, and the function's own CPU per
-# change (each side's CPU minus the side without a function), the figure the goal
-# "<= 1.5x the native one per change" is about. The input collections' checksums must be
-# equal across the three sides and the output collections' between native and wasm.
+# change in the pipeline (each side's CPU minus the side without a function: the call and
+# what the processor does for any function's change). The call alone, without the drains'
+# noise: `cargo test --release -p sluice --lib cost_of_the_c_example -- --ignored
+# --nocapture`. The input collections' checksums must be equal across the three sides and
+# the output collections' between native and wasm.
 #
 #   scripts/bench-wasm.sh [--records N] [--rounds R] [--pin] [--wasm FILE]
 #       defaults: 300,000 records, 5 rounds; --pin runs each replica on CPU 1 (taskset)
