@@ -975,7 +975,7 @@ wasm_phase() {
     json="$(sed -n 's/^JSON: //p' "$out" | tail -1)"
     [[ -n "$json" ]] || die "wasm phase: no JSON line in $out"
     jq -c '{kind: "wasm"} + .' <<<"$json" >>"$RESULTS"
-    grep -vE '^(JSON:|bench-wasm:)' "$out" >&2 || true
+    grep -vE '^(JSON:|\[bench-wasm )' "$out" >&2 || true
 }
 
 backfill_phase() { # the backfill benchmark on this run's broker; its rows join RESULTS

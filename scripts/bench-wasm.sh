@@ -32,6 +32,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 REPO="$(pwd)"
+BENCH_TAG=bench-wasm
+# shellcheck source=scripts/bench/lib.sh
+source "$REPO/scripts/bench/lib.sh"
 
 N=300000
 ROUNDS=5
@@ -47,8 +50,6 @@ while [[ $# -gt 0 ]]; do
     *) echo "usage: $0 [--records N] [--rounds R] [--pin] [--wasm FILE]" >&2; exit 2 ;;
     esac
 done
-die() { echo "bench-wasm: $*" >&2; exit 1; }
-log() { echo "bench-wasm: $*" >&2; }
 [[ -x "$BIN" ]] || die "no release binary at $BIN. Fix: cargo build --release --locked --bin sluice"
 [[ -f "$WASM" ]] || die "no component at $WASM. Fix: scripts/build-functions.sh"
 command -v jq >/dev/null || die "jq not found. Fix: apt-get install -y jq"
@@ -65,13 +66,10 @@ declare -A PREFIX
 for s in "${SIDES[@]}"; do PREFIX[$s]="wasmbench-$RID-$s"; done
 REPLICA=""
 
-KTOOL="$REPO/deploy/local/kafka-tool.sh"
+KTOOL="$REPO/deploy/local/kafka-tool.sh" BS="$SLUICE_BROKERS"
 cleanup() {
     [[ -z "$REPLICA" ]] || kill -KILL "$REPLICA" 2>/dev/null || true
-    for s in "${SIDES[@]}"; do
-        timeout 60 "$KTOOL" topics --bootstrap-server "$SLUICE_BROKERS" --delete --if-exists \
-            --topic "${PREFIX[$s]}\..*" >/dev/null 2>&1 || true
-    done
+    for s in "${SIDES[@]}"; do bench_delete_topics "${PREFIX[$s]}\..*"; done
 }
 trap cleanup EXIT
 
@@ -85,9 +83,6 @@ lag_of() { # SIDE DB GROUP -> total lag, -1 while a partition has no sysdb posit
         jq 'if length > 0 and all(.[]; .sysdb_next_offset != null) then map(.lag) | add else -1 end' 2>/dev/null ||
         echo -1
 }
-cpu_seconds() { # PID -> user + system seconds so far
-    awk -v hz="$(getconf CLK_TCK)" '{ printf "%.2f", ($14 + $15) / hz }' "/proc/$1/stat"
-}
 
 # The collections W1 writes to, from the same generator (names do not depend on N).
 mapfile -t COLLECTIONS < <("$BIN" "${WORKLOAD[@]}" --records 20000 | jq -r .collection | sort -u)
@@ -100,10 +95,10 @@ seed() { # SIDE
     if [[ "$side" != none ]]; then
         for c in "${COLLECTIONS[@]}"; do
             if [[ "$side" == native ]]; then
-                out="$(sl "$side" "$db" functions attach "$c" --function record_counter --output "$c-count" --format json)"
+                out="$(sl "$side" "$db" functions attach "$c" --function record_counter --output "$c-count" --format json 2>>"$DIR/$side.attach.log")"
             else
-                out="$(sl "$side" "$db" functions attach "$c" --wasm "$WASM" --output "$c-count" --format json)"
-            fi || die "attach to $c ($side) failed"
+                out="$(sl "$side" "$db" functions attach "$c" --wasm "$WASM" --output "$c-count" --format json 2>>"$DIR/$side.attach.log")"
+            fi || die "attach to $c ($side) failed: $DIR/$side.attach.log"
             [[ "$(jq -r .marker <<<"$out")" == published ]] || die "the marker of $c ($side) was not published: $out"
         done
         # The markers are processed and the (empty) backfills done: every function ready.
@@ -150,7 +145,7 @@ drain() { # SIDE RUN -> "records/s cpu_s_per_1M"
         kill -0 "$REPLICA" 2>/dev/null || die "run $run exited: $DIR/$run.log"
     done
     end=$(date +%s.%N)
-    cpu="$(cpu_seconds "$REPLICA")"
+    cpu="$(pid_cpu "$REPLICA")"
     [[ -z "$perf" ]] || { kill -INT "$perf"; wait "$perf" || true; }
     [[ -z "${BENCH_WASM_DEBUG:-}" ]] || { echo "debug $run: pid $REPLICA $(cat /proc/$REPLICA/stat | cut -d" " -f1-2,14-17)" >&2; }
     kill -TERM "$REPLICA"
@@ -227,5 +222,5 @@ print("wasm vs native: rate %.3fx, CPU %.3fx; the function's own CPU per change:
 print("per round, the function's own cost wasm/native: %s" % ", ".join("-" if r is None else "%.2fx" % r for r in row["function_cost_ratio_rounds"]))
 print("JSON: " + json.dumps(row))
 EOF
-[[ -n "${BENCH_WASM_DEBUG:-}" ]] && { log "kept $DIR"; trap - EXIT; exit 0; }
+[[ -n "${BENCH_WASM_DEBUG:-}" ]] && { log "kept $DIR (the topics are deleted)"; exit 0; }
 rm -rf "$DIR"
